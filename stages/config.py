@@ -99,6 +99,7 @@ class ModelSpec(Strict):
     family: Literal["llama", "qwen2", "gemma3"]
     source: Source
     trust_remote_code: bool = False
+    template: Literal["raw", "chat"] | None = Field(default=None, description="null: prompt.template")
     layers: list[NonNegativeInt] = Field(default=[0, 1, 2], min_length=1, description="0-based layers analysed")
     heads: Literal["all"] | list[NonNegativeInt] = "all"
 
@@ -149,6 +150,21 @@ class Dataset(Strict):
     sha256: Sha256
 
 
+class Extract(Strict):
+    n_samples: PositiveInt | None = Field(default=30, description="problems (seeded, stratified by level); null = all 500")
+    seed: int = 0
+    dtype: Literal["float32", "float16"] = "float32"
+    showcase: NonNegativeInt = Field(default=2, description="samples whose full attention matrices are stored")
+
+
+class Evaluate(Strict):
+    n_samples: PositiveInt | None = Field(default=30, description="problems (seeded, stratified by level); null = all 500")
+    seed: int = Field(default=0, description="subset and bootstrap seed")
+    max_new_tokens: PositiveInt = 256
+    batch_size: PositiveInt = 8
+    stop_at_boxed: bool = Field(default=True, description="end a row once it has written a complete \\boxed{...}")
+
+
 class Runtime(Strict):
     device: Literal["cpu", "cuda", "auto"] = "cpu"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
@@ -164,6 +180,8 @@ class Params(Strict):
     runtime: Runtime = Runtime()
     dataset: Dataset
     prompt: Prompt
+    extract: Extract = Extract()
+    evaluate: Evaluate = Evaluate()
     models: dict[ModelName, ModelSpec] = Field(min_length=1)
     _file: Path = PrivateAttr(default=PARAMS_FILE)
 

@@ -359,7 +359,9 @@ def load(params: Params, prepared: PreparedModel, attn_implementation: str = "ea
     """(model, tokenizer) from the prepared folder: safetensors only, eval mode, no gradients."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # a weights bar per load only clutters the stage logs
     if params.runtime.threads:
         torch.set_num_threads(params.runtime.threads)
     spec = model_spec(params, prepared.name)

@@ -30,3 +30,93 @@ def atomic_path(final: str | os.PathLike):
 def write_json_atomic(path: str | os.PathLike, data) -> None:
     with atomic_path(path) as tmp:
         tmp.write_text(json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+
+
+# ---- HDF5 -------------------------------------------------------------------------------------
+
+FORMAT_VERSION = 1
+
+
+class ArtifactError(Exception):
+    """An artifact a stage reads is missing, corrupt, truncated or of another format; names the file."""
+
+
+@contextlib.contextmanager
+def write_h5(final: str | os.PathLike):
+    """An HDF5 file opened for writing at a temporary path, renamed onto `final` on success.
+
+    Fixed library version bounds and no timestamps, so equal inputs give byte-identical files."""
+    import h5py
+
+    with atomic_path(final) as tmp:
+        with h5py.File(tmp, "w", libver=("earliest", "v110"), track_order=True) as f:
+            f.attrs["format_version"] = FORMAT_VERSION
+            yield f
+
+
+def put(group, name: str, data, compress: bool = True, **attrs):
+    """A dataset with fixed dtype, chunked + gzip-compressed when large enough, no timestamps."""
+    import numpy as np
+
+    data = np.asarray(data)
+    kw = {}
+    if compress and data.size >= 1024:
+        kw = dict(compression="gzip", compression_opts=4, shuffle=True, chunks=True)
+    ds = group.create_dataset(name, data=data, track_times=False, **kw)
+    for k, v in attrs.items():
+        ds.attrs[k] = v
+    return ds
+
+
+def put_json_attr(obj, name: str, value) -> None:
+    obj.attrs[name] = json.dumps(value, sort_keys=True, ensure_ascii=False)
+
+
+@contextlib.contextmanager
+def read_h5(path: str | os.PathLike, kind: str, required: tuple[str, ...] = ()):
+    """Open an artifact for reading; every failure is an ArtifactError naming the file."""
+    import h5py
+
+    path = Path(path)
+    if not path.is_file():
+        raise ArtifactError(f"{path}: missing (run the stage that writes it: dvc repro)")
+    try:
+        f = h5py.File(path, "r")
+    except OSError as e:
+        raise ArtifactError(f"{path}: not a readable HDF5 file (corrupt or truncated?): {e}") from None
+    try:
+        if f.attrs.get("kind") != kind or f.attrs.get("format_version") != FORMAT_VERSION:
+            raise ArtifactError(f"{path}: expected a '{kind}' artifact of format {FORMAT_VERSION}, found "
+                                f"kind={f.attrs.get('kind')!r} format={f.attrs.get('format_version')!r}")
+        missing = [name for name in required if name not in f]
+        if missing:
+            raise ArtifactError(f"{path}: missing datasets {missing} (truncated or written by another version?)")
+        yield f
+    except (OSError, KeyError) as e:  # a damaged chunk surfaces only when read
+        raise ArtifactError(f"{path}: cannot read ({type(e).__name__}: {e}); corrupt or truncated?") from None
+    finally:
+        f.close()
+
+
+def provenance() -> dict:
+    """Package version, git commit and library versions (the run-independent part of provenance)."""
+    import subprocess
+    from importlib import metadata
+
+    root = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                                check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = "unknown"
+    libs = {}
+    for lib in ("torch", "transformers", "tokenizers", "h5py", "numpy", "math-verify", "dvc"):
+        try:
+            libs[lib] = metadata.version(lib)
+        except metadata.PackageNotFoundError:
+            pass
+    try:
+        version = metadata.version("meaningless-tokens")
+    except metadata.PackageNotFoundError:
+        version = "unknown"
+    return {"package_version": version, "git_commit": commit, "libraries": libs}

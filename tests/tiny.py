@@ -32,14 +32,14 @@ def train_tokenizer(out: Path, add_bos: bool):
     return fast
 
 
-def build(arch: str, out: Path, layers: int = 4) -> Path:
+def build(arch: str, out: Path, layers: int = 4, max_positions: int = 4096) -> Path:
     """Save a tiny `arch` model (float32 safetensors + tokenizer) into `out` and return it."""
     import torch
     from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, Qwen2Config
 
     tokenizer = train_tokenizer(out, add_bos=arch == "gemma3")
     common = dict(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
-                  num_attention_heads=4, max_position_embeddings=1024, bos_token_id=tokenizer.bos_token_id,
+                  num_attention_heads=4, max_position_embeddings=max_positions, bos_token_id=tokenizer.bos_token_id,
                   eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     if arch == "llama":
         config = LlamaConfig(num_key_value_heads=2, **common)

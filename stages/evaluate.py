@@ -1,0 +1,348 @@
+"""evaluate@<model>: MATH-500 accuracy under the none / mless / mful prompts.
+
+Greedy generation (`do_sample=False`, set explicitly: instruct checkpoints would otherwise sample by
+their generation_config), batched with left padding and a KV cache, prompts sorted by length;
+optionally stopping a row once it has written a complete \\boxed{...}. Outputs are graded by
+math-verify and, beside it, by the paper's lenient rule (stages/grading.py).
+
+Each finished batch is appended to a journal (`artifacts/eval/.journal/<model>.jsonl`); an
+interrupted run resumes from it with the same batches, so the final artifact equals an
+uninterrupted run's. Outputs:
+
+  artifacts/eval/<model>.h5              per problem and condition: output, extracted answer, grades
+  metrics/<model>.json                   accuracy, paired differences, McNemar p, bootstrap intervals
+  metrics/timing/evaluate-<model>.json   seconds and tokens per second (kept apart: never deterministic)
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from stages import models, progress
+from stages.config import PARAMS_FILE, ConfigError, Params, load_params, model_spec
+from stages.grading import grade, has_complete_box
+from stages.intervals import bootstrap_mean_ci, mcnemar_exact
+from stages.models import ModelSourceError
+from stages.prompts import DatasetError, PromptError, builder_for, load_math500, select_problems
+from stages.store import ArtifactError, provenance, put, put_json_attr, write_h5, write_json_atomic
+
+JOURNAL_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Item:
+    index: int              # problem index (line of test.jsonl)
+    condition: str
+    input_ids: tuple[int, ...]
+
+
+@dataclass
+class Record:
+    index: int
+    condition: str
+    output: str
+    n_tokens: int           # generated tokens, end-of-text excluded
+    stop: str               # eos | boxed | length
+    extracted: str
+    correct: bool
+    paper_extracted: str | None
+    paper_correct: bool
+    seconds: float          # wall time of its batch, shared equally by the batch's rows
+
+
+def paths(name: str) -> dict[str, Path]:
+    return {"out": Path("artifacts/eval") / f"{name}.h5",
+            "metrics": Path("metrics") / f"{name}.json",
+            "timing": Path("metrics/timing") / f"evaluate-{name}.json",
+            "journal": Path("artifacts/eval/.journal") / f"{name}.jsonl"}
+
+
+def make_batches(items: list[Item], batch_size: int) -> list[list[Item]]:
+    """Items sorted by prompt length (least padding), cut into fixed batches: a resumed run
+    regenerates exactly the batches an uninterrupted run would."""
+    order = {c: k for k, c in enumerate(("none", "mless", "mful"))}
+    ranked = sorted(items, key=lambda it: (len(it.input_ids), it.index, order[it.condition]))
+    return [ranked[i:i + batch_size] for i in range(0, len(ranked), batch_size)]
+
+
+# ---- generation -----------------------------------------------------------------------------
+
+class _BoxedStop:
+    """Stopping criterion: a row is done once its generated text holds a complete \\boxed{...}."""
+
+    def __init__(self, tokenizer, prompt_len: int):
+        self.tok, self.prompt_len = tokenizer, prompt_len
+
+    def __call__(self, input_ids, scores, **kwargs):
+        import torch
+
+        texts = self.tok.batch_decode(input_ids[:, self.prompt_len:], skip_special_tokens=True)
+        return torch.tensor([has_complete_box(t) for t in texts], dtype=torch.bool, device=input_ids.device)
+
+
+def stop_ids(model, tokenizer) -> list[int]:
+    """End-of-text ids: the generation config's and the tokenizer's eos, plus the pad token (Qwen's
+    `<|endoftext|>` ends raw-prompt generations)."""
+    eos = model.generation_config.eos_token_id
+    ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    ids |= {i for i in (tokenizer.eos_token_id, tokenizer.pad_token_id) if i is not None}
+    if not ids:
+        raise ConfigError("the model defines no end-of-text token (generation_config.eos_token_id)")
+    return sorted(ids)
+
+
+def generate(model, tokenizer, batch: list[Item], max_new_tokens: int, stop_at_boxed: bool,
+             eos: list[int]) -> list[tuple[str, int, str]]:
+    """Greedy continuations of a batch of prompts: [(text, n_tokens, stop reason)]."""
+    import torch
+    from transformers import StoppingCriteriaList
+
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
+    width = max(len(it.input_ids) for it in batch)
+    ids = torch.full((len(batch), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(batch), width), dtype=torch.long)
+    for r, it in enumerate(batch):  # left padding: every prompt ends where generation starts
+        ids[r, width - len(it.input_ids):] = torch.tensor(it.input_ids)
+        mask[r, width - len(it.input_ids):] = 1
+    criteria = StoppingCriteriaList([_BoxedStop(tokenizer, width)] if stop_at_boxed else [])
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=ids.to(model.device), attention_mask=mask.to(model.device),
+            max_new_tokens=max_new_tokens, do_sample=False, temperature=None, top_p=None, top_k=None,
+            num_beams=1, eos_token_id=eos, pad_token_id=pad, stopping_criteria=criteria, use_cache=True,
+        )
+    results = []
+    ends = set(eos) | {pad}
+    for row in out[:, width:].tolist():
+        n = next((k for k, t in enumerate(row) if t in ends), len(row))
+        text = tokenizer.decode(row[:n], skip_special_tokens=True)
+        if stop_at_boxed and has_complete_box(text):
+            reason = "boxed"
+        elif n < max_new_tokens:
+            reason = "eos"
+        else:
+            reason = "length"
+        results.append((text, n, reason))
+    return results
+
+
+# ---- journal ------------------------------------------------------------------------------------
+
+class Journal:
+    """Append-only record of finished batches; bound to one configuration by `key`."""
+
+    def __init__(self, path: Path, key: str):
+        self.path, self.key = path, key
+        self.records: dict[tuple[int, str], Record] = {}
+        if path.is_file():
+            self._load()
+
+    def _load(self) -> None:
+        lines = self.path.read_text(encoding="utf-8").split("\n")
+        try:
+            header = json.loads(lines[0])
+        except json.JSONDecodeError:
+            header = {}
+        if header.get("key") != self.key or header.get("version") != JOURNAL_VERSION:
+            print(f"{self.path}: made for other inputs; starting afresh", file=sys.stderr)
+            self.path.unlink()
+            return
+        for k, line in enumerate(lines[1:], start=2):
+            if not line:
+                continue
+            try:
+                rec = Record(**json.loads(line))
+            except (json.JSONDecodeError, TypeError) as e:
+                if k == len(lines) or (k == len(lines) - 1 and not lines[-1]):
+                    break  # the run was killed while writing its last line: that batch is redone
+                raise ArtifactError(f"{self.path}:{k}: damaged journal line ({e}); delete the file to start over") from None
+            self.records[(rec.index, rec.condition)] = rec
+
+    def append(self, records: list[Record]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fresh = not self.path.is_file()
+        with open(self.path, "a", encoding="utf-8") as f:
+            if fresh:
+                f.write(json.dumps({"version": JOURNAL_VERSION, "key": self.key}) + "\n")
+            for rec in records:
+                f.write(json.dumps(asdict(rec), ensure_ascii=False) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        for rec in records:
+            self.records[(rec.index, rec.condition)] = rec
+
+
+# ---- metrics --------------------------------------------------------------------------------------
+
+def paired(treat: np.ndarray, base: np.ndarray, seed: int) -> dict:
+    """Paired comparison of two conditions' per-problem correctness."""
+    diff = treat.astype(np.float64) - base.astype(np.float64)
+    lo, hi = bootstrap_mean_ci(diff, seed)
+    b, c = int((treat & ~base).sum()), int((~treat & base).sum())
+    return {"delta": float(diff.mean()), "ci95_low": float(lo), "ci95_high": float(hi),
+            "mcnemar_p": mcnemar_exact(b, c), "only_this_right": b, "only_none_right": c}
+
+
+def summarize(records: dict[str, list[Record]], seed: int) -> dict:
+    conditions = list(records)
+    correct = {c: np.array([r.correct for r in records[c]]) for c in conditions}
+    paper = {c: np.array([r.paper_correct for r in records[c]]) for c in conditions}
+    m = {
+        "n_problems": len(records["none"]),
+        "accuracy": {c: float(correct[c].mean()) for c in conditions},
+        "correct": {c: int(correct[c].sum()) for c in conditions},
+        "paper_accuracy": {c: float(paper[c].mean()) for c in conditions},
+        "boxed_rate": {c: float(np.mean([has_complete_box(r.output) for r in records[c]])) for c in conditions},
+        "mean_tokens": {c: float(np.mean([r.n_tokens for r in records[c]])) for c in conditions},
+        "stopped_at_length": {c: int(sum(r.stop == "length" for r in records[c])) for c in conditions},
+    }
+    for c in conditions:
+        if c != "none":
+            m[f"{c}-none"] = paired(correct[c], correct["none"], seed)
+            m[f"{c}-none_paper"] = paired(paper[c], paper["none"], seed)
+    return m
+
+
+# ---- the stage ------------------------------------------------------------------------------------
+
+def run(params: Params, name: str, root: Path | None = None) -> Path:
+    spec = model_spec(params, name)
+    cfg = params.evaluate
+    where = {k: (root / v if root else params.resolve(str(v))) for k, v in paths(name).items()}
+    problems, data_sha = load_math500(params)
+    chosen = select_problems(problems, cfg.n_samples, cfg.seed)
+    prepared = models.prepare(params, name)
+    model, tokenizer = models.load(params, prepared)
+    builder = builder_for(params, name, tokenizer)
+    conditions = params.prompt.conditions
+    built = {p.index: builder.build(p) for p in chosen}
+    items = [Item(p.index, c, built[p.index][c].input_ids) for p in chosen for c in conditions]
+    longest = max(len(it.input_ids) for it in items)
+    context = prepared.facts["max_position_embeddings"]
+    if context and longest + cfg.max_new_tokens > context:
+        raise ConfigError(f"{params.file}: evaluate.max_new_tokens: a prompt of {longest} tokens plus "
+                          f"{cfg.max_new_tokens} new tokens exceeds {spec.display_name}'s context of {context}")
+    eos = stop_ids(model, tokenizer)
+    settings = {"max_new_tokens": cfg.max_new_tokens, "batch_size": cfg.batch_size,
+                "stop_at_boxed": cfg.stop_at_boxed, "greedy": True, "eos_token_ids": eos,
+                "device": str(model.device), "dtype": params.runtime.dtype}
+    key = hashlib.sha256(json.dumps({
+        "weights": prepared.manifest().get("weights_sha256"), "settings": settings,
+        "items": [(it.index, it.condition, it.input_ids) for it in items]}).encode()).hexdigest()
+    journal = Journal(where["journal"], key)
+    gold = {p.index: p.answer for p in chosen}
+    prompt_text = {(it.index, it.condition): tokenizer.decode(list(it.input_ids), skip_special_tokens=True)
+                   for it in items}
+
+    batches = make_batches(items, cfg.batch_size)
+    todo = [b for b in batches if any((it.index, it.condition) not in journal.records for it in b)]
+    done = len(items) - sum(len(b) for b in todo)
+    if done:
+        print(f"{name}: resuming from {where['journal']} ({done} of {len(items)} generations done)", file=sys.stderr)
+    bar = progress.bar(total=len(items), initial=done, desc=f"evaluate {name}", unit="gen")
+    started = time.perf_counter()
+    try:
+        for batch in todo:
+            t0 = time.perf_counter()
+            outs = generate(model, tokenizer, batch, cfg.max_new_tokens, cfg.stop_at_boxed, eos)
+            share = (time.perf_counter() - t0) / len(batch)
+            recs = []
+            for it, (text, n, reason) in zip(batch, outs):
+                g = grade(text, gold[it.index], prompt_text[(it.index, it.condition)])
+                recs.append(Record(it.index, it.condition, text, n, reason, g.extracted, g.correct,
+                                   g.paper_extracted, g.paper_correct, round(share, 4)))
+            journal.append(recs)
+            bar.update(len(batch))
+            bar.set_postfix_str(" ".join(
+                f"{c}={sum(r.correct for r in journal.records.values() if r.condition == c)}"
+                f"/{sum(r.condition == c for r in journal.records.values())}" for c in conditions), refresh=False)
+    except KeyboardInterrupt:
+        bar.close()
+        print(f"\n{name}: interrupted; {len(journal.records)} of {len(items)} generations kept in "
+              f"{where['journal']}; rerun to resume", file=sys.stderr)
+        raise
+    bar.close()
+    seconds = time.perf_counter() - started
+
+    by_cond = {c: [journal.records[(p.index, c)] for p in chosen] for c in conditions}
+    metrics = summarize(by_cond, cfg.seed)
+    prov = {
+        **provenance(),
+        "model": {"name": name, "display_name": spec.display_name, **prepared.manifest()},
+        **builder.describe(params),
+        "generation": settings,
+        "grader": {"library": "math-verify", "paper_rule": "last \\boxed{} of prompt + output; right if equal "
+                   "to the gold answer or a substring of it (an output without a box is scored by the "
+                   "instruction's empty \\boxed{}, which counts as right)"},
+        "params": {"models": {name: spec.model_dump()}, "prompt": params.prompt.model_dump(),
+                   "evaluate": cfg.model_dump(), "dataset": params.dataset.model_dump()},
+        "dataset_sha256": data_sha,
+    }
+    with write_h5(where["out"]) as f:
+        f.attrs["kind"] = "eval"
+        f.attrs["model"] = name
+        f.attrs["display_name"] = spec.display_name
+        f.attrs["conditions"] = list(conditions)
+        put_json_attr(f, "provenance", prov)
+        put_json_attr(f, "metrics", metrics)
+        p = f.create_group("problems")
+        put(p, "index", np.array([q.index for q in chosen], dtype=np.int32))
+        put(p, "unique_id", np.array([q.unique_id for q in chosen], dtype=object), compress=False)
+        put(p, "level", np.array([q.level for q in chosen], dtype=np.int8))
+        put(p, "subject", np.array([q.subject for q in chosen], dtype=object), compress=False)
+        put(p, "answer", np.array([q.answer for q in chosen], dtype=object), compress=False)
+        for c in conditions:
+            g, recs = f.create_group(c), by_cond[c]
+            put(g, "prompt_tokens", np.array([len(built[q.index][c].input_ids) for q in chosen], dtype=np.int32))
+            put(g, "output", np.array([r.output for r in recs], dtype=object), compress=False)
+            put(g, "n_tokens", np.array([r.n_tokens for r in recs], dtype=np.int32))
+            put(g, "stop", np.array([r.stop for r in recs], dtype=object), compress=False)
+            put(g, "extracted", np.array([r.extracted for r in recs], dtype=object), compress=False)
+            put(g, "correct", np.array([r.correct for r in recs], dtype=bool))
+            put(g, "paper_extracted", np.array([r.paper_extracted or "" for r in recs], dtype=object),
+                compress=False, note="'' where prompt + output hold no complete box")
+            put(g, "paper_correct", np.array([r.paper_correct for r in recs], dtype=bool))
+    write_json_atomic(where["metrics"], metrics)
+    tokens = {c: sum(r.n_tokens for r in by_cond[c]) for c in conditions}
+    gen_seconds = {c: sum(r.seconds for r in by_cond[c]) for c in conditions}
+    write_json_atomic(where["timing"], {
+        "seconds_this_run": round(seconds, 2),
+        "generation_seconds": {c: round(s, 2) for c, s in gen_seconds.items()},
+        "tokens_per_second": {c: round(tokens[c] / gen_seconds[c], 2) if gen_seconds[c] else None
+                              for c in conditions},
+        "resumed_generations": done, "batch_size": cfg.batch_size, "device": str(model.device),
+    })
+    where["journal"].unlink(missing_ok=True)
+    acc = ", ".join(f"{c} {metrics['accuracy'][c]:.3f}" for c in conditions)
+    print(f"{name}: {len(chosen)} problems x {len(conditions)} conditions in {seconds:.1f} s; accuracy {acc} "
+          f"-> {where['out']}")
+    return where["out"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m stages.evaluate", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--params", default=str(PARAMS_FILE))
+    args = ap.parse_args(argv)
+    try:
+        run(load_params(args.params), args.model)
+    except (ConfigError, ModelSourceError, DatasetError, PromptError, ArtifactError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

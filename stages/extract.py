@@ -1,0 +1,242 @@
+"""extract@<model>: attention weights of the first layers for the none / mless / mful prompts.
+
+Runs the decoder only up to the last configured layer (never the LM head), with eager attention
+captured by a registered attention function, and stores per sample, condition, layer and head the
+reduced vectors every statistic needs, in `artifacts/attention/<model>.h5`:
+
+  recv_all[l, h, j]      attention key position j receives, summed over all queries i >= j
+  recv_original[l, h, j] the same, summed over original (non-span) queries only
+  recv_last[l, h, j]     attention the last query gives to j
+  mass_span[l, h, i]     attention query i gives to the span, summed over span keys (0 for none)
+  mass_first[l, h, i]    attention query i gives to position 0 (BOS on Gemma)
+
+Positions of one condition are concatenated over samples; `offsets` delimits the samples.
+Full [layer, head, T, T] matrices are kept for the first `extract.showcase` samples.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from stages import models, progress
+from stages.config import ConfigError, Params, load_params, model_spec, PARAMS_FILE
+from stages.models import ModelSourceError
+from stages.prompts import DatasetError, PromptError, builder_for, load_math500, select_problems
+from stages.store import ArtifactError, provenance, put, put_json_attr, write_h5, write_json_atomic
+
+CAPTURE = "mless_capture"
+VECTORS = ("recv_all", "recv_original", "recv_last", "mass_span", "mass_first")
+QUERY_SETS = {
+    "recv_all": "all queries i >= j (the causal set), original and span tokens alike",
+    "recv_original": "original (none) tokens among the queries i >= j; span queries excluded",
+    "recv_last": "the last prompt token only",
+}
+
+
+class _StopForward(Exception):
+    """Raised after the last requested layer: the rest of the model is not run."""
+
+
+@dataclass
+class _Request:
+    layers: frozenset[int]
+    last: int
+    captured: dict = field(default_factory=dict)
+
+
+_REQUEST: ContextVar[_Request | None] = ContextVar("mless_capture_request", default=None)
+
+
+def _fp32_probs(module, query, key, attention_mask, scaling):
+    """Probabilities recomputed in float32: the eager path casts them back to a bf16/fp16 model dtype."""
+    import torch
+
+    from transformers.models.llama.modeling_llama import repeat_kv
+
+    k = repeat_kv(key, module.num_key_value_groups).float()
+    scores = torch.matmul(query.float(), k.transpose(2, 3)) * scaling
+    if attention_mask is not None:
+        scores = scores + attention_mask.float()
+    return torch.softmax(scores, dim=-1)
+
+
+def _capture(module, query, key, value, attention_mask, **kwargs):
+    # the model family's own eager attention: identical to `attn_implementation="eager"`
+    eager = sys.modules[type(module).__module__].eager_attention_forward
+    out, weights = eager(module, query, key, value, attention_mask, **kwargs)
+    request = _REQUEST.get()
+    if request is not None:
+        if module.layer_idx in request.layers:
+            if weights.dtype.itemsize < 4:
+                weights = _fp32_probs(module, query, key, attention_mask, kwargs.get("scaling", module.scaling))
+            request.captured[module.layer_idx] = weights[0].detach().float()
+        if module.layer_idx >= request.last:
+            raise _StopForward
+    return out, weights
+
+
+def install_capture(model) -> None:
+    """Switch `model` to the capturing attention (eager math; the eager mask, incl. sliding windows)."""
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import eager_mask
+
+    AttentionInterface.register(CAPTURE, _capture)
+    # without the eager mask function the custom attention gets attention_mask=None for an unpadded
+    # batch and silently computes non-causal probabilities
+    AttentionMaskInterface.register(CAPTURE, eager_mask)
+    model.set_attn_implementation(CAPTURE)
+
+
+def attention(model, input_ids, layers) -> dict:
+    """{layer: float32 tensor [heads, T, T]} for one prompt, running the decoder up to max(layers)."""
+    import torch
+
+    request = _Request(frozenset(layers), max(layers))
+    token = _REQUEST.set(request)
+    ids = torch.tensor([list(input_ids)], device=model.device)
+    try:
+        with torch.no_grad():
+            model.get_decoder()(input_ids=ids, use_cache=False)
+    except _StopForward:
+        pass
+    finally:
+        _REQUEST.reset(token)
+    missing = sorted(set(layers) - set(request.captured))
+    if missing:
+        raise RuntimeError(f"attention of layers {missing} was not captured "
+                           f"(attn_implementation={model.config._attn_implementation!r})")
+    return request.captured
+
+
+def reduce(probs: np.ndarray, span: tuple[int, int], original_pos) -> dict[str, np.ndarray]:
+    """The stored vectors of one prompt from its probabilities [L, H, T, T]."""
+    start, end = span
+    return {
+        "recv_all": probs.sum(axis=2),
+        "recv_original": probs[:, :, list(original_pos), :].sum(axis=2),
+        "recv_last": probs[:, :, -1, :],
+        "mass_span": probs[:, :, :, start:end].sum(axis=3),
+        "mass_first": probs[:, :, :, 0],
+    }
+
+
+def attention_path(name: str) -> Path:
+    return Path("artifacts") / "attention" / f"{name}.h5"
+
+
+def run(params: Params, name: str, out: Path | None = None, timing: Path | None = None) -> Path:
+    spec = model_spec(params, name)
+    out = out or params.resolve(str(attention_path(name)))
+    cfg = params.extract
+    problems, data_sha = load_math500(params)
+    chosen = select_problems(problems, cfg.n_samples, cfg.seed)
+    if not chosen:
+        raise ConfigError(f"{params.file}: extract.n_samples: the subset is empty")
+    prepared = models.prepare(params, name)
+    facts = prepared.facts
+    heads = list(range(facts["num_heads"])) if spec.heads == "all" else list(spec.heads)
+    layers = list(spec.layers)
+    model, tokenizer = models.load(params, prepared)
+    install_capture(model)
+    builder = builder_for(params, name, tokenizer)
+    prompts = [builder.build(p) for p in chosen]
+    conditions = params.prompt.conditions
+    longest = max(len(pr[c].input_ids) for pr in prompts for c in conditions)
+    context = facts["max_position_embeddings"]
+    if context and longest > context:
+        raise ConfigError(f"{params.file}: extract.n_samples: a prompt has {longest} tokens, more than "
+                          f"{spec.display_name}'s context of {context} positions")
+
+    dtype = np.float16 if cfg.dtype == "float16" else np.float32
+    vectors = {c: {v: [] for v in VECTORS} for c in conditions}
+    showcase = {}
+    started = time.perf_counter()
+    bar = progress.bar(prompts, desc=f"extract {name}", unit="problem")
+    for k, pr in enumerate(bar):
+        for c in conditions:
+            captured = attention(model, pr[c].input_ids, layers)
+            probs = np.stack([captured[layer][heads].cpu().numpy() for layer in layers])  # [L, H, T, T]
+            for v, arr in reduce(probs, pr[c].span, pr[c].original_pos).items():
+                vectors[c][v].append(arr)
+            if k < cfg.showcase:
+                showcase[(k, c)] = probs
+        bar.set_postfix(tokens=len(pr["mless" if "mless" in conditions else "none"].input_ids), refresh=False)
+    seconds = time.perf_counter() - started
+
+    prov = {
+        **provenance(),
+        "model": {"name": name, "display_name": spec.display_name, **prepared.manifest()},
+        **builder.describe(params),
+        "params": {"models": {name: spec.model_dump()}, "prompt": params.prompt.model_dump(),
+                   "extract": cfg.model_dump(), "dataset": params.dataset.model_dump()},
+        "dataset_sha256": data_sha,
+    }
+    with write_h5(out) as f:
+        f.attrs["kind"] = "attention"
+        f.attrs["model"] = name
+        f.attrs["display_name"] = spec.display_name
+        f.attrs["layers"] = np.array(layers, dtype=np.int32)
+        f.attrs["heads"] = np.array(heads, dtype=np.int32)
+        f.attrs["conditions"] = list(conditions)
+        f.attrs["num_kv_heads"] = facts["num_kv_heads"]
+        f.attrs["heads_note"] = (f"heads are query heads (num_attention_heads={facts['num_heads']}); with grouped-query "
+                                 f"attention query head h reads kv head h // {facts['num_heads'] // facts['num_kv_heads']}")
+        f.attrs["indexing"] = "layers and heads are 0-based; charts say 'Layer 1' for index 0"
+        f.attrs["position_0"] = ("position 0 is the first prompt token (BOS where the tokenizer adds one) and is an "
+                                 "original token; mass_first keeps the attention it receives for statistics that exclude it")
+        put_json_attr(f, "query_sets", QUERY_SETS)
+        put_json_attr(f, "provenance", prov)
+        p = f.create_group("problems")
+        put(p, "index", np.array([q.index for q in chosen], dtype=np.int32))
+        put(p, "unique_id", np.array([q.unique_id for q in chosen], dtype=object), compress=False)
+        put(p, "level", np.array([q.level for q in chosen], dtype=np.int8))
+        put(p, "subject", np.array([q.subject for q in chosen], dtype=object), compress=False)
+        for c in conditions:
+            g = f.create_group(c)
+            lengths = [len(pr[c].input_ids) for pr in prompts]
+            put(g, "offsets", np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
+            put(g, "input_ids", np.concatenate([pr[c].input_ids for pr in prompts]).astype(np.int32))
+            put(g, "span", np.array([pr[c].span for pr in prompts], dtype=np.int32),
+                note="[start, end) of the inserted span; [0, 0] for none")
+            put(g, "original_pos", np.concatenate([pr[c].original_pos for pr in prompts]).astype(np.int32),
+                note="position in this condition of each none token; delimited by none/offsets")
+            put(g, "joint_match", np.array([pr[c].joint_match for pr in prompts], dtype=bool))
+            put(g, "span_text", np.array([pr[c].span_text for pr in prompts], dtype=object), compress=False)
+            for v in VECTORS:
+                put(g, v, np.concatenate(vectors[c][v], axis=-1).astype(dtype), shape="[layer, head, position]")
+        s = f.create_group("showcase")
+        for (k, c), probs in showcase.items():
+            put(s.require_group(f"{k:03d}"), c, probs.astype(dtype), shape="[layer, head, query, key]")
+            s[f"{k:03d}"].attrs["problem_index"] = chosen[k].index
+    n_prompts = len(prompts) * len(conditions)
+    write_json_atomic(timing or params.resolve(f"metrics/timing/extract-{name}.json"), {
+        "seconds": round(seconds, 2), "ms_per_prompt": round(1000 * seconds / n_prompts, 1),
+        "prompts": n_prompts, "bytes": out.stat().st_size})
+    print(f"{name}: {len(prompts)} problems x {len(conditions)} conditions in {seconds:.1f} s "
+          f"({1000 * seconds / n_prompts:.0f} ms per prompt) -> {out} ({out.stat().st_size / 2**20:.1f} MiB)")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m stages.extract", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--params", default=str(PARAMS_FILE))
+    args = ap.parse_args(argv)
+    try:
+        run(load_params(args.params), args.model)
+    except (ConfigError, ModelSourceError, DatasetError, PromptError, ArtifactError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,37 @@
+"""Uncertainty over samples: seeded percentile bootstrap intervals and the exact McNemar test."""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.stats import binomtest
+
+N_BOOT = 10_000
+
+
+def bootstrap_mean_ci(values: np.ndarray, seed: int, level: float = 0.95, n_boot: int = N_BOOT,
+                      axis: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Percentile interval of the mean over `axis` (samples), resampling samples with replacement.
+
+    Paired data stay paired: pass per-sample differences, not the two arms.
+    """
+    values = np.asarray(values, dtype=np.float64)
+    n = values.shape[axis]
+    if n == 0:
+        raise ValueError("no samples to bootstrap")
+    rng = np.random.default_rng(seed)
+    moved = np.moveaxis(values, axis, 0)
+    means = np.empty((n_boot,) + moved.shape[1:])
+    for b in range(0, n_boot, 1000):  # in blocks, so memory stays at 1000 resamples
+        idx = rng.integers(0, n, size=(min(1000, n_boot - b), n))
+        means[b:b + len(idx)] = moved[idx].mean(axis=1)
+    alpha = (1 - level) / 2
+    lo, hi = np.quantile(means, [alpha, 1 - alpha], axis=0)
+    return lo, hi
+
+
+def mcnemar_exact(b: int, c: int) -> float:
+    """Two-sided exact McNemar p-value from the discordant counts b (only the treatment right) and
+    c (only the baseline right); 1.0 when there are no discordant pairs."""
+    if b + c == 0:
+        return 1.0
+    return float(binomtest(b, b + c, 0.5).pvalue)

@@ -1,0 +1,207 @@
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import h5py
+import numpy as np
+import pytest
+
+from stages import evaluate, models
+from stages.config import ConfigError, load_params
+from stages.grading import grade, has_complete_box, last_boxed
+from stages.intervals import bootstrap_mean_ci, mcnemar_exact
+from stages.prompts import builder_for, load_math500, select_problems
+from stages.store import ArtifactError, read_h5
+from tests.conftest import ROOT
+
+INSTRUCTION = "Please reason step by step and put your final answer within \\boxed{}."
+
+
+# ---- grading ----------------------------------------------------------------------------------
+
+def test_every_gold_solution_is_graded_correct_against_its_answer(write_params):
+    problems, _ = load_math500(load_params(write_params()))
+    wrong = [(p.index, p.answer, g.extracted) for p in problems
+             if not (g := grade(p.solution, p.answer, "")).correct]
+    assert wrong == [], f"math-verify rejects these gold solutions: {wrong}"
+
+
+def test_math_verify_equivalence_and_paper_rule():
+    g = grade("so $x = 0.5$, i.e. \\boxed{\\frac{1}{2}}", "\\frac12", INSTRUCTION)
+    assert g.correct and g.paper_extracted == "\\frac{1}{2}" and not g.paper_correct  # strings differ
+    g = grade("the answer is \\boxed{12}", "12", INSTRUCTION)
+    assert g.correct and g.paper_correct
+    # the paper's rule: a prediction that is a substring of the gold answer counts as right
+    g = grade("\\boxed{1}", "12", INSTRUCTION)
+    assert not g.correct and g.paper_correct
+    # no box in the output: the instruction's empty box is the last one, and "" is in every answer
+    g = grade("I do not know.", "12", INSTRUCTION)
+    assert not g.correct and g.paper_extracted == "" and g.paper_correct
+    g = grade("I do not know.", "12", "no box in this prompt")
+    assert g.paper_extracted is None and not g.paper_correct
+
+
+def test_box_detection_handles_nesting_and_unfinished_boxes():
+    assert not has_complete_box("so \\boxed{\\frac{1}{2")
+    assert has_complete_box("so \\boxed{\\frac{1}{2}} and more")
+    assert has_complete_box("\\fbox{3}")
+    assert last_boxed("\\boxed{1} then \\boxed{\\sqrt{2}}") == "\\sqrt{2}"
+    assert last_boxed("\\boxed{1} then \\boxed{\\sqrt{2") == "1"  # the unfinished last box is skipped
+    assert last_boxed("nothing") is None
+
+
+def test_mcnemar_and_bootstrap():
+    # exact binomial: 9 vs 1 discordant pairs -> p = 2 * P(X <= 1 | n=10, 0.5) = 22/1024
+    assert mcnemar_exact(9, 1) == pytest.approx(22 / 1024)
+    assert mcnemar_exact(0, 0) == 1.0
+    diff = np.array([1, 0, 0, 1, -1, 0, 1, 0] * 5, dtype=float)
+    lo, hi = bootstrap_mean_ci(diff, seed=0)
+    assert lo < diff.mean() < hi and (lo, hi) == bootstrap_mean_ci(diff, seed=0)
+    assert bootstrap_mean_ci(np.zeros(7), seed=1) == (0.0, 0.0)
+
+
+# ---- the stage on a tiny model ------------------------------------------------------------------
+
+def tiny_eval_params(write_params, tiny_dirs, arch="llama", **evaluate_cfg):
+    raw = load_params(write_params()).model_dump()
+    raw["evaluate"].update(dict(n_samples=4, max_new_tokens=12, batch_size=3, stop_at_boxed=True) | evaluate_cfg)
+    raw["models"] = {"tiny": {"display_name": f"Tiny {arch}", "family": arch,
+                              "source": {"kind": "local_dir", "path": str(tiny_dirs[arch])}}}
+    return load_params(write_params(raw))
+
+
+def read_eval(path):
+    with read_h5(path, "eval", ("problems/index", "none/output", "mless/correct")) as f:
+        return {name: f[name][()] for name in ("problems/index", "none/output", "none/correct", "mless/correct",
+                                                "mful/n_tokens", "none/stop")}, json.loads(f.attrs["metrics"])
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_evaluate_writes_graded_records_metrics_and_is_deterministic(arch, tiny_dirs, write_params, cache_dir, tmp_path):
+    params = tiny_eval_params(write_params, tiny_dirs, arch)
+    out = evaluate.run(params, "tiny", root=tmp_path / "a")
+    data, metrics = read_eval(out)
+    problems, _ = load_math500(params)
+    assert list(data["problems/index"]) == [p.index for p in select_problems(problems, 4, 0)]
+    assert all(0 < n <= 12 for n in data["mful/n_tokens"])
+    assert set(s.decode() for s in data["none/stop"]) <= {"eos", "boxed", "length"}
+    on_disk = json.loads((tmp_path / "a/metrics/tiny.json").read_text())
+    assert on_disk == metrics and on_disk["n_problems"] == 4
+    assert on_disk["accuracy"]["none"] == pytest.approx(data["none/correct"].mean())
+    delta = data["mless/correct"].astype(float) - data["none/correct"].astype(float)
+    assert on_disk["mless-none"]["delta"] == pytest.approx(delta.mean())
+    timing = json.loads((tmp_path / "a/metrics/timing/evaluate-tiny.json").read_text())
+    assert timing["tokens_per_second"]["none"] > 0 and timing["resumed_generations"] == 0
+    assert not (tmp_path / "a/artifacts/eval/.journal/tiny.jsonl").exists()
+    again = evaluate.run(params, "tiny", root=tmp_path / "b")
+    assert again.read_bytes() == out.read_bytes()
+    assert (tmp_path / "b/metrics/tiny.json").read_bytes() == (tmp_path / "a/metrics/tiny.json").read_bytes()
+
+
+def test_batches_are_sorted_by_length_and_fixed(tiny_dirs, write_params, cache_dir):
+    params = tiny_eval_params(write_params, tiny_dirs)
+    prepared = models.prepare(params, "tiny")
+    _, tokenizer = models.load(params, prepared)
+    builder = builder_for(params, "tiny", tokenizer)
+    problems, _ = load_math500(params)
+    items = [evaluate.Item(p.index, c, ids.input_ids) for p in problems[:10] for c, ids in builder.build(p).items()]
+    batches = evaluate.make_batches(items, 4)
+    lengths = [len(it.input_ids) for b in batches for it in b]
+    assert lengths == sorted(lengths) and [len(b) for b in batches] == [4] * 7 + [2]
+    assert evaluate.make_batches(list(reversed(items)), 4) == batches
+
+
+def run_cli(params, **kw):
+    return subprocess.Popen([sys.executable, "-m", "stages.evaluate", "--model", "tiny", "--params", str(params.file)],
+                            cwd=params.file.parent, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, **kw)
+
+
+def wait_for_journal_lines(journal, proc, lines):
+    while proc.poll() is None:
+        if journal.is_file() and journal.read_text().count("\n") >= lines:
+            return True
+        time.sleep(0.02)
+    return False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT])
+def test_interrupted_run_resumes_to_the_same_artifact(sig, tiny_dirs, write_params, cache_dir, tmp_path):
+    # enough work that the run is still going when the journal holds its first batches
+    params = tiny_eval_params(write_params, tiny_dirs, n_samples=24, max_new_tokens=40, batch_size=2)
+    reference = evaluate.run(params, "tiny", root=tmp_path / "ref").read_bytes()
+    root = params.file.parent
+    journal = root / "artifacts/eval/.journal/tiny.jsonl"
+    out = root / "artifacts/eval/tiny.h5"
+    proc = run_cli(params)
+    assert wait_for_journal_lines(journal, proc, 1 + 2 * 3), "the run finished before it could be interrupted"
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    assert not out.exists()
+    kept = journal.read_text().count("\n") - 1
+    assert 0 < kept < 72
+    if sig == signal.SIGINT:
+        assert proc.returncode == 130 and "interrupted" in err and "rerun to resume" in err
+    resumed = run_cli(params)
+    _, err = resumed.communicate(timeout=600)
+    assert resumed.returncode == 0, err
+    assert "resuming from" in err
+    assert out.read_bytes() == reference
+    assert json.loads((root / "metrics/timing/evaluate-tiny.json").read_text())["resumed_generations"] >= kept - 1
+    assert not journal.exists()
+
+
+def test_journal_of_other_inputs_is_discarded_and_damage_is_reported(tiny_dirs, write_params, cache_dir, tmp_path):
+    params = tiny_eval_params(write_params, tiny_dirs)
+    journal = tmp_path / "j/artifacts/eval/.journal/tiny.jsonl"
+    journal.parent.mkdir(parents=True)
+    journal.write_text(json.dumps({"version": 1, "key": "other"}) + "\n" + '{"index": 0}\n')
+    evaluate.run(params, "tiny", root=tmp_path / "j")  # starts afresh
+    assert not journal.exists()
+
+    j = evaluate.Journal(journal, "k")
+    rec = evaluate.Record(0, "none", "x", 1, "eos", "", False, None, False, 0.1)
+    j.append([rec, rec])
+    text = journal.read_text().split("\n")
+    journal.write_text("\n".join([text[0], "{broken", text[2], ""]))
+    with pytest.raises(ArtifactError, match=r"tiny.jsonl:2: damaged journal line"):
+        evaluate.Journal(journal, "k")
+    journal.write_text("\n".join([text[0], text[1], '{"index": 3, "condi']))  # killed mid-line
+    assert list(evaluate.Journal(journal, "k").records) == [(0, "none")]
+
+
+def test_bad_evaluate_params(tiny_dirs, write_params, cache_dir, tmp_path):
+    raw = load_params(write_params()).model_dump()
+    raw["evaluate"]["batch_size"] = 0
+    with pytest.raises(ConfigError, match=r"evaluate.batch_size: Input should be greater than 0"):
+        load_params(write_params(raw))
+    params = tiny_eval_params(write_params, tiny_dirs, max_new_tokens=5000)
+    with pytest.raises(ConfigError, match=r"evaluate.max_new_tokens: .* exceeds Tiny llama's context of 4096"):
+        evaluate.run(params, "tiny", root=tmp_path)
+    assert not (tmp_path / "artifacts/eval/tiny.h5").exists()
+
+
+# ---- a real shipped model ---------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_batched_and_one_at_a_time_greedy_agree_on_a_shipped_model(write_params):
+    params = load_params(write_params())
+    prepared = models.prepare(params, "smollm2-135m")
+    model, tokenizer = models.load(params, prepared)
+    builder = builder_for(params, "smollm2-135m", tokenizer)
+    problems, _ = load_math500(params)
+    chosen = select_problems(problems, 6, 0)
+    items = [evaluate.Item(p.index, "mless", builder.build(p)["mless"].input_ids) for p in chosen]
+    eos = evaluate.stop_ids(model, tokenizer)
+    batched = evaluate.generate(model, tokenizer, items, 32, True, eos)
+    single = [evaluate.generate(model, tokenizer, [it], 32, True, eos)[0] for it in items]
+    grades = [(grade(b[0], p.answer, "").correct, grade(s[0], p.answer, "").correct)
+              for b, s, p in zip(batched, single, chosen)]
+    assert sum(b == s for b, s in grades) / len(grades) >= 0.95
+    # padding must not change what the model reads: most continuations are identical token for token
+    same_text = sum(b[0] == s[0] for b, s in zip(batched, single))
+    assert same_text >= len(items) - 1, [(b[0][:60], s[0][:60]) for b, s in zip(batched, single)]
+    assert all(len(b[0]) > 0 for b in batched)

@@ -1,0 +1,205 @@
+import importlib
+import shutil
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from stages import extract, models
+from stages.config import ConfigError, load_params
+from stages.prompts import DatasetError, PromptBuilder, load_math500
+from stages.store import ArtifactError, read_h5
+from tests import tiny
+from tests.conftest import ROOT
+
+ARCHS = ["llama", "qwen2", "gemma3"]
+
+
+def tiny_params(write_params, tiny_dirs, arch, n_samples=4, showcase=1, **spec):
+    raw = load_params(write_params()).model_dump()
+    raw["extract"].update(n_samples=n_samples, showcase=showcase)
+    raw["models"] = {"tiny": {"display_name": f"Tiny {arch}", "family": arch,
+                              "source": {"kind": "local_dir", "path": str(tiny_dirs[arch])},
+                              "layers": [0, 1, 2], "heads": "all", **spec}}
+    return load_params(write_params(raw))
+
+
+def recompute_layer0(model, ids):
+    """Softmax of scaled q·k with an own causal mask (and Gemma's band), from layer 0's own projections."""
+    decoder = model.get_decoder()
+    attn = decoder.layers[0].self_attn
+    fam = importlib.import_module(type(attn).__module__)
+    x = torch.tensor([ids])
+    T = x.shape[1]
+    h = decoder.layers[0].input_layernorm(decoder.embed_tokens(x))
+    q = attn.q_proj(h).view(1, T, -1, attn.head_dim).transpose(1, 2)
+    k = attn.k_proj(h).view(1, T, -1, attn.head_dim).transpose(1, 2)
+    if hasattr(attn, "q_norm"):
+        q, k = attn.q_norm(q), attn.k_norm(k)
+    pos = torch.arange(T)[None]
+    gemma = model.config.model_type.startswith("gemma3")
+    layer_type = model.config.layer_types if gemma else None
+    if gemma:  # Gemma 3 keeps one rotary table per layer type (local / global)
+        cos, sin = decoder.rotary_emb(h, pos, layer_type[0])
+    else:
+        cos, sin = decoder.rotary_emb(h, pos)
+    q, k = fam.apply_rotary_pos_emb(q, k, cos, sin)
+    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    scores = (q @ k.transpose(2, 3)) * attn.scaling
+    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    allowed = j <= i
+    if layer_type and layer_type[0] == "sliding_attention":
+        allowed &= (i - j) < model.config.sliding_window
+    return torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)[0].detach().numpy()
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_stored_layer0_equals_independent_recomputation(arch, tiny_dirs, write_params, cache_dir, tmp_path):
+    params = tiny_params(write_params, tiny_dirs, arch, n_samples=3, showcase=3)
+    out = extract.run(params, "tiny", out=tmp_path / "a.h5")
+    model, tokenizer = models.load(params, models.prepare(params, "tiny"))
+    with h5py.File(out) as f:
+        assert list(f.attrs["layers"]) == [0, 1, 2] and list(f.attrs["heads"]) == [0, 1, 2, 3]
+        for c in ("none", "mless", "mful"):
+            g = f[c]
+            off = g["offsets"][:]
+            for k in range(3):
+                ids = g["input_ids"][off[k]:off[k + 1]].tolist()
+                expected = recompute_layer0(model, ids)  # [H, T, T]
+                stored = f["showcase"][f"{k:03d}"][c][0]
+                np.testing.assert_allclose(stored, expected, atol=1e-5, rtol=0)
+                np.testing.assert_allclose(stored.sum(-1), 1.0, atol=1e-5)
+                start, end = g["span"][k]
+                none_off = f["none"]["offsets"][:]
+                orig = g["original_pos"][none_off[k]:none_off[k + 1]]
+                sl = slice(off[k], off[k + 1])
+                np.testing.assert_allclose(g["recv_all"][0, :, sl], expected.sum(1), atol=1e-5)
+                np.testing.assert_allclose(g["recv_original"][0, :, sl], expected[:, orig, :].sum(1), atol=1e-5)
+                np.testing.assert_allclose(g["recv_last"][0, :, sl], expected[:, -1, :], atol=1e-5)
+                np.testing.assert_allclose(g["mass_span"][0, :, sl], expected[:, :, start:end].sum(-1), atol=1e-5)
+                np.testing.assert_allclose(g["mass_first"][0, :, sl], expected[:, :, 0], atol=1e-5)
+                if arch == "gemma3":  # the sliding window is in effect on these prompts
+                    assert len(ids) > model.config.sliding_window and expected[:, -1, 0].max() == 0
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_capture_equals_the_models_own_eager_forward(arch, tiny_dirs, write_params, cache_dir):
+    params = tiny_params(write_params, tiny_dirs, arch)
+    model, tokenizer = models.load(params, models.prepare(params, "tiny"))
+    problems, _ = load_math500(params)
+    ids = PromptBuilder(params, tokenizer, "raw").build(problems[7])["mless"].input_ids
+    with torch.no_grad():
+        reference = model(torch.tensor([ids]), output_attentions=True).attentions
+    extract.install_capture(model)
+    captured = extract.attention(model, ids, [0, 1, 2])
+    for layer in (0, 1, 2):
+        assert torch.equal(captured[layer], reference[layer][0])
+
+
+def test_early_exit_runs_only_the_requested_layers(tiny_dirs, write_params, cache_dir):
+    params = tiny_params(write_params, tiny_dirs, "llama")
+    model, tokenizer = models.load(params, models.prepare(params, "tiny"))
+    extract.install_capture(model)
+    ran = []
+    hooks = [layer.register_forward_pre_hook(lambda m, a, i=i: ran.append(i)) for i, layer in enumerate(model.get_decoder().layers)]
+    hooks.append(model.lm_head.register_forward_pre_hook(lambda m, a: ran.append("lm_head")))
+    extract.attention(model, [5, 6, 7, 8], [0, 1])
+    assert ran == [0, 1]
+    for h in hooks:
+        h.remove()
+
+
+def test_artifact_layout_alignment_and_determinism(tiny_dirs, write_params, cache_dir, tmp_path):
+    params = tiny_params(write_params, tiny_dirs, "gemma3", n_samples=5, showcase=1)
+    a = extract.run(params, "tiny", out=tmp_path / "a.h5")
+    b = extract.run(params, "tiny", out=tmp_path / "b.h5")
+    assert a.read_bytes() == b.read_bytes()
+    with read_h5(a, "attention", ("problems/index", "none/recv_all", "showcase/000/mless")) as f:
+        levels = f["problems/level"][:]
+        assert len(levels) == 5
+        prov = f.attrs["provenance"]
+        for needle in ("weights_sha256", "dataset_sha256", "git_commit", "transformers", "mless_span_text", "\"n_samples\": 5"):
+            assert needle in prov
+        none_ids, none_off = f["none/input_ids"][:], f["none/offsets"][:]
+        span_lengths = set()
+        for c in ("mless", "mful"):
+            ids, off, span = f[c]["input_ids"][:], f[c]["offsets"][:], f[c]["span"][:]
+            orig = f[c]["original_pos"][:]
+            for k in range(5):
+                sample = ids[off[k]:off[k + 1]]
+                pos = orig[none_off[k]:none_off[k + 1]]
+                assert np.array_equal(sample[pos], none_ids[none_off[k]:none_off[k + 1]])
+                start, end = span[k]
+                assert set(range(off[k + 1] - off[k])) - set(pos) == set(range(start, end))
+                span_lengths.add(end - start)
+                # every query row sums to one, so the attention received sums to the prompt length
+                total = f[c]["recv_all"][:, :, off[k]:off[k + 1]].sum(-1)
+                np.testing.assert_allclose(total, off[k + 1] - off[k], rtol=1e-5)
+        assert len(span_lengths) == 1  # mful is cut to the mless span's token length
+        assert f["none/span"][:].tolist() == [[0, 0]] * 5 and not f["none/mass_span"][:].any()
+
+
+def test_float16_storage(tiny_dirs, write_params, cache_dir, tmp_path):
+    params = tiny_params(write_params, tiny_dirs, "llama", n_samples=3)
+    raw = params.model_dump()
+    raw["extract"]["dtype"] = "float16"
+    half = extract.run(load_params(write_params(raw)), "tiny", out=tmp_path / "h.h5")
+    with h5py.File(half) as f:
+        assert f["mless/recv_all"].dtype == np.float16 and f["mless/recv_all"].compression == "gzip"
+
+
+@pytest.mark.parametrize("spec, n, match", [
+    ({"layers": [0, 9]}, 4, r"models\.tiny\.layers: \[9\] out of range; the model has 4 layers"),
+    ({"heads": [0, 4]}, 4, r"models\.tiny\.heads: \[4\] out of range; the model has 4 query heads"),
+    ({"template": "chat"}, 4, r"models\.tiny: the tokenizer has no chat template"),
+])
+def test_bad_input_fails_before_work(tiny_dirs, write_params, cache_dir, tmp_path, spec, n, match):
+    params = tiny_params(write_params, tiny_dirs, "llama", n_samples=n, **spec)
+    with pytest.raises(ConfigError, match=match):
+        extract.run(params, "tiny", out=tmp_path / "x.h5")
+    assert not (tmp_path / "x.h5").exists()
+
+
+def test_subset_larger_than_dataset(tiny_dirs, write_params, cache_dir, tmp_path):
+    with pytest.raises(DatasetError, match="asked for 501 problems; the dataset has 500"):
+        extract.run(tiny_params(write_params, tiny_dirs, "llama", n_samples=501), "tiny", out=tmp_path / "x.h5")
+
+
+def test_prompt_longer_than_context(write_params, cache_dir, tmp_path):
+    short = tiny.build("llama", tmp_path / "short", max_positions=64)
+    params = tiny_params(write_params, {"llama": short}, "llama")
+    with pytest.raises(ConfigError, match=r"a prompt has \d+ tokens, more than Tiny llama's context of 64 positions"):
+        extract.run(params, "tiny", out=tmp_path / "x.h5")
+    assert not (tmp_path / "x.h5").exists()
+
+
+def test_cli_one_line_error_and_no_output(tiny_dirs, write_params, tmp_path):
+    params = tiny_params(write_params, tiny_dirs, "llama", layers=[7])
+    proc = subprocess.run([sys.executable, "-m", "stages.extract", "--model", "tiny", "--params", str(params.file)],
+                          cwd=ROOT, capture_output=True, text=True, env={"MLESS_CACHE": str(tmp_path / "c"), "PATH": ""})
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: ") and "models.tiny.layers: [7]" in proc.stderr
+
+
+def test_corrupt_or_truncated_attention_file_is_reported_by_name(tiny_dirs, write_params, cache_dir, tmp_path):
+    good = extract.run(tiny_params(write_params, tiny_dirs, "llama", n_samples=3), "tiny", out=tmp_path / "good.h5")
+    data = good.read_bytes()
+    truncated = tmp_path / "truncated.h5"
+    truncated.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ArtifactError, match=rf"{truncated}: "):
+        with read_h5(truncated, "attention", ("none/recv_all",)) as f:
+            f["none/recv_all"][:]
+    garbage = tmp_path / "garbage.h5"
+    garbage.write_bytes(b"\0" * 4096)
+    with pytest.raises(ArtifactError, match=rf"{garbage}: not a readable HDF5 file"):
+        with read_h5(garbage, "attention"):
+            pass
+    with pytest.raises(ArtifactError, match=r"missing \(run the stage"):
+        with read_h5(tmp_path / "absent.h5", "attention"):
+            pass
+    with pytest.raises(ArtifactError, match=r"missing datasets \['none/nothing'\]"):
+        with read_h5(good, "attention", ("none/nothing",)):
+            pass
