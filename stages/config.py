@@ -165,6 +165,26 @@ class Evaluate(Strict):
     stop_at_boxed: bool = Field(default=True, description="end a row once it has written a complete \\boxed{...}")
 
 
+class Stats(Strict):
+    query_set: Literal["original", "all", "last"] = Field(
+        default="original", description="queries a token's received attention is averaged over")
+    exclude_first: bool = Field(default=True, description="leave position 0 (the attention sink) out of orig_mean")
+    seed: int = 0
+    n_boot: PositiveInt = 2000
+
+
+class Figures(Strict):
+    models: Literal["all"] | list[str] = "all"
+    layer: NonNegativeInt = Field(default=0, description="0-based layer of the per-head charts (Layer 1 on charts)")
+    sweep_layers: list[NonNegativeInt] = Field(default=[0, 1, 2], min_length=1)
+    heads: Literal["auto"] | dict[str, list[NonNegativeInt]] = Field(
+        default="auto", description="auto: the heads of `layer` with the largest mless drop; or {model: [heads]}")
+    n_heads: PositiveInt = Field(default=3, description="heads on the per-head chart when heads is auto")
+    original_positions: PositiveInt = 60
+    full_positions: PositiveInt = 120
+    dpi: PositiveInt = 120
+
+
 class Runtime(Strict):
     device: Literal["cpu", "cuda", "auto"] = "cpu"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
@@ -182,6 +202,8 @@ class Params(Strict):
     prompt: Prompt
     extract: Extract = Extract()
     evaluate: Evaluate = Evaluate()
+    stats: Stats = Stats()
+    figures: Figures = Figures()
     models: dict[ModelName, ModelSpec] = Field(min_length=1)
     _file: Path = PrivateAttr(default=PARAMS_FILE)
 

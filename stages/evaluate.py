@@ -10,7 +10,7 @@ interrupted run resumes from it with the same batches, so the final artifact equ
 uninterrupted run's. Outputs:
 
   artifacts/eval/<model>.h5              per problem and condition: output, extracted answer, grades
-  metrics/<model>.json                   accuracy, paired differences, McNemar p, bootstrap intervals
+  metrics/accuracy/<model>.json          accuracy, paired differences, McNemar p, bootstrap intervals
   metrics/timing/evaluate-<model>.json   seconds and tokens per second (kept apart: never deterministic)
 """
 
@@ -61,7 +61,7 @@ class Record:
 
 def paths(name: str) -> dict[str, Path]:
     return {"out": Path("artifacts/eval") / f"{name}.h5",
-            "metrics": Path("metrics") / f"{name}.json",
+            "metrics": Path("metrics/accuracy") / f"{name}.json",
             "timing": Path("metrics/timing") / f"evaluate-{name}.json",
             "journal": Path("artifacts/eval/.journal") / f"{name}.jsonl"}
 

@@ -29,6 +29,21 @@ def bootstrap_mean_ci(values: np.ndarray, seed: int, level: float = 0.95, n_boot
     return lo, hi
 
 
+def bootstrap_ratio_ci(num: np.ndarray, den: np.ndarray, seed: int, level: float = 0.95,
+                       n_boot: int = N_BOOT) -> tuple[np.ndarray, np.ndarray]:
+    """Percentile interval of mean(num) / mean(den) over axis 0, resampling samples jointly."""
+    num, den = np.asarray(num, dtype=np.float64), np.asarray(den, dtype=np.float64)
+    n = num.shape[0]
+    rng = np.random.default_rng(seed)
+    ratios = np.empty((n_boot,) + num.shape[1:])
+    for b in range(0, n_boot, 1000):
+        idx = rng.integers(0, n, size=(min(1000, n_boot - b), n))
+        ratios[b:b + len(idx)] = num[idx].mean(axis=1) / den[idx].mean(axis=1)
+    alpha = (1 - level) / 2
+    lo, hi = np.quantile(ratios, [alpha, 1 - alpha], axis=0)
+    return lo, hi
+
+
 def mcnemar_exact(b: int, c: int) -> float:
     """Two-sided exact McNemar p-value from the discordant counts b (only the treatment right) and
     c (only the baseline right); 1.0 when there are no discordant pairs."""

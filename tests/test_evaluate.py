@@ -88,7 +88,7 @@ def test_evaluate_writes_graded_records_metrics_and_is_deterministic(arch, tiny_
     assert list(data["problems/index"]) == [p.index for p in select_problems(problems, 4, 0)]
     assert all(0 < n <= 12 for n in data["mful/n_tokens"])
     assert set(s.decode() for s in data["none/stop"]) <= {"eos", "boxed", "length"}
-    on_disk = json.loads((tmp_path / "a/metrics/tiny.json").read_text())
+    on_disk = json.loads((tmp_path / "a/metrics/accuracy/tiny.json").read_text())
     assert on_disk == metrics and on_disk["n_problems"] == 4
     assert on_disk["accuracy"]["none"] == pytest.approx(data["none/correct"].mean())
     delta = data["mless/correct"].astype(float) - data["none/correct"].astype(float)
@@ -98,7 +98,7 @@ def test_evaluate_writes_graded_records_metrics_and_is_deterministic(arch, tiny_
     assert not (tmp_path / "a/artifacts/eval/.journal/tiny.jsonl").exists()
     again = evaluate.run(params, "tiny", root=tmp_path / "b")
     assert again.read_bytes() == out.read_bytes()
-    assert (tmp_path / "b/metrics/tiny.json").read_bytes() == (tmp_path / "a/metrics/tiny.json").read_bytes()
+    assert (tmp_path / "b/metrics/accuracy/tiny.json").read_bytes() == (tmp_path / "a/metrics/accuracy/tiny.json").read_bytes()
 
 
 def test_batches_are_sorted_by_length_and_fixed(tiny_dirs, write_params, cache_dir):

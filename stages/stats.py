@@ -1,0 +1,187 @@
+"""stats@<model>: averaged attention statistics from `artifacts/attention/<model>.h5`.
+
+Definitions (j: original token index, i.e. position in the `none` prompt; pos(j): its position in
+a condition's prompt; T: that prompt's length; N: the number of original tokens):
+
+  original_avg[c][l, h, j]  attention original token j receives, averaged over the queries of the
+                            query set (`stats.query_set`), then over samples that have token j:
+                              original: the original tokens at or after j  (N - j queries; default)
+                              all:      every token at or after pos(j), span tokens included (T - pos(j))
+                              last:     the last prompt token (1 query)
+  full_avg[c][l, h, p]      attention position p of the whole prompt receives from all queries at or
+                            after p, averaged over those T - p queries, then over samples
+  span_mass[c][l, h]        attention mass each original query after the span gives to the span,
+                            averaged over those queries, then over samples (0 for none); the rest,
+                            1 - span_mass, goes to original tokens
+  orig_mean[c][s, l, h]     mean of original_avg over original tokens j >= 1 (j >= 0 when
+                            stats.exclude_first is false: position 0 is the attention sink)
+  drop[c][l, h]             mean over samples of orig_mean[none] - orig_mean[c]; drop_pct is it in
+                            percent of mean orig_mean[none]; both with seeded bootstrap 95% intervals
+                            over samples (paired)
+  head_rank[c][l]           heads of layer l ordered by drop, largest first
+
+Also writes `artifacts/stats/<model>/original.csv` and `full.csv` (for `dvc plots`): the curves of
+the top-ranked head (mless drop) of the first analysed layer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from stages.config import PARAMS_FILE, ConfigError, Params, load_params, model_spec
+from stages.extract import VECTORS, attention_path
+from stages.intervals import bootstrap_mean_ci, bootstrap_ratio_ci
+from stages.store import ArtifactError, atomic_path, provenance, put, put_json_attr, read_h5, write_h5
+
+QUERY_VECTOR = {"original": "recv_original", "all": "recv_all", "last": "recv_last"}
+
+
+def stats_path(name: str) -> Path:
+    return Path("artifacts") / "stats" / f"{name}.h5"
+
+
+def _per_sample(f, cond: str, query_set: str, n_orig: np.ndarray):
+    """Per sample: position-wise averages over original tokens, over the full prompt, span mass."""
+    g = f[cond]
+    offsets, span = g["offsets"][()], g["span"][()]
+    recv, recv_all, mass_span = g[QUERY_VECTOR[query_set]][()], g["recv_all"][()], g["mass_span"][()]
+    original_pos = g["original_pos"][()]
+    orig_off = np.concatenate([[0], np.cumsum(n_orig)])
+    out_orig, out_full, out_span = [], [], []
+    for s in range(len(offsets) - 1):
+        a, b = offsets[s], offsets[s + 1]
+        T = b - a
+        pos = original_pos[orig_off[s]:orig_off[s + 1]]
+        if len(pos) != n_orig[s] or (len(pos) and pos.max() >= T):
+            raise ArtifactError(f"{f.filename}: {cond}/original_pos does not fit sample {s}")
+        n = len(pos)
+        queries = {"original": n - np.arange(n), "all": T - pos, "last": np.ones(n)}[query_set]
+        out_orig.append(recv[:, :, a:b][:, :, pos] / queries)
+        out_full.append(recv_all[:, :, a:b] / (T - np.arange(T)))
+        start, end = span[s]
+        after = pos[pos >= end] if end > start else np.array([], dtype=int)
+        out_span.append(mass_span[:, :, a:b][:, :, after].mean(axis=2) if len(after) else
+                        np.zeros(recv.shape[:2]))
+    return out_orig, out_full, np.stack(out_span)
+
+
+def _pad_mean(rows: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Mean over samples of [L, H, P_s] arrays of different lengths, and the count per position."""
+    width = max(r.shape[-1] for r in rows)
+    stacked = np.full((len(rows),) + rows[0].shape[:2] + (width,), np.nan)
+    for k, r in enumerate(rows):
+        stacked[k, :, :, :r.shape[-1]] = r
+    count = np.sum(~np.isnan(stacked[:, 0, 0, :]), axis=0)
+    return np.nanmean(stacked, axis=0), count
+
+
+def run(params: Params, name: str, src: Path | None = None, out: Path | None = None) -> Path:
+    model_spec(params, name)
+    cfg = params.stats
+    src = src or params.resolve(str(attention_path(name)))
+    out = out or params.resolve(str(stats_path(name)))
+    need = [f"{c}/{v}" for c in ("none",) for v in VECTORS] + ["none/offsets", "none/original_pos"]
+    with read_h5(src, "attention", tuple(need)) as f:
+        conditions = [str(c) for c in f.attrs["conditions"]]
+        layers, heads = f.attrs["layers"], f.attrs["heads"]
+        for c in conditions:
+            missing = [f"{c}/{v}" for v in VECTORS + ("offsets", "original_pos", "span") if f"{c}/{v}" not in f]
+            if missing:
+                raise ArtifactError(f"{src}: missing datasets {missing} (truncated or written by another version?)")
+        n_orig = np.diff(f["none/offsets"][()])
+        per = {c: _per_sample(f, c, cfg.query_set, n_orig) for c in conditions}
+        spans = {c: f[c]["span"][()] for c in conditions}
+        extract_prov = json.loads(f.attrs["provenance"])
+        display_name = f.attrs["display_name"]
+        problem_index = f["problems/index"][()]
+
+    first = 1 if cfg.exclude_first else 0
+    results: dict[str, dict[str, np.ndarray]] = {}
+    orig_mean = {c: np.stack([r[:, :, first:].mean(axis=2) for r in per[c][0]]) for c in conditions}  # [S, L, H]
+    for c in conditions:
+        orig_avg, orig_count = _pad_mean(per[c][0])
+        full_avg, full_count = _pad_mean(per[c][1])
+        span_mass = per[c][2]
+        lo, hi = bootstrap_mean_ci(span_mass, cfg.seed, n_boot=cfg.n_boot)
+        results[c] = {"original_avg": orig_avg, "original_count": orig_count, "full_avg": full_avg,
+                      "full_count": full_count, "orig_mean": orig_mean[c], "span_mass": span_mass.mean(axis=0),
+                      "span_mass_ci": np.stack([lo, hi]), "span_mass_per_sample": span_mass}
+        if c != "none":
+            delta = orig_mean["none"] - orig_mean[c]
+            dlo, dhi = bootstrap_mean_ci(delta, cfg.seed, n_boot=cfg.n_boot)
+            plo, phi = bootstrap_ratio_ci(delta, orig_mean["none"], cfg.seed, n_boot=cfg.n_boot)
+            drop = delta.mean(axis=0)
+            results[c] |= {"drop": drop, "drop_ci": np.stack([dlo, dhi]),
+                           "drop_pct": 100 * drop / orig_mean["none"].mean(axis=0),
+                           "drop_pct_ci": 100 * np.stack([plo, phi]),
+                           "head_rank": np.argsort(-drop, axis=1, kind="stable").astype(np.int32)}
+    span_start = {c: sorted({tuple(s) for s in spans[c]}) for c in conditions}
+
+    with write_h5(out) as f:
+        f.attrs["kind"] = "stats"
+        f.attrs["model"] = name
+        f.attrs["display_name"] = display_name
+        f.attrs["layers"] = layers
+        f.attrs["heads"] = heads
+        f.attrs["conditions"] = conditions
+        f.attrs["query_set"] = cfg.query_set
+        f.attrs["exclude_first"] = cfg.exclude_first
+        f.attrs["n_samples"] = len(n_orig)
+        f.attrs["indexing"] = "layers and heads are 0-based; charts say 'Layer 1' for index 0"
+        f.attrs["definitions"] = __doc__
+        put_json_attr(f, "provenance", {**provenance(), "source": str(attention_path(name)),
+                                        "extract_provenance": extract_prov,
+                                        "params": {"stats": cfg.model_dump()}})
+        put(f, "problem_index", problem_index)
+        for c in conditions:
+            g = f.create_group(c)
+            starts = np.array(span_start[c], dtype=np.int32)
+            g.attrs["span"] = starts[0] if len(starts) == 1 else np.array([-1, -1], dtype=np.int32)
+            for k, v in results[c].items():
+                put(g, k, v.astype(np.float64) if v.dtype.kind == "f" else v)
+    _write_csvs(out.parent / name, results, layers, conditions)
+    print(f"{name}: statistics of {len(n_orig)} samples ({cfg.query_set} queries) -> {out}")
+    return out
+
+
+def _write_csvs(folder: Path, results: dict, layers, conditions) -> None:
+    """original.csv / full.csv: curves of the top mless-drop head of the first layer, for `dvc plots`."""
+    ref = "mless" if "mless" in results else conditions[-1]
+    head = int(results[ref]["head_rank"][0, 0]) if "head_rank" in results[ref] else 0
+    label = f"L{int(layers[0]) + 1}H{head}"
+    for kind in ("original", "full"):
+        avg = {c: results[c][f"{kind}_avg"][0, head] for c in conditions}
+        width = min(len(v) for v in avg.values())
+        buf = io.StringIO()
+        w = csv.writer(buf, lineterminator="\n")
+        w.writerow(["position"] + [f"{c} {label}" for c in conditions])
+        for p in range(width):
+            w.writerow([p] + [f"{avg[c][p]:.6g}" for c in conditions])
+        folder.mkdir(parents=True, exist_ok=True)
+        with atomic_path(folder / f"{kind}.csv") as tmp:
+            tmp.write_text(buf.getvalue())
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m stages.stats", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--params", default=str(PARAMS_FILE))
+    args = ap.parse_args(argv)
+    try:
+        run(load_params(args.params), args.model)
+    except (ConfigError, ArtifactError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

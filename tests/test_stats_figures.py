@@ -1,0 +1,167 @@
+import json
+
+import numpy as np
+import pytest
+
+from stages import extract, figures, stats
+from stages.config import ConfigError, load_params
+from stages.store import ArtifactError, read_h5
+from tests.test_extract import tiny_params
+
+
+@pytest.fixture
+def tiny_stats(write_params, tiny_dirs, cache_dir, tmp_path):
+    """Extraction (every sample a showcase) and statistics for a tiny gemma3 model."""
+    params = tiny_params(write_params, tiny_dirs, "gemma3", n_samples=5, showcase=5)
+    src = extract.run(params, "tiny", out=tmp_path / "artifacts/attention/tiny.h5")
+    out = stats.run(params, "tiny", src=src, out=tmp_path / "artifacts/stats/tiny.h5")
+    return params, src, out
+
+
+def direct(src, query_set="original", exclude_first=True):
+    """The statistics recomputed from the full showcase matrices, sample by sample."""
+    with read_h5(src, "attention") as f:
+        conds = [str(c) for c in f.attrs["conditions"]]
+        n_orig = np.diff(f["none/offsets"][()])
+        orig_off = np.concatenate([[0], np.cumsum(n_orig)])
+        res = {}
+        for c in conds:
+            orig, full, span_mass = [], [], []
+            for s in range(len(n_orig)):
+                A = f[f"showcase/{s:03d}/{c}"][()].astype(np.float64)  # [L, H, T, T]
+                T = A.shape[-1]
+                pos = f[c]["original_pos"][orig_off[s]:orig_off[s + 1]]
+                start, end = f[c]["span"][s]
+                n = len(pos)
+                if query_set == "original":
+                    o = np.stack([A[:, :, pos[j:], pos[j]].sum(-1) / (n - j) for j in range(n)], -1)
+                else:  # all
+                    o = np.stack([A[:, :, pos[j]:, pos[j]].sum(-1) / (T - pos[j]) for j in range(n)], -1)
+                orig.append(o)
+                full.append(np.stack([A[:, :, p:, p].sum(-1) / (T - p) for p in range(T)], -1))
+                after = pos[pos >= end] if end > start else []
+                span_mass.append(A[:, :, after][:, :, :, start:end].sum(-1).mean(-1) if len(after)
+                                 else np.zeros(A.shape[:2]))
+            res[c] = (orig, full, np.stack(span_mass))
+    first = 1 if exclude_first else 0
+    orig_mean = {c: np.stack([o[:, :, first:].mean(-1) for o in res[c][0]]) for c in conds}
+    return res, orig_mean
+
+
+def padded_mean(rows):
+    width = max(r.shape[-1] for r in rows)
+    out = np.full((len(rows),) + rows[0].shape[:2] + (width,), np.nan)
+    for k, r in enumerate(rows):
+        out[k, :, :, :r.shape[-1]] = r
+    return np.nanmean(out, axis=0)
+
+
+def test_statistics_equal_a_direct_computation(tiny_stats):
+    params, src, out = tiny_stats
+    res, orig_mean = direct(src)
+    with read_h5(out, "stats") as f:
+        assert f.attrs["query_set"] == "original"
+        for c in ("none", "mless", "mful"):
+            np.testing.assert_allclose(f[c]["original_avg"][()], padded_mean(res[c][0]), atol=1e-6)
+            np.testing.assert_allclose(f[c]["full_avg"][()], padded_mean(res[c][1]), atol=1e-6)
+            np.testing.assert_allclose(f[c]["span_mass"][()], res[c][2].mean(0), atol=1e-6)
+            np.testing.assert_allclose(f[c]["orig_mean"][()], orig_mean[c], atol=1e-6)
+        drop = (orig_mean["none"] - orig_mean["mless"]).mean(0)
+        np.testing.assert_allclose(f["mless/drop"][()], drop, atol=1e-6)
+        np.testing.assert_allclose(f["mless/drop_pct"][()], 100 * drop / orig_mean["none"].mean(0), atol=1e-4)
+        lo, hi = f["mless/drop_ci"][()]
+        assert np.all(lo <= drop + 1e-12) and np.all(drop <= hi + 1e-12)
+        assert np.array_equal(f["mless/head_rank"][()], np.argsort(-drop, axis=1, kind="stable"))
+        with read_h5(src, "attention") as a:
+            assert tuple(f["mless"].attrs["span"]) == tuple(a["mless/span"][0])
+        assert np.all(f["none/span_mass"][()] == 0) and np.all(f["mless/span_mass"][()] > 0)
+        # rows of attention sum to 1: over the full prompt, what position p receives averages to a weight
+        assert np.all(f["mless/full_avg"][()] <= 1 + 1e-9)
+
+
+def test_query_set_all_and_bad_inputs(tiny_stats, write_params, tmp_path):
+    params, src, _ = tiny_stats
+    raw = params.model_dump()
+    raw["stats"]["query_set"] = "all"
+    p2 = load_params(write_params(raw))
+    out = stats.run(p2, "tiny", src=src, out=tmp_path / "all.h5")
+    res, _ = direct(src, "all")
+    with read_h5(out, "stats") as f:
+        np.testing.assert_allclose(f["mless/original_avg"][()], padded_mean(res["mless"][0]), atol=1e-6)
+    raw["stats"]["query_set"] = "everything"
+    with pytest.raises(ConfigError, match=r"stats.query_set: Input should be 'original', 'all' or 'last'"):
+        load_params(write_params(raw))
+    bad = tmp_path / "bad.h5"
+    bad.write_bytes(src.read_bytes()[:5000])
+    with pytest.raises(ArtifactError, match=r"bad.h5: not a readable HDF5 file"):
+        stats.run(params, "tiny", src=bad, out=tmp_path / "x.h5")
+    assert not (tmp_path / "x.h5").exists()
+
+
+def test_stats_are_deterministic(tiny_stats, tmp_path):
+    params, src, out = tiny_stats
+    again = stats.run(params, "tiny", src=src, out=tmp_path / "again.h5")
+    assert again.read_bytes() == out.read_bytes()
+
+
+def metrics_from_records(root, name="tiny"):
+    """metrics/<name>.json as the evaluation stage summarizes hand-made graded records."""
+    from stages.evaluate import summarize, Record
+
+    recs = {c: [Record(i, c, "", 1, "eos", "", ok, None, False, 0.0) for i, ok in enumerate(pattern)]
+            for c, pattern in {"none": [1, 0, 0, 1], "mless": [1, 1, 0, 1], "mful": [0, 0, 0, 1]}.items()}
+    m = summarize(recs, seed=0)
+    (root / "metrics/accuracy").mkdir(parents=True, exist_ok=True)
+    (root / "metrics/accuracy" / f"{name}.json").write_text(json.dumps(m))
+    return m
+
+
+def test_figures_plot_the_statistics_and_are_byte_identical(tiny_stats, write_params, tmp_path):
+    params, src, out = tiny_stats
+    raw = params.model_dump()
+    raw["figures"].update(original_positions=20, full_positions=40, n_heads=2)
+    params = load_params(write_params(raw))
+    m = metrics_from_records(params.file.parent)
+    plt = figures._setup()
+    st, metrics = figures.load_inputs(params)
+    assert metrics["tiny"]["accuracy"] == m["accuracy"]
+    drawn = dict(figures.draw_model(plt, params, "tiny", st["tiny"]))
+    with read_h5(out, "stats") as f:
+        rank = f["mless/head_rank"][0]
+        none, mless = f["none/original_avg"][()], f["mless/original_avg"][()]
+        full = f["mless/full_avg"][()]
+        span = tuple(f["mless"].attrs["span"])
+    heads = drawn["tiny-heads"]
+    top, bottom = heads.axes[0], heads.axes[2]
+    assert top.get_title() == f"Tiny gemma3 Layer 1 Head {rank[0]}"
+    np.testing.assert_array_equal(top.lines[0].get_ydata(), none[0, rank[0], :20])
+    np.testing.assert_array_equal(top.lines[1].get_ydata(), mless[0, rank[0], :20])
+    np.testing.assert_array_equal(bottom.lines[0].get_ydata(), full[0, rank[0], :40])
+    shaded = [p for p in bottom.patches if p.get_label() == "Meaningless tokens"]
+    assert len(shaded) == 1 and shaded[0].get_x() == span[0] - 0.5
+    sweep = drawn["tiny-layer-sweep"]
+    assert [a.get_title() for a in sweep.axes] == [f"Tiny gemma3 Layer {k} Head {rank[0]}" for k in (1, 2, 3)]
+    np.testing.assert_array_equal(sweep.axes[2].lines[1].get_ydata(), mless[2, rank[0], :20])
+    acc = dict(figures.draw_accuracy(plt, params, metrics))["accuracy"]
+    assert [round(b.get_height(), 9) for b in acc.axes[0].patches[:1]] == [round(100 * m["accuracy"]["none"], 9)]
+
+    a = figures.run(params, tmp_path / "a")
+    b = figures.run(params, tmp_path / "b")
+    assert [p.name for p in a] == [p.name for p in b] and len(a) == 2 * 5
+    for x, y in zip(a, b):
+        assert x.read_bytes() == y.read_bytes(), x.name
+
+
+def test_figures_bad_params(tiny_stats, write_params, tmp_path):
+    params, _, _ = tiny_stats
+    metrics_from_records(params.file.parent)
+    raw = params.model_dump()
+    raw["figures"]["layer"] = 3
+    with pytest.raises(ConfigError, match=r"figures.layer: layer 3 was not extracted for tiny"):
+        figures.run(load_params(write_params(raw)), tmp_path / "f")
+    raw["figures"].update(layer=0, heads={"tiny": [9]})
+    with pytest.raises(ConfigError, match=r"figures.heads.tiny: \[9\] not among the extracted heads"):
+        figures.run(load_params(write_params(raw)), tmp_path / "f")
+    (params.file.parent / "metrics/accuracy/tiny.json").unlink()
+    with pytest.raises(ArtifactError, match=r"tiny.json: missing evaluation metrics"):
+        figures.run(params, tmp_path / "f")
