@@ -114,10 +114,16 @@ def test_batches_are_sorted_by_length_and_fixed(tiny_dirs, write_params, cache_d
     assert evaluate.make_batches(list(reversed(items)), 4) == batches
 
 
+def _default_sigint():
+    # a job started in the background by a non-interactive shell (as CI may be) inherits an ignored
+    # SIGINT, and Python then never raises KeyboardInterrupt; a terminal's Ctrl-C has the default
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def run_cli(params, **kw):
     return subprocess.Popen([sys.executable, "-m", "stages.evaluate", "--model", "tiny", "--params", str(params.file)],
                             cwd=params.file.parent, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)}, **kw)
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, preexec_fn=_default_sigint, **kw)
 
 
 def wait_for_journal_lines(journal, proc, lines):
