@@ -40,7 +40,11 @@ Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 ModelName = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_-]*$", max_length=64)]
 
 
-class ConfigError(Exception):
+class StageError(Exception):
+    """Bad input a stage reports as one `error: ...` line and exit status 2."""
+
+
+class ConfigError(StageError):
     """A params value is wrong; the message names file, key, value and what is allowed."""
 
 

@@ -16,7 +16,6 @@ uninterrupted run's. Outputs:
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -27,12 +26,11 @@ from pathlib import Path
 
 import numpy as np
 
-from stages import models, progress
-from stages.config import PARAMS_FILE, ConfigError, Params, load_params, model_spec
+from stages import cli, models, progress
+from stages.config import ConfigError, Params, model_spec
 from stages.grading import grade, has_complete_box
 from stages.intervals import bootstrap_mean_ci, mcnemar_exact
-from stages.models import ModelSourceError
-from stages.prompts import DatasetError, PromptError, builder_for, load_math500, select_problems
+from stages.prompts import builder_for, load_math500, put_problems, select_problems
 from stages.store import ArtifactError, provenance, put, put_json_attr, write_h5, write_json_atomic
 
 JOURNAL_VERSION = 1
@@ -294,12 +292,7 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
         f.attrs["conditions"] = list(conditions)
         put_json_attr(f, "provenance", prov)
         put_json_attr(f, "metrics", metrics)
-        p = f.create_group("problems")
-        put(p, "index", np.array([q.index for q in chosen], dtype=np.int32))
-        put(p, "unique_id", np.array([q.unique_id for q in chosen], dtype=object), compress=False)
-        put(p, "level", np.array([q.level for q in chosen], dtype=np.int8))
-        put(p, "subject", np.array([q.subject for q in chosen], dtype=object), compress=False)
-        put(p, "answer", np.array([q.answer for q in chosen], dtype=object), compress=False)
+        put_problems(f, chosen, with_answer=True)
         for c in conditions:
             g, recs = f.create_group(c), by_cond[c]
             put(g, "prompt_tokens", np.array([len(built[q.index][c].input_ids) for q in chosen], dtype=np.int32))
@@ -329,19 +322,7 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m stages.evaluate", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--params", default=str(PARAMS_FILE))
-    args = ap.parse_args(argv)
-    try:
-        run(load_params(args.params), args.model)
-    except (ConfigError, ModelSourceError, DatasetError, PromptError, ArtifactError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
-    return 0
+    return cli.main("evaluate", __doc__, run, argv)
 
 
 if __name__ == "__main__":

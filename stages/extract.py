@@ -16,7 +16,6 @@ Full [layer, head, T, T] matrices are kept for the first `extract.showcase` samp
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from contextvars import ContextVar
@@ -25,11 +24,10 @@ from pathlib import Path
 
 import numpy as np
 
-from stages import models, progress
-from stages.config import ConfigError, Params, load_params, model_spec, PARAMS_FILE
-from stages.models import ModelSourceError
-from stages.prompts import DatasetError, PromptError, builder_for, load_math500, select_problems
-from stages.store import ArtifactError, provenance, put, put_json_attr, write_h5, write_json_atomic
+from stages import cli, models, progress
+from stages.config import ConfigError, Params, model_spec
+from stages.prompts import builder_for, load_math500, put_problems, select_problems
+from stages.store import provenance, put, put_json_attr, write_h5, write_json_atomic
 
 CAPTURE = "mless_capture"
 VECTORS = ("recv_all", "recv_original", "recv_last", "mass_span", "mass_first")
@@ -193,11 +191,7 @@ def run(params: Params, name: str, out: Path | None = None, timing: Path | None 
                                  "original token; mass_first keeps the attention it receives for statistics that exclude it")
         put_json_attr(f, "query_sets", QUERY_SETS)
         put_json_attr(f, "provenance", prov)
-        p = f.create_group("problems")
-        put(p, "index", np.array([q.index for q in chosen], dtype=np.int32))
-        put(p, "unique_id", np.array([q.unique_id for q in chosen], dtype=object), compress=False)
-        put(p, "level", np.array([q.level for q in chosen], dtype=np.int8))
-        put(p, "subject", np.array([q.subject for q in chosen], dtype=object), compress=False)
+        put_problems(f, chosen)
         for c in conditions:
             g = f.create_group(c)
             lengths = [len(pr[c].input_ids) for pr in prompts]
@@ -225,17 +219,7 @@ def run(params: Params, name: str, out: Path | None = None, timing: Path | None 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m stages.extract", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--params", default=str(PARAMS_FILE))
-    args = ap.parse_args(argv)
-    try:
-        run(load_params(args.params), args.model)
-    except (ConfigError, ModelSourceError, DatasetError, PromptError, ArtifactError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+    return cli.main("extract", __doc__, run, argv)
 
 
 if __name__ == "__main__":

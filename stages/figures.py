@@ -16,14 +16,14 @@ Files are byte-identical for equal data: no timestamps, fixed SVG ids.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
 import numpy as np
 
-from stages.config import PARAMS_FILE, ConfigError, Params, load_params
+from stages import cli
+from stages.config import ConfigError, Params
 from stages.stats import stats_path
 from stages.store import ArtifactError, atomic_path, read_h5
 
@@ -241,16 +241,7 @@ def run(params: Params, folder: Path | None = None) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m stages.figures", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--params", default=str(PARAMS_FILE))
-    args = ap.parse_args(argv)
-    try:
-        run(load_params(args.params))
-    except (ConfigError, ArtifactError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+    return cli.main("figures", __doc__, run, argv, per_model=False)
 
 
 if __name__ == "__main__":

@@ -29,14 +29,14 @@ import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from stages.config import ConfigError, Params, check_model_facts, load_params, model_spec, PARAMS_FILE
+from stages.config import ConfigError, Params, StageError, check_model_facts, load_params, model_spec, PARAMS_FILE
 from stages.store import write_json_atomic
 
 CONVERSION_VERSION = 1  # bump when the GGUF -> safetensors conversion changes its output
 MANIFEST = "mless-manifest.json"
 
 
-class ModelSourceError(Exception):
+class ModelSourceError(StageError):
     """A model source cannot be resolved; the message is one line naming the model and the cause."""
 
 
@@ -399,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
         params = load_params(args.params)
         for name in args.model or list(params.models):
             run(params, name)
-    except (ConfigError, ModelSourceError) as e:
+    except StageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0

@@ -6,16 +6,16 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
-from stages.config import ConfigError, Params, model_spec
+from stages.config import ConfigError, Params, StageError, model_spec
+from stages.store import put
 
 MATH500_KEYS = ("problem", "solution", "answer", "subject", "level", "unique_id")
 
 
-class DatasetError(Exception):
+class DatasetError(StageError):
     """The dataset file is missing, altered or malformed; the message names the file."""
 
 
@@ -73,7 +73,7 @@ def select_problems(problems: list[Problem], n: int | None, seed: int) -> list[P
 
 # ---- prompt conditions ------------------------------------------------------------------------
 
-class PromptError(Exception):
+class PromptError(StageError):
     """A prompt cannot be built as configured (no chat template, span text too short, ...)."""
 
 
@@ -196,3 +196,14 @@ def builder_for(params: Params, name: str, tokenizer) -> PromptBuilder:
         return PromptBuilder(params, tokenizer, template)
     except PromptError as e:
         raise ConfigError(f"{params.file}: models.{name}: {e}") from None
+
+
+def put_problems(f, chosen: list[Problem], with_answer: bool = False) -> None:
+    """The `/problems` group of an artifact: which problems its samples are, in sample order."""
+    p = f.create_group("problems")
+    put(p, "index", np.array([q.index for q in chosen], dtype=np.int32))
+    put(p, "unique_id", np.array([q.unique_id for q in chosen], dtype=object), compress=False)
+    put(p, "level", np.array([q.level for q in chosen], dtype=np.int8))
+    put(p, "subject", np.array([q.subject for q in chosen], dtype=object), compress=False)
+    if with_answer:
+        put(p, "answer", np.array([q.answer for q in chosen], dtype=object), compress=False)

@@ -26,7 +26,6 @@ the top-ranked head (mless drop) of the first analysed layer.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import io
 import json
@@ -35,7 +34,8 @@ from pathlib import Path
 
 import numpy as np
 
-from stages.config import PARAMS_FILE, ConfigError, Params, load_params, model_spec
+from stages import cli
+from stages.config import Params, model_spec
 from stages.extract import VECTORS, attention_path
 from stages.intervals import bootstrap_mean_ci, bootstrap_ratio_ci
 from stages.store import ArtifactError, atomic_path, provenance, put, put_json_attr, read_h5, write_h5
@@ -170,17 +170,7 @@ def _write_csvs(folder: Path, results: dict, layers, conditions) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m stages.stats", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--params", default=str(PARAMS_FILE))
-    args = ap.parse_args(argv)
-    try:
-        run(load_params(args.params), args.model)
-    except (ConfigError, ArtifactError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+    return cli.main("stats", __doc__, run, argv)
 
 
 if __name__ == "__main__":

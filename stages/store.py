@@ -8,6 +8,8 @@ import os
 import tempfile
 from pathlib import Path
 
+from stages.config import StageError
+
 
 @contextlib.contextmanager
 def atomic_path(final: str | os.PathLike):
@@ -37,7 +39,7 @@ def write_json_atomic(path: str | os.PathLike, data) -> None:
 FORMAT_VERSION = 1
 
 
-class ArtifactError(Exception):
+class ArtifactError(StageError):
     """An artifact a stage reads is missing, corrupt, truncated or of another format; names the file."""
 
 

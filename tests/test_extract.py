@@ -1,5 +1,4 @@
 import importlib
-import shutil
 import subprocess
 import sys
 
