@@ -34,6 +34,9 @@ from stages.prompts import builder_for, load_math500, put_problems, select_probl
 from stages.store import ArtifactError, provenance, put, put_json_attr, write_h5, write_json_atomic
 
 JOURNAL_VERSION = 1
+# the per-model params keys evaluation reads (dvc.yaml lists exactly these, so changing a model's
+# layers or heads, which only extraction reads, does not rerun its evaluation)
+MODEL_KEYS = ("display_name", "family", "source", "template", "trust_remote_code")
 
 
 @dataclass(frozen=True)
@@ -281,8 +284,9 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
         "grader": {"library": "math-verify", "paper_rule": "last \\boxed{} of prompt + output; right if equal "
                    "to the gold answer or a substring of it (an output without a box is scored by the "
                    "instruction's empty \\boxed{}, which counts as right)"},
-        "params": {"models": {name: spec.model_dump()}, "prompt": params.prompt.model_dump(),
-                   "evaluate": cfg.model_dump(), "dataset": params.dataset.model_dump()},
+        "params": {"models": {name: spec.model_dump(include=set(MODEL_KEYS))}, "prompt": params.prompt.model_dump(),
+                   "evaluate": cfg.model_dump(), "dataset": params.dataset.model_dump(),
+                   "runtime": params.runtime.model_dump(include={"device", "dtype"})},
         "dataset_sha256": data_sha,
     }
     with write_h5(where["out"]) as f:

@@ -173,7 +173,8 @@ def run(params: Params, name: str, out: Path | None = None, timing: Path | None 
         "model": {"name": name, "display_name": spec.display_name, **prepared.manifest()},
         **builder.describe(params),
         "params": {"models": {name: spec.model_dump()}, "prompt": params.prompt.model_dump(),
-                   "extract": cfg.model_dump(), "dataset": params.dataset.model_dump()},
+                   "extract": cfg.model_dump(), "dataset": params.dataset.model_dump(),
+                   "runtime": params.runtime.model_dump(include={"device", "dtype"})},
         "dataset_sha256": data_sha,
     }
     with write_h5(out) as f:

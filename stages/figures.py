@@ -8,6 +8,8 @@ Per model (layers 1-based on charts, heads 0-based as in the files):
 Across models:
   cross-model           one panel per model: "Meaningless tokens" vs "Random sentence" over the full prompt
   accuracy              MATH-500 accuracy per model and condition (drawn only from evaluation metrics)
+and the accuracy table `reports/accuracy.csv` (model, condition, label, accuracy, correct, n: one row per
+model and condition) that `dvc plots` draws.
 
 Heads: `figures.heads: auto` picks, per model, the heads of `figures.layer` with the largest drop of
 attention on original tokens under mless (stats head_rank); or name them per model.
@@ -16,6 +18,8 @@ Files are byte-identical for equal data: no timestamps, fixed SVG ids.
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import sys
 from pathlib import Path
@@ -30,6 +34,7 @@ from stages.store import ArtifactError, atomic_path, read_h5
 COLORS = {"none": "#1f77b4", "mless": "#d62728", "mful": "#2ca02c"}
 LABELS = {"none": "No insertion (none)", "mless": "Meaningless tokens (mless)", "mful": "Random sentence (mful)"}
 OUT_DIR = Path("reports/figures")
+ACCURACY_TABLE = Path("reports/accuracy.csv")
 
 
 def _setup():
@@ -198,6 +203,20 @@ def draw_accuracy(plt, params: Params, metrics: dict) -> list[tuple[str, object]
     return [("accuracy", fig)]
 
 
+def write_accuracy_table(path: Path, metrics: dict) -> Path:
+    """One row per model and condition (math-verify accuracy as a fraction, as in metrics/accuracy)."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["model", "condition", "label", "accuracy", "correct", "n"])
+    for name, m in metrics.items():
+        for c in ("none", "mless", "mful"):
+            if c in m["accuracy"]:
+                w.writerow([name, c, f"{name} / {c}", f"{m['accuracy'][c]:.6g}", m["correct"][c], m["n_problems"]])
+    with atomic_path(path) as tmp:
+        tmp.write_text(buf.getvalue())
+    return path
+
+
 def selected_models(params: Params) -> list[str]:
     chosen = list(params.models) if params.figures.models == "all" else params.figures.models
     unknown = [m for m in chosen if m not in params.models]
@@ -222,10 +241,12 @@ def load_inputs(params: Params) -> tuple[dict, dict]:
     return stats, metrics
 
 
-def run(params: Params, folder: Path | None = None) -> list[Path]:
+def run(params: Params, folder: Path | None = None, table: Path | None = None) -> list[Path]:
+    """Draw every chart into `folder` (returned: the chart files) and write the accuracy table."""
     plt = _setup()
     folder = folder or params.resolve(str(OUT_DIR))
     stats, metrics = load_inputs(params)
+    write_accuracy_table(table or params.resolve(str(ACCURACY_TABLE)), metrics)
     names = list(stats)
     drawn = [d for n in names for d in draw_model(plt, params, n, stats[n])]
     drawn += draw_cross_model(plt, params, stats) + draw_accuracy(plt, params, metrics)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-from scipy.stats import binomtest
 
 N_BOOT = 10_000
 
@@ -49,4 +48,6 @@ def mcnemar_exact(b: int, c: int) -> float:
     c (only the baseline right); 1.0 when there are no discordant pairs."""
     if b + c == 0:
         return 1.0
+    from scipy.stats import binomtest  # imported here: scipy.stats costs a second at every stage start
+
     return float(binomtest(b, b + c, 0.5).pvalue)

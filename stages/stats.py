@@ -20,8 +20,10 @@ a condition's prompt; T: that prompt's length; N: the number of original tokens)
                             over samples (paired)
   head_rank[c][l]           heads of layer l ordered by drop, largest first
 
-Also writes `artifacts/stats/<model>/original.csv` and `full.csv` (for `dvc plots`): the curves of
-the top-ranked head (mless drop) of the first analysed layer.
+Also writes `artifacts/plots/original/<model>.csv` and `artifacts/plots/full/<model>.csv` (the
+tables `dvc plots` draws): original_avg and full_avg of the top-ranked head (mless drop) of the
+first analysed layer, columns position, none, mless, mful (`nan` where a condition was not run or its
+prompts are shorter: plots leave those points out), layer, head (0-based).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from stages import cli
-from stages.config import Params, model_spec
+from stages.config import CONDITIONS, Params, model_spec
 from stages.extract import VECTORS, attention_path
 from stages.intervals import bootstrap_mean_ci, bootstrap_ratio_ci
 from stages.store import ArtifactError, atomic_path, provenance, put, put_json_attr, read_h5, write_h5
@@ -45,6 +47,12 @@ QUERY_VECTOR = {"original": "recv_original", "all": "recv_all", "last": "recv_la
 
 def stats_path(name: str) -> Path:
     return Path("artifacts") / "stats" / f"{name}.h5"
+
+
+def plot_table_path(kind: str, name: str) -> Path:
+    """`artifacts/plots/<kind>/<model>.csv`: one folder per kind, so dvc.yaml's top-level `plots`
+    name each folder once and pick up every model's table."""
+    return Path("artifacts") / "plots" / kind / f"{name}.csv"
 
 
 def _per_sample(f, cond: str, query_set: str, n_orig: np.ndarray):
@@ -82,7 +90,8 @@ def _pad_mean(rows: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     return np.nanmean(stacked, axis=0), count
 
 
-def run(params: Params, name: str, src: Path | None = None, out: Path | None = None) -> Path:
+def run(params: Params, name: str, src: Path | None = None, out: Path | None = None,
+        tables: Path | None = None) -> Path:
     model_spec(params, name)
     cfg = params.stats
     src = src or params.resolve(str(attention_path(name)))
@@ -146,27 +155,31 @@ def run(params: Params, name: str, src: Path | None = None, out: Path | None = N
             g.attrs["span"] = starts[0] if len(starts) == 1 else np.array([-1, -1], dtype=np.int32)
             for k, v in results[c].items():
                 put(g, k, v.astype(np.float64) if v.dtype.kind == "f" else v)
-    _write_csvs(out.parent / name, results, layers, conditions)
+    for kind in ("original", "full"):
+        path = tables / kind / f"{name}.csv" if tables else params.resolve(str(plot_table_path(kind, name)))
+        write_plot_table(path, kind, results, layers)
     print(f"{name}: statistics of {len(n_orig)} samples ({cfg.query_set} queries) -> {out}")
     return out
 
 
-def _write_csvs(folder: Path, results: dict, layers, conditions) -> None:
-    """original.csv / full.csv: curves of the top mless-drop head of the first layer, for `dvc plots`."""
+def write_plot_table(path: Path, kind: str, results: dict, layers) -> None:
+    """`kind`_avg of the top mless-drop head of the first layer, one row per position, for `dvc plots`.
+
+    Fixed columns (position, none, mless, mful, layer, head), whatever conditions ran, so that the
+    plot definitions in dvc.yaml hold for every model and experiment."""
+    conditions = list(results)
     ref = "mless" if "mless" in results else conditions[-1]
     head = int(results[ref]["head_rank"][0, 0]) if "head_rank" in results[ref] else 0
-    label = f"L{int(layers[0]) + 1}H{head}"
-    for kind in ("original", "full"):
-        avg = {c: results[c][f"{kind}_avg"][0, head] for c in conditions}
-        width = min(len(v) for v in avg.values())
-        buf = io.StringIO()
-        w = csv.writer(buf, lineterminator="\n")
-        w.writerow(["position"] + [f"{c} {label}" for c in conditions])
-        for p in range(width):
-            w.writerow([p] + [f"{avg[c][p]:.6g}" for c in conditions])
-        folder.mkdir(parents=True, exist_ok=True)
-        with atomic_path(folder / f"{kind}.csv") as tmp:
-            tmp.write_text(buf.getvalue())
+    avg = {c: results[c][f"{kind}_avg"][0, head] for c in conditions}
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["position", *CONDITIONS, "layer", "head"])
+    for p in range(max(len(v) for v in avg.values())):
+        cells = ["nan" if c not in avg or p >= len(avg[c]) or np.isnan(avg[c][p]) else f"{avg[c][p]:.6g}"
+                 for c in CONDITIONS]
+        w.writerow([p, *cells, int(layers[0]), head])
+    with atomic_path(path) as tmp:
+        tmp.write_text(buf.getvalue())
 
 
 def main(argv: list[str] | None = None) -> int:

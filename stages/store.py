@@ -100,17 +100,29 @@ def read_h5(path: str | os.PathLike, kind: str, required: tuple[str, ...] = ()):
         f.close()
 
 
+CODE_PATHS = ("stages", "pyproject.toml")  # what makes the artifacts: git_commit is the last commit touching them
+
+
 def provenance() -> dict:
-    """Package version, git commit and library versions (the run-independent part of provenance)."""
+    """Package version, git commit of the code and library versions (the run-independent part).
+
+    `git_commit` is the last commit that changed the code (CODE_PATHS), not HEAD: committing results
+    (dvc.lock, metrics) or params moves HEAD, and a rerun after that must give byte-identical
+    artifacts, or DVC would rerun every downstream stage. `git_dirty` says the code had uncommitted
+    changes (then the commit alone does not identify it)."""
     import subprocess
     from importlib import metadata
 
     root = Path(__file__).resolve().parent.parent
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
+
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
-                                check=True).stdout.strip()
+        commit = git("log", "-1", "--format=%H", "--", *CODE_PATHS) or "unknown"
+        dirty = bool(git("status", "--porcelain", "--", *CODE_PATHS))
     except (OSError, subprocess.CalledProcessError):
-        commit = "unknown"
+        commit, dirty = "unknown", None
     libs = {}
     for lib in ("torch", "transformers", "tokenizers", "h5py", "numpy", "math-verify", "dvc"):
         try:
@@ -121,4 +133,4 @@ def provenance() -> dict:
         version = metadata.version("meaningless-tokens")
     except metadata.PackageNotFoundError:
         version = "unknown"
-    return {"package_version": version, "git_commit": commit, "libraries": libs}
+    return {"package_version": version, "git_commit": commit, "git_dirty": dirty, "libraries": libs}

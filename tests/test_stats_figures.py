@@ -1,3 +1,4 @@
+import csv
 import json
 
 import numpy as np
@@ -150,6 +151,31 @@ def test_figures_plot_the_statistics_and_are_byte_identical(tiny_stats, write_pa
     assert [p.name for p in a] == [p.name for p in b] and len(a) == 2 * 5
     for x, y in zip(a, b):
         assert x.read_bytes() == y.read_bytes(), x.name
+    # the accuracy table `dvc plots` draws: one row per model and condition, the metrics' numbers
+    rows = list(csv.DictReader((params.file.parent / "reports/accuracy.csv").open()))
+    assert [(r["model"], r["condition"], r["label"]) for r in rows] == [
+        ("tiny", c, f"tiny / {c}") for c in ("none", "mless", "mful")]
+    for r in rows:
+        assert float(r["accuracy"]) == pytest.approx(m["accuracy"][r["condition"]], abs=1e-6)
+        assert int(r["correct"]) == m["correct"][r["condition"]] and int(r["n"]) == m["n_problems"] == 4
+
+
+def test_plot_tables(tiny_stats):
+    """artifacts/plots/{original,full}/<model>.csv: the top head's curves, fixed columns for dvc.yaml's plots."""
+    params, _, out = tiny_stats
+    with read_h5(out, "stats") as f:
+        head = int(f["mless/head_rank"][0, 0])
+        avg = {(c, k): f[c][f"{k}_avg"][0, head] for c in ("none", "mless", "mful") for k in ("original", "full")}
+    for kind in ("original", "full"):
+        rows = list(csv.DictReader((params.file.parent / f"artifacts/plots/{kind}/tiny.csv").open()))
+        assert list(rows[0]) == ["position", "none", "mless", "mful", "layer", "head"]
+        assert len(rows) == max(len(avg[(c, kind)]) for c in ("none", "mless", "mful"))
+        assert {(r["layer"], r["head"]) for r in rows} == {("0", str(head))}
+        for c in ("none", "mless", "mful"):
+            values = avg[(c, kind)]
+            got = [r[c] for r in rows]
+            np.testing.assert_allclose([float(v) for v in got[:len(values)]], values, rtol=1e-5)
+            assert all(v == "nan" for v in got[len(values):])  # shorter prompts: nan (left out), not 0
 
 
 def test_figures_bad_params(tiny_stats, write_params, tmp_path):

@@ -1,0 +1,125 @@
+"""Benchmark 2: batched greedy generation vs one prompt at a time (what the paper's code does).
+
+    python benchmarks/bench_generation.py [--model smollm2-135m] [--n 12] [--condition mless]
+                                          [--max-new-tokens 128] [--pipeline] [--reps 2] [--threads 2]
+
+Both arms call stages.evaluate.generate with the evaluate settings of params.yaml (greedy, KV
+cache, stop at eos or a complete \\boxed{}): arm `one at a time` with batches of one prompt, arm
+`batched` with stages.evaluate.make_batches at `evaluate.batch_size`. Prompts: one condition of
+the evaluation subset (--n problems), built by the project's prompt builder with the model's own
+template. Tokens are the generated tokens each row keeps (up to its end-of-text token).
+
+Extra rows (with --pipeline; they take longer than the rest together): the default pipeline's
+workload of one model, all conditions of the --n problems, at `evaluate.batch_size` and in a single
+batch of all of them, to see whether a larger default batch would speed up `evaluate`.
+
+One process, one model load. Each arm runs --reps times, alternating (A B, B A, ...), and the best
+repetition counts: other processes slow a 2-core machine unevenly, and small batches (many short
+steps with thread synchronisation) suffer more than large ones.
+Graded results (stages.grading.grade(...).correct) are compared between arms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import common
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--n", type=int, default=None, help="problems (default: evaluate.n_samples)")
+    ap.add_argument("--condition", default="mless", choices=("none", "mless", "mful"))
+    ap.add_argument("--max-new-tokens", type=int, default=None, help="default: evaluate.max_new_tokens")
+    ap.add_argument("--pipeline", action="store_true",
+                    help="add the all-conditions rows (batch_size vs one batch of all; about 8 more minutes)")
+    ap.add_argument("--reps", type=int, default=2, help="repetitions of each arm (the best counts)")
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    args = ap.parse_args()
+
+    import torch
+
+    from stages import models
+    from stages.evaluate import Item, generate, make_batches, stop_ids
+    from stages.grading import grade
+    from stages.prompts import builder_for, load_math500, select_problems
+
+    params = common.load_params()
+    cfg = params.evaluate
+    n = args.n or cfg.n_samples
+    max_new = args.max_new_tokens or cfg.max_new_tokens
+    print(common.machine(args.threads))
+    others = common.OtherLoad()
+    started = time.perf_counter()
+    model, tokenizer = models.load(params, models.prepare(params, args.model))
+    torch.set_num_threads(args.threads)
+    builder = builder_for(params, args.model, tokenizer)
+    problems, _ = load_math500(params)
+    chosen = select_problems(problems, n, cfg.seed)
+    gold = {p.index: p.answer for p in chosen}
+    built = {p.index: builder.build(p) for p in chosen}
+    items = [Item(p.index, c, built[p.index][c].input_ids) for p in chosen for c in params.prompt.conditions]
+    single = [it for it in items if it.condition == args.condition]
+    eos = stop_ids(model, tokenizer)
+    generate(model, tokenizer, single[:1], 4, cfg.stop_at_boxed, eos)  # warm-up
+
+    outputs, runs = {}, {}  # arm -> {(index, condition): (text, n_tokens)}; arm -> seconds per repetition
+    unstable = 0  # outputs that changed between repetitions (greedy decoding should repeat exactly)
+
+    def timed(arm, batches):
+        nonlocal unstable
+        out, started = {}, time.perf_counter()
+        for batch in batches:
+            for it, (text, n_tokens, _) in zip(batch, generate(model, tokenizer, batch, max_new, cfg.stop_at_boxed, eos)):
+                out[(it.index, it.condition)] = (text, n_tokens)
+        runs.setdefault(arm, []).append(time.perf_counter() - started)
+        unstable += sum(outputs[arm][k] != v for k, v in out.items()) if arm in outputs else 0
+        outputs.setdefault(arm, out)
+        print(f"  {arm}: {len(out)} prompts in {runs[arm][-1]:.1f} s", file=sys.stderr)
+
+    one, batched = "one at a time", f"batched ({cfg.batch_size})"
+    groups = [[(one, [[it] for it in single]), (batched, make_batches(single, cfg.batch_size))]]
+    if args.pipeline:
+        groups.append([(f"pipeline, batch {size}", make_batches(items, size)) for size in (cfg.batch_size, len(items))])
+    for rep in range(args.reps):
+        for group in groups:
+            for arm, batches in (group if rep % 2 == 0 else group[::-1]):  # A B, then B A
+                timed(arm, batches)
+    arms = [(arm, batches) for group in groups for arm, batches in group]
+
+    def graded(arm):
+        prompt = lambda key: tokenizer.decode(list(built[key[0]][key[1]].input_ids), skip_special_tokens=True)  # noqa: E731
+        return {key: grade(text, gold[key[0]], prompt(key)).correct for key, (text, _) in outputs[arm].items()}
+
+    rate, rows = {}, []
+    for arm, batches in arms:
+        tokens = sum(n_tokens for _, n_tokens in outputs[arm].values())
+        rate[arm] = tokens / min(runs[arm])
+        rows.append([arm, len(outputs[arm]), max(map(len, batches)), tokens, f"{min(runs[arm]):.1f}",
+                     " ".join(f"{s:.0f}" for s in runs[arm]), f"{rate[arm]:.1f}", sum(graded(arm).values())])
+    print(f"model {args.model}, {len(chosen)} problems, max_new_tokens {max_new}, stop_at_boxed {cfg.stop_at_boxed}; "
+          f"first two rows: condition {args.condition}; pipeline rows: all conditions; seconds: best of "
+          f"{args.reps} repetitions, arms alternated (A B, B A, ...)")
+    common.table(["arm", "prompts", "batch", "tokens", "seconds", "all runs", "tokens/s", "correct"], rows)
+
+    def differ(a, b):
+        ga, gb = graded(a), graded(b)
+        texts = sum(outputs[a][k][0] != outputs[b][k][0] for k in ga)
+        return f"{a} vs {b}: {sum(ga[k] != gb[k] for k in ga)} of {len(ga)} graded results differ ({texts} output texts differ)"
+
+    print(differ(batched, one) + f"; {unstable} outputs changed between repetitions")
+    if args.pipeline:
+        small, large = (f"pipeline, batch {s}" for s in (cfg.batch_size, len(items)))
+        print(differ(large, small))
+        print(f"batch {len(items)} vs {cfg.batch_size} on the pipeline's {len(items)} prompts: "
+              f"{rate[large] / rate[small]:.2f}x the tokens/s")
+    print(f"total {time.perf_counter() - started:.0f} s; {others}")
+    print(f"ratio: {rate[batched] / rate[one]:.1f}x the tokens/s of one at a time at batch {cfg.batch_size} (target >= 3x)")
+
+
+if __name__ == "__main__":
+    main()

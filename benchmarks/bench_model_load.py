@@ -1,0 +1,116 @@
+"""Benchmark 4: first load of a shipped GGUF model vs a load from the converted cache.
+
+    python benchmarks/bench_model_load.py [--model smollm2-135m] [--reps 3] [--threads 2]
+
+Arms, each measurement in a fresh process (imports done before the clock starts):
+  first use  stages.models.prepare + load with an empty model cache that holds only the assembled
+             GGUF (linked from the warm cache, so no download is timed): GGUF load, dequantize,
+             save as float32 safetensors, hash, then load (what the first `dvc repro` pays once)
+  GGUF load  transformers from_pretrained(gguf_file=...) of model and tokenizer, as stages/models.py
+             does it: what every stage would pay if there were no converted cache
+  cached     stages.models.prepare + load with the warm cache (what every stage pays)
+Arms are interleaved per repetition (order rotated). The GGUF and safetensors files are in the OS
+page cache in every arm (just assembled or just used), so disk reads are not what is measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import common
+
+ARMS = ("first use", "GGUF load", "cached")
+
+
+def worker(args) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from stages import models
+
+    params = common.load_params()
+    torch.set_num_threads(args.threads)
+    started = time.perf_counter()
+    if args.worker == "GGUF load":
+        gguf = Path(args.gguf)
+        AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32,
+                                             attn_implementation="eager")
+        prepare = 0.0
+    else:  # MLESS_CACHE (set by the parent) picks the empty or the warm cache
+        prepared = models.prepare(params, args.model)
+        prepare = time.perf_counter() - started
+        models.load(params, prepared)
+    total = time.perf_counter() - started
+    print(json.dumps({"prepare": prepare, "total": total, "peak_rss_mib": common.peak_rss_mib()}))
+
+
+def measure(arm: str, args, gguf: Path, warm: Path) -> dict:
+    env = dict(os.environ, MLESS_CACHE=str(warm))
+    with tempfile.TemporaryDirectory(prefix="bench-load-", dir=warm.parent) as cold:
+        if arm == "first use":
+            (Path(cold) / "gguf").mkdir()
+            os.symlink(gguf, Path(cold) / "gguf" / gguf.name)
+            env["MLESS_CACHE"] = cold
+        cmd = [sys.executable, __file__, "--model", args.model, "--threads", str(args.threads),
+               "--worker", arm, "--gguf", str(gguf)]
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        if out.returncode:
+            raise SystemExit(f"{arm} worker failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--worker", choices=ARMS, help=argparse.SUPPRESS)
+    ap.add_argument("--gguf", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        return worker(args)
+
+    from stages import models
+    from stages.config import model_spec
+
+    params = common.load_params()
+    spec = model_spec(params, args.model)
+    if spec.source.kind != "pypi_gguf":
+        raise SystemExit(f"{args.model} is not a shipped GGUF model (source kind {spec.source.kind})")
+    print(common.machine(args.threads))
+    others = common.OtherLoad()
+    started = time.perf_counter()
+    warm = models.cache_root(params)
+    models.prepare(params, args.model)  # untimed: makes sure the GGUF and its conversion are in the warm cache
+    gguf = (warm / "gguf" / f"{spec.source.sha256}.gguf").resolve()
+    runs = {a: [] for a in ARMS}
+    for rep in range(args.reps):
+        for arm in ARMS[rep % 3:] + ARMS[:rep % 3]:  # rotate the order per repetition
+            runs[arm].append(measure(arm, args, gguf, warm))
+
+    med = {a: statistics.median(r["total"] for r in runs[a]) for a in ARMS}
+    print(f"model {args.model} (GGUF {gguf.stat().st_size / 2**20:.0f} MiB); {args.reps} repetitions, "
+          f"interleaved; seconds are medians; peak RSS = ru_maxrss of the measuring process")
+    common.table(
+        ["arm", "what is timed", "seconds", "of which prepare", "all runs", "peak RSS, MiB"],
+        [[a, {"first use": "prepare (convert GGUF -> safetensors) + load", "GGUF load": "from_pretrained(gguf_file=)",
+              "cached": "prepare (cache hit) + load"}[a],
+          f"{med[a]:.2f}", f"{statistics.median(r['prepare'] for r in runs[a]):.2f}",
+          " ".join(f"{r['total']:.1f}" for r in runs[a]), f"{max(r['peak_rss_mib'] for r in runs[a]):.0f}"]
+         for a in ARMS])
+    print(f"total {time.perf_counter() - started:.0f} s; {others}")
+    print(f"ratio: {med['first use'] / med['cached']:.1f}x faster from the cache than the first load "
+          f"(target >= 10x); {med['GGUF load'] / med['cached']:.1f}x faster than loading the GGUF")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,149 @@
+"""A throwaway copy of the project as a git + DVC repository, driven by the real `dvc` command.
+
+Used by tests/test_dvc.py: the project's tracked files (and untracked ones under stages/) are copied
+into a new folder, without any outputs, with a tiny params.yaml whose models are tiny local models.
+Every command runs with HOME pointing into the test's folder, so the default remote
+(`~/.local/share/...` in .dvc/config) resolves there and nothing touches the user's own store.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+# outputs and files the pipeline does not need; the copy starts with no outputs at all
+SKIP = ("artifacts/", "metrics/", "reports/", "tests/", "benchmarks/", ".ci/", "dvc.lock")
+
+
+def project_files() -> list[str]:
+    """Tracked files, plus untracked (not ignored) files under stages/ (modules not yet committed)."""
+    def ls(*args: str) -> list[str]:
+        return subprocess.run(["git", "ls-files", "-z", *args], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.split("\0")
+    files = [f for f in ls() if f] + [f for f in ls("--others", "--exclude-standard", "--", "stages") if f]
+    return sorted({f for f in files if not f.startswith(SKIP) and (ROOT / f).is_file()})
+
+
+def tiny_params(models: dict[str, tuple[str, Path]]) -> dict:
+    """The CPU profile shrunk to seconds: two or more tiny local models, a few problems, few tokens."""
+    raw = yaml.safe_load((ROOT / "profiles" / "cpu.yaml").read_text())
+    raw["profile"] = "tiny"
+    raw["runtime"].update(offline=True, threads=1)  # tiny models: one thread is fastest, and fair on a busy machine
+    raw["extract"].update(n_samples=4, showcase=1)
+    raw["evaluate"].update(n_samples=3, max_new_tokens=8, batch_size=9)
+    raw["stats"].update(n_boot=50)
+    raw["figures"].update(sweep_layers=[0, 1], n_heads=2, original_positions=40, full_positions=80, dpi=40)
+    raw["models"] = {
+        name: {"display_name": f"Tiny {family}", "template": None, "family": family,
+               "source": {"kind": "local_dir", "path": str(path)}, "layers": [0, 1, 2], "heads": "all",
+               "trust_remote_code": False}
+        for name, (family, path) in models.items()
+    }
+    return raw
+
+
+class Repo:
+    def __init__(self, path: Path, env: dict[str, str]):
+        self.path, self.env = path, env
+
+    @classmethod
+    def create(cls, path: Path, home: Path, model_cache: Path, models: dict[str, tuple[str, Path]]) -> "Repo":
+        path.mkdir(parents=True)
+        for f in project_files():
+            (path / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / f, path / f)
+        (path / "params.yaml").write_text(yaml.safe_dump(tiny_params(models), sort_keys=False))
+        home.mkdir(parents=True, exist_ok=True)
+        repo = cls(path, make_env(home, model_cache))
+        repo.git("init", "-q", "-b", "main")
+        repo.git("config", "user.name", "Test")
+        repo.git("config", "user.email", "test@example.com")
+        repo.git("add", "-A")
+        repo.git("commit", "-q", "-m", "baseline: tiny profile")
+        return repo
+
+    def run(self, *cmd: str, check: bool = True, cwd: Path | None = None) -> subprocess.CompletedProcess:
+        proc = subprocess.run(list(cmd), cwd=cwd or self.path, env=self.env, capture_output=True, text=True)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"{' '.join(cmd)} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+        return proc
+
+    def git(self, *args: str, **kw) -> subprocess.CompletedProcess:
+        return self.run("git", *args, **kw)
+
+    def dvc(self, *args: str, **kw) -> subprocess.CompletedProcess:
+        return self.run(str(BIN / "dvc"), *args, **kw)
+
+    def repro(self, *args: str) -> set[str]:
+        """`dvc repro`; the stages that ran (restored from the run cache counts as ran)."""
+        return ran(self.dvc("repro", *args))
+
+    def status(self) -> dict:
+        return json.loads(self.dvc("status", "--json").stdout or "{}")
+
+    def lock_hashes(self) -> dict[str, str]:
+        """{out path: md5} of every output in dvc.lock."""
+        lock = yaml.safe_load((self.path / "dvc.lock").read_text())
+        return {o["path"]: o["md5"] for st in lock["stages"].values() for o in st.get("outs", [])}
+
+    def stages(self) -> list[str]:
+        """Every stage name dvc.yaml defines (foreach expanded), e.g. extract@tiny-a."""
+        out = self.dvc("stage", "list", "--name-only").stdout
+        return out.split()
+
+    def set_params(self, **changes) -> None:
+        """Change params.yaml: keys are dotted paths with '__' for '.', e.g. figures__dpi=50."""
+        raw = yaml.safe_load((self.path / "params.yaml").read_text())
+        for key, value in changes.items():
+            *parents, last = key.split("__")
+            node = raw
+            for p in parents:
+                node = node[p]
+            node[last] = value
+        (self.path / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+
+    def files(self, *folders: str) -> dict[str, bytes]:
+        """{relative path: bytes} of every file under the folders."""
+        out = {}
+        for folder in folders:
+            for p in sorted((self.path / folder).rglob("*")):
+                if p.is_file() and ".gitignore" != p.name:
+                    out[str(p.relative_to(self.path))] = p.read_bytes()
+        return out
+
+
+RAN = re.compile(r"^(?:Running stage '([^']+)'|Stage '([^']+)' is cached - skipping run)", re.M)
+
+
+def ran(proc: subprocess.CompletedProcess) -> set[str]:
+    return {a or b for a, b in RAN.findall(proc.stdout + proc.stderr)}
+
+
+def make_env(home: Path, model_cache: Path) -> dict[str, str]:
+    import matplotlib
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DVC_", "GIT_"))}
+    env.update(
+        PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}",
+        HOME=str(home),                       # the default remote `~/...` resolves here
+        XDG_CONFIG_HOME=str(home / ".config"),
+        XDG_CACHE_HOME=str(home / ".cache"),
+        MPLCONFIGDIR=matplotlib.get_cachedir(),  # reuse the font cache instead of rebuilding it
+        MLESS_CACHE=str(model_cache),
+        DVC_NO_ANALYTICS="1",
+        HF_HUB_OFFLINE="1",
+        PYTHONDONTWRITEBYTECODE="1",
+        GIT_AUTHOR_NAME="Test", GIT_AUTHOR_EMAIL="test@example.com",
+        GIT_COMMITTER_NAME="Test", GIT_COMMITTER_EMAIL="test@example.com",
+        GIT_CONFIG_NOSYSTEM="1",
+    )
+    return env

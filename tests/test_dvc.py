@@ -1,0 +1,314 @@
+"""DVC as users drive it: the real `dvc` command on a copy of the project with two tiny models.
+
+One repository is built per module (a whole `dvc repro`) and shared; every test leaves it as it found
+it (the committed results, checked out again from git and the DVC cache). Meanwhile a second clone
+of it runs in the background, on the other core: a cold `dvc repro` (no outputs, no cache) whose
+hashes must equal the first run's, then a span-length experiment.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.dvc_repo import Repo, ran
+
+pytestmark = pytest.mark.slow  # every test here runs (part of) the pipeline through dvc
+
+A, B = "tiny-a", "tiny-b"
+STORE = Path(".local/share/meaningless-tokens/dvc-store")  # the default remote, under $HOME
+
+
+class Background(threading.Thread):
+    """Runs `fn` beside the tests; `result()` waits for it and re-raises what it raised."""
+
+    def __init__(self, fn):
+        super().__init__(daemon=True)
+        self.fn, self.value, self.error = fn, None, None
+        self.start()
+
+    def run(self):
+        try:
+            self.value = self.fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the test that waits for it
+            self.error = e
+
+    def result(self, timeout: float = 900):
+        self.join(timeout)
+        assert not self.is_alive(), "the background dvc runs did not finish"
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+def second_checkout(other: Repo) -> dict:
+    """A clone's cold `dvc repro` (its dvc.lock afterwards), then a span-length experiment."""
+    cold = other.repro()
+    lock = other.lock_hashes()
+    span = ran(other.dvc("exp", "run", "-n", "span", "-S", "prompt.mless.count=5"))
+    return {"cold": cold, "lock": lock, "span": span}
+
+
+@pytest.fixture(scope="module")
+def repo(tiny_dirs, tmp_path_factory) -> Repo:
+    base = tmp_path_factory.mktemp("dvc")
+    r = Repo.create(base / "project", base / "home", base / "model-cache",
+                    {A: ("llama", tiny_dirs["llama"]), B: ("qwen2", tiny_dirs["qwen2"])})
+    r.first_run = r.repro()
+    r.git("add", "-A")
+    r.git("commit", "-q", "-m", "results")
+    r.all = set(r.stages())
+    r.report = {"report"} if "report" in r.all else set()  # the report stage, once dvc.yaml has it
+    r.other = Repo(base / "second", r.env)
+    r.git("clone", "-q", str(r.path), str(r.other.path))
+    r.background = Background(lambda: second_checkout(r.other))
+    yield r
+    r.background.join(900)
+
+
+@pytest.fixture
+def clean(repo):
+    """The shared repository with its committed results; put back afterwards, whatever the test did
+    (params, dvc.lock and git-tracked results from git, the rest from the DVC cache)."""
+    yield repo
+    repo.git("reset", "-q", "--hard")
+    repo.git("clean", "-q", "-f", "-d")
+    repo.dvc("checkout", "--force", "--quiet")
+
+
+def stage_outs(repo: Repo, stage: str) -> list[str]:
+    lock = yaml.safe_load((repo.path / "dvc.lock").read_text())
+    return [o["path"] for o in lock["stages"][stage].get("outs", [])]
+
+
+def params_diff(repo: Repo, *revs: str) -> dict[str, dict]:
+    """{dotted key: {"old": ..., "new": ...}} of params.yaml from `dvc params diff` (lists as text)."""
+    out = json.loads(repo.dvc("params", "diff", *revs, "--json").stdout)
+    return {k: {"old": v["old"], "new": v["new"]} for k, v in out.get("params.yaml", {}).items()}
+
+
+def exp_table(repo: Repo) -> dict[str, dict]:
+    """{experiment name: its data (params, metrics)} from `dvc exp show --json`."""
+    rows = json.loads(repo.dvc("exp", "show", "--json").stdout)
+    return {rev["name"]: rev["data"] for row in rows for exp in row.get("experiments") or [] for rev in exp["revs"]}
+
+
+# ---- repro, status, minimal reruns --------------------------------------------------------------
+
+def test_repro_runs_every_stage_once_then_status_is_clean_and_repro_does_nothing(clean):
+    repo = clean
+    assert repo.first_run == repo.all
+    assert {f"{s}@{m}" for s in ("prepare", "extract", "evaluate", "stats") for m in (A, B)} | {"figures"} <= repo.all
+    proc = repo.dvc("repro")
+    assert ran(proc) == set() and "Data and pipelines are up to date" in proc.stdout
+    # new timestamps on every input and output, same bytes: nothing reruns
+    for folder in ("data", "stages", "artifacts", "metrics", "reports"):
+        for p in (repo.path / folder).rglob("*"):
+            os.utime(p)
+    assert repo.status() == {}
+    assert repo.repro() == set()
+
+
+def test_figure_param_reruns_only_figures_and_report(clean):
+    repo = clean
+    repo.set_params(figures__dpi=41)
+    assert params_diff(repo) == {"figures.dpi": {"old": 40, "new": 41}}
+    assert repo.repro() == {"figures"} | repo.report
+    assert repo.status() == {}
+    assert repo.repro() == set()
+
+
+def test_one_models_extraction_param_reruns_its_branch_only_in_an_experiment(clean):
+    repo = clean
+    proc = repo.dvc("exp", "run", "-n", "layers-a", "-S", f"models.{A}.layers=[0,1]")
+    # not prepare@tiny-a (the manifest does not hold layers), not evaluate@tiny-a, nothing of tiny-b
+    assert ran(proc) == {f"extract@{A}", f"stats@{A}", "figures"} | repo.report
+    assert repo.status() == {}
+    assert params_diff(repo) == {f"models.{A}.layers": {"old": "[0, 1, 2]", "new": "[0, 1]"}}
+
+
+def test_evaluation_param_reruns_evaluations_and_their_readers_only(clean):
+    repo = clean
+    proc = repo.dvc("exp", "run", "-n", "tokens", "-S", "evaluate.max_new_tokens=4")
+    got = ran(proc)
+    # no prepare, extract or stats; figures reruns only if the metrics it reads changed
+    accuracy_changed = repo.git("diff", "--quiet", "--", "metrics/accuracy", check=False).returncode != 0
+    assert got == {f"evaluate@{A}", f"evaluate@{B}"} | repo.report | ({"figures"} if accuracy_changed else set())
+    assert repo.status() == {}
+    diff = json.loads(repo.dvc("metrics", "diff", "--json").stdout)
+    if accuracy_changed:  # with at most 4 new tokens instead of 8, fewer tokens are generated
+        assert any(k.startswith("mean_tokens.") for k in diff[f"metrics/accuracy/{A}.json"])
+
+
+def test_comparing_two_experiments(clean, tmp_path):
+    repo = clean
+    exps = exp_table(repo)
+    if not {"layers-a", "tokens"} <= set(exps):
+        pytest.skip("compares the experiments of the two tests above")
+    for name, keys, expected in (("layers-a", ("models", A, "layers"), [0, 1]),
+                                 ("tokens", ("evaluate", "max_new_tokens"), 4)):
+        value = exps[name]["params"]["params.yaml"]["data"]
+        for k in keys:
+            value = value[k]
+        assert value == expected
+        for m in (A, B):
+            acc = exps[name]["metrics"][f"metrics/accuracy/{m}.json"]["data"]
+            assert acc["n_problems"] == 3 and set(acc["accuracy"]) == {"none", "mless", "mful"}
+    assert params_diff(repo, "layers-a", "tokens") == {
+        f"models.{A}.layers": {"old": "[0, 1]", "new": "[0, 1, 2]"},
+        "evaluate.max_new_tokens": {"old": 8, "new": 4}}
+    metrics = json.loads(repo.dvc("metrics", "diff", "layers-a", "tokens", "--all", "--json").stdout)
+    assert {f"metrics/accuracy/{m}.json" for m in (A, B)} <= set(metrics)
+    plots = json.loads(repo.dvc("plots", "diff", "layers-a", "tokens", "--json").stdout)["data"]
+    assert set(plots) == plot_ids()
+    for plot_id, [plot] in plots.items():
+        assert plot["revisions"] == ["layers-a", "tokens"]
+        assert {v["rev"] for v in plot["content"]["data"]["values"]} == {"layers-a", "tokens"}
+
+
+# ---- plots --------------------------------------------------------------------------------------
+
+def plot_ids() -> set[str]:
+    return {f"artifacts/plots/{kind}/{m}.csv" for kind in ("original", "full") for m in (A, B)} | {
+        "reports/accuracy.csv"}
+
+
+def test_plots_show_renders_the_attention_and_accuracy_tables(clean, tmp_path):
+    repo = clean
+    plots = json.loads(repo.dvc("plots", "show", "--json").stdout)["data"]
+    assert set(plots) == plot_ids()
+    for plot_id, [plot] in plots.items():
+        rows = (repo.path / plot_id).read_text().splitlines()[1:]
+        values = plot["content"]["data"]["values"]
+        fields = 1 if plot_id == "reports/accuracy.csv" else 3  # none, mless, mful
+        assert len(values) == fields * len(rows) and plot["revisions"] == ["workspace"]
+    acc = {(v["model"], v["condition"]): v for v in plots["reports/accuracy.csv"][0]["content"]["data"]["values"]}
+    for m in (A, B):
+        metrics = json.loads((repo.path / f"metrics/accuracy/{m}.json").read_text())
+        for c in ("none", "mless", "mful"):
+            assert float(acc[(m, c)]["accuracy"]) == pytest.approx(metrics["accuracy"][c])
+            assert int(acc[(m, c)]["correct"]) == metrics["correct"][c]
+    repo.dvc("plots", "show", "-o", str(tmp_path / "show"))
+    html = (tmp_path / "show" / "index.html").read_text()
+    anchors = [f"vegaEmbed('#{re.sub(r'[/.]', '_', plot_id)}'" for plot_id in plot_ids()]
+    for needle in [*anchors, "Attention each original token receives", "MATH-500 accuracy", f"{B} / mful"]:
+        assert needle in html
+
+
+# ---- sharing ----------------------------------------------------------------------------------------
+
+def test_push_clone_pull_gives_identical_results_and_no_rerun(clean, tmp_path):
+    repo = clean
+    # the committed default remote: a folder under the user's home, the same for every clone
+    assert f"url = ~/{STORE}" in (repo.path / ".dvc/config").read_text()
+    assert repo.dvc("config", "core.remote").stdout.strip() == "localstore"
+    repo.dvc("push")
+    assert any((Path(repo.env["HOME"]) / STORE).rglob("*"))
+    clone = Repo(tmp_path / "clone", repo.env)
+    repo.git("clone", "-q", str(repo.path), str(clone.path))
+    clone.dvc("pull")
+    assert clone.status() == {}
+    folders = ("artifacts", "metrics", "reports")
+    mine, theirs = repo.files(*folders), clone.files(*folders)
+    assert sorted(theirs) == sorted(mine)
+    assert [p for p in mine if mine[p] != theirs[p]] == []
+    assert any(p.startswith("reports/") for p in theirs) and any(p.startswith("metrics/") for p in theirs)
+    assert clone.repro() == set()
+
+
+# ---- bad input ------------------------------------------------------------------------------------
+
+def test_pull_from_a_missing_remote_or_of_data_never_pushed_fails_with_dvcs_message(clean, tmp_path):
+    repo = clean
+    clone = Repo(tmp_path / "clone", repo.env)
+    repo.git("clone", "-q", str(repo.path), str(clone.path))
+    proc = clone.dvc("pull", "-r", "nosuch", check=False)
+    assert proc.returncode != 0 and "remote 'nosuch' doesn't exist" in proc.stderr
+    # a remote that holds nothing of this project (never pushed there)
+    clone.dvc("remote", "modify", "--local", "localstore", "url", str(tmp_path / "empty-store"))
+    proc = clone.dvc("pull", check=False)
+    assert proc.returncode != 0
+    assert "failed to pull data from the cloud" in proc.stderr
+    assert "do not exist neither locally nor on remote" in proc.stderr
+    assert not (clone.path / f"artifacts/attention/{A}.h5").exists()
+    assert "deleted" in json.dumps(clone.status())  # nothing pulled is taken as present
+    # no remote configured at all
+    clone.dvc("remote", "remove", "localstore")
+    proc = clone.dvc("pull", check=False)
+    assert proc.returncode != 0 and "no default remote set" in proc.stderr
+
+
+def test_deleted_artifact_is_reported_and_checked_out_again(clean):
+    repo = clean
+    h5 = repo.path / f"artifacts/attention/{A}.h5"
+    data = h5.read_bytes()
+    h5.unlink()
+    status = repo.status()
+    assert {"changed outs": {f"artifacts/attention/{A}.h5": "deleted"}} in status[f"extract@{A}"]
+    assert f"stats@{A}" in status and f"extract@{B}" not in status
+    proc = repo.dvc("checkout")
+    assert h5.read_bytes() == data and repo.status() == {}, proc.stdout
+
+
+def test_failed_stage_leaves_nothing_registered(clean):
+    repo = clean
+    lock = (repo.path / "dvc.lock").read_bytes()
+    repo.set_params(figures__layer=3)  # not extracted: figures refuses it
+    proc = repo.dvc("repro", check=False)
+    assert proc.returncode != 0
+    assert "figures.layer: layer 3 was not extracted" in proc.stderr
+    assert "failed to reproduce 'figures'" in proc.stderr
+    assert (repo.path / "dvc.lock").read_bytes() == lock
+    assert "figures" in repo.status()
+    assert not [p for p in repo.path.rglob("*.partial")]
+
+
+def test_a_params_key_a_stage_lists_must_exist(clean):
+    repo = clean
+    raw = yaml.safe_load((repo.path / "params.yaml").read_text())
+    del raw["models"][B]["trust_remote_code"]  # listed by prepare@tiny-b, evaluate@tiny-b
+    (repo.path / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    proc = repo.dvc("repro", check=False)
+    assert proc.returncode != 0
+    assert f"Parameters 'models.{B}.trust_remote_code' are missing from 'params.yaml'" in proc.stderr
+    assert ran(proc) == set()
+
+
+# ---- the second clone, run in the background --------------------------------------------------------
+
+def test_cold_run_in_a_fresh_clone_gives_the_same_hashes(repo):
+    got = repo.background.result()
+    assert got["cold"] == repo.all  # no outputs and no cache there: every stage ran
+    first = {o["path"]: o["md5"] for st in yaml.safe_load(repo.git("show", "HEAD:dvc.lock").stdout)["stages"].values()
+             for o in st.get("outs", [])}
+    assert set(got["lock"]) == set(first)
+    changed = {p for p in first if first[p] != got["lock"][p]}
+    # only wall-clock timings differ, and what prints them (the report shows the stages' run times)
+    timing_readers = {p for s in repo.report for p in stage_outs(repo, s)}
+    assert changed <= {p for p in first if p.startswith("metrics/timing/")} | timing_readers, changed
+
+
+def test_span_length_experiment(repo, tmp_path):
+    got, other = repo.background.result(), repo.other
+    assert got["span"] == repo.all - {f"prepare@{A}", f"prepare@{B}"}  # both models' branches, cold
+    assert other.status() == {}
+    span = exp_table(other)["span"]
+    assert span["params"]["params.yaml"]["data"]["prompt"]["mless"]["count"] == 5
+    assert span["metrics"][f"metrics/accuracy/{B}.json"]["data"]["n_problems"] == 3
+    assert params_diff(other, "HEAD", "span") == {"prompt.mless.count": {"old": 55, "new": 5}}
+    metrics = json.loads(other.dvc("metrics", "diff", "HEAD", "span", "--all", "--json").stdout)
+    assert {f"metrics/accuracy/{m}.json" for m in (A, B)} <= set(metrics)
+    plots = json.loads(other.dvc("plots", "diff", "HEAD", "span", "--json").stdout)["data"]
+    assert set(plots) == plot_ids()
+    values = plots[f"artifacts/plots/full/{A}.csv"][0]["content"]["data"]["values"]
+    positions = {rev: {v["position"] for v in values if v["rev"] == rev} for rev in ("HEAD", "span")}
+    assert 0 < len(positions["span"]) < len(positions["HEAD"])  # a shorter span: shorter prompts
+    other.dvc("plots", "diff", "HEAD", "span", "-o", str(tmp_path / "diff"))
+    html = (tmp_path / "diff" / "index.html").read_text()
+    assert '"rev": "HEAD"' in html and '"rev": "span"' in html and f"{A} / mless" in html

@@ -1,0 +1,218 @@
+"""The report stage on a tiny project: numbers traced back to the artifacts, sentences checked against
+them, escaping, Markdown links, and the HTML opened in headless Chromium."""
+
+import html.parser
+import json
+import re
+import shutil
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import pytest
+import yaml
+
+from stages import evaluate, extract, figures, models, report, stats
+from stages.config import load_params
+from stages.store import ArtifactError
+from tests.conftest import ROOT, default_params
+
+EVIL = '<script>alert("x")</script> & <img src=x onerror=alert(1)>'
+SHOT_DIR = ROOT / "test-output"
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory, tiny_dirs):
+    """A tiny project folder with every input of the report: two tiny models, one with a hostile name."""
+    root = tmp_path_factory.mktemp("project")
+    shutil.copytree(ROOT / "data", root / "data")
+    shutil.copytree(ROOT / "stages" / "texts", root / "stages" / "texts")
+    raw = default_params()
+    raw["extract"].update(n_samples=5, showcase=1)
+    raw["evaluate"].update(n_samples=4, max_new_tokens=12, batch_size=6)
+    raw["stats"].update(n_boot=200)
+    raw["figures"].update(n_heads=2, original_positions=30, full_positions=80)
+    raw["models"] = {
+        "tiny-llama": {"display_name": "Tiny llama", "family": "llama",
+                       "source": {"kind": "local_dir", "path": str(tiny_dirs["llama"])}, "layers": [0, 1, 2]},
+        "tiny-gemma": {"display_name": f"Tiny gemma {EVIL}", "family": "gemma3",
+                       "source": {"kind": "local_dir", "path": str(tiny_dirs["gemma3"])}, "layers": [0, 1, 2]},
+    }
+    (root / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    params = load_params(root / "params.yaml")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("MLESS_CACHE", str(root / "cache"))
+    for name in params.models:
+        models.run(params, name)
+        extract.run(params, name)
+        evaluate.run(params, name, root=root)
+        stats.run(params, name)
+    figures.run(params)
+    written = report.run(params)
+    mp.undo()
+    return root, params, written
+
+
+class NumParser(html.parser.HTMLParser):
+    """Collects every <span class="num"> with its data attributes and text, and every tag name."""
+
+    def __init__(self):
+        super().__init__()
+        self.nums, self.tags, self.imgs, self._open = [], [], [], None
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append(tag)
+        attrs = dict(attrs)
+        if tag == "img":
+            self.imgs.append(attrs)
+        if tag == "span" and attrs.get("class") == "num":
+            self._open = {k[5:]: v for k, v in attrs.items() if k.startswith("data-")} | {"text": ""}
+
+    def handle_data(self, data):
+        if self._open is not None:
+            self._open["text"] += data
+
+    def handle_endtag(self, tag):
+        if tag == "span" and self._open is not None:
+            self.nums.append(self._open)
+            self._open = None
+
+
+def parse(path):
+    p = NumParser()
+    p.feed(path.read_text(encoding="utf-8"))
+    return p
+
+
+def recompute(root, num):
+    """The number, read again from its source with h5py / json (not with the report's own reader)."""
+    if num["src"].endswith(".json"):
+        value = json.loads((root / num["src"]).read_text())
+        for k in num["key"].split("."):
+            value = value[k]
+        return float(value) * float(num["scale"])
+    m = re.fullmatch(r"([^\[]+)(?:\[(.*)\])?", num["key"])
+    with h5py.File(root / num["src"], "r") as f:
+        arr = np.asarray(f.attrs[m[1][1:]]) if m[1].startswith("@") else f[m[1]][()]
+    index, start = [], 0
+    for part in (m[2].split(",") if m[2] else []):
+        if ":" in part:
+            a, b = (int(x) if x else None for x in part.split(":"))
+            index.append(slice(a, b))
+            start = a or 0
+        else:
+            index.append(int(part))
+    sel = arr[tuple(index)]
+    value = {"value": lambda: float(sel), "mean": lambda: float(np.mean(sel)), "max": lambda: float(np.max(sel)),
+             "argmax": lambda: float(np.argmax(sel) + start)}[num["op"]]()
+    return value * float(num["scale"])
+
+
+def test_every_number_traces_back_to_its_artifact(project):
+    root, params, (html_path, md_path) = project
+    nums = parse(html_path).nums
+    assert len(nums) > 100
+    sources = {n["src"] for n in nums}
+    for name in params.models:  # every kind of input is quoted
+        assert {f"artifacts/stats/{name}.h5", f"metrics/accuracy/{name}.json",
+                f"metrics/timing/extract-{name}.json"} <= sources
+    md = md_path.read_text(encoding="utf-8")
+    for n in nums:
+        value = recompute(root, n)
+        assert value == pytest.approx(float(n["value"]), rel=1e-9, abs=1e-12), n
+        shown = format(round(value) if n["fmt"] == "d" else value, n["fmt"])
+        assert n["text"] == shown, n
+        assert n["text"] in md  # the Markdown quotes the same numbers
+
+
+def test_sentences_agree_with_the_numbers(project):
+    root, params, (html_path, _) = project
+    text = re.sub(r"<[^>]+>", "", html_path.read_text(encoding="utf-8"))
+    checked = 0
+    for m in re.finditer(r"Mean attention on original tokens \(positions 1 on\): none ([\d.]+); mless ([\d.]+); "
+                         r"mful ([\d.]+)\.\s*.*?Original tokens receive the most attention under (\w+) and the "
+                         r"least under (\w+)\.", text, re.S):
+        means = dict(zip(("none", "mless", "mful"), map(float, m.groups()[:3])))
+        assert means[m[4]] == max(means.values()) and means[m[5]] == min(means.values())
+        checked += 1
+    for m in re.finditer(r"The meaningless span draws (more|less) attention than the meaningful one \(([\d.]+) % "
+                         r"vs ([\d.]+) %\)", text):
+        assert (float(m[2]) > float(m[3])) == (m[1] == "more") or m[2] == m[3]
+        checked += 1
+    for m in re.finditer(r"Meaningless tokens lower the mean attention on original tokens in (\d) of (\d) layers", text):
+        assert int(m[1]) <= int(m[2]) == len(params.figures.sweep_layers)
+        checked += 1
+    assert checked == 3 * len(params.models)
+    for section in ("Overview", "Axes and legend", "Detailed analysis", "Key observations", "Interpretation"):
+        assert text.count(section) == 3 * len(params.models) + 2  # once per chart
+
+
+def test_text_from_data_is_escaped_and_output_deterministic(project):
+    root, params, (html_path, md_path) = project
+    page = html_path.read_text(encoding="utf-8")
+    p = parse(html_path)
+    assert "script" not in p.tags and all(set(img) == {"src", "alt"} for img in p.imgs)
+    assert "Tiny gemma &lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt; &amp; &lt;img src=x onerror" in page
+    assert "\\<script\\>" in md_path.read_text(encoding="utf-8")
+    before = html_path.read_bytes(), md_path.read_bytes()
+    assert tuple(p.read_bytes() for p in report.run(params)) == before
+
+
+def test_markdown_links_resolve(project):
+    root, params, (_, md_path) = project
+    links = re.findall(r"\]\(([^)\s]+)\)", md_path.read_text(encoding="utf-8"))
+    assert len(links) == 3 * len(params.models) + 2
+    for link in links:
+        assert (md_path.parent / link).is_file(), link
+
+
+def test_missing_chart_or_metrics_is_named_and_nothing_is_written(project, tmp_path):
+    root, params, _ = project
+    copy = tmp_path / "p"
+    shutil.copytree(root, copy, ignore=shutil.ignore_patterns("cache"))
+    (copy / "reports" / "report.html").unlink()
+    (copy / "reports" / "report.md").unlink()
+    (copy / "reports" / "figures" / "accuracy.png").unlink()
+    bad = load_params(copy / "params.yaml")
+    with pytest.raises(ArtifactError, match=r"reports/figures/accuracy\.png: missing chart"):
+        report.run(bad)
+    (copy / "metrics" / "accuracy" / "tiny-llama.json").write_text("{not json")
+    proc = subprocess.run([sys.executable, "-m", "stages.report", "--params", str(copy / "params.yaml")],
+                          cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+    assert "metrics/accuracy/tiny-llama.json: not valid JSON" in proc.stderr
+    assert not (copy / "reports" / "report.html").exists() and not (copy / "reports" / "report.md").exists()
+    assert not list((copy / "reports").glob("*.partial"))
+
+
+def chromium():
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.skipif(not chromium(), reason="Debian chromium not installed (apt-get install chromium)")
+def test_html_opens_in_headless_chromium(project):
+    from playwright.sync_api import sync_playwright
+
+    root, params, (html_path, _) = project
+    errors, requests, dialogs = [], [], []
+    with sync_playwright() as pw:
+        # a fresh temporary profile (non-persistent context); any request off the disk is refused
+        browser = pw.chromium.launch(executable_path=chromium(), args=["--no-sandbox", "--host-resolver-rules=MAP * ~NOTFOUND"])
+        page = browser.new_page(viewport={"width": 1200, "height": 1000})
+        page.on("console", lambda m: errors.append(m.text) if m.type in ("error", "warning") else None)
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.on("request", lambda r: requests.append(r.url))
+        page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+        page.route(re.compile(r"^(https?|wss?|ftp):"), lambda route: route.abort())
+        page.goto(html_path.as_uri(), wait_until="load")
+        images = page.evaluate("Array.from(document.images).map(i => [i.complete, i.naturalWidth])")
+        title = page.title()
+        SHOT_DIR.mkdir(exist_ok=True)
+        page.screenshot(path=str(SHOT_DIR / "report-top.png"))
+        browser.close()
+    assert title.startswith("Meaningless tokens")
+    assert len(images) == 3 * len(params.models) + 2 and all(ok and w > 0 for ok, w in images), images
+    assert errors == [] and dialogs == []
+    assert all(u.startswith(("file:", "data:")) for u in requests), requests
+    assert (SHOT_DIR / "report-top.png").stat().st_size > 10_000
