@@ -40,7 +40,7 @@ def edit_params(path: Path, change) -> None:
     path.write_text(yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=10_000))
 
 
-def repro(clone: Path, env: dict) -> tuple[float, list[str]]:
+def repro(clone: Path, env: dict, label: str) -> tuple[float, list[str]]:
     started = time.perf_counter()
     proc = subprocess.run([str(Path(sys.executable).parent / "dvc"), "repro"], cwd=clone, env=env,
                           capture_output=True, text=True)
@@ -49,7 +49,9 @@ def repro(clone: Path, env: dict) -> tuple[float, list[str]]:
         raise SystemExit(f"dvc repro failed in {clone} (status {proc.returncode}):\n{(proc.stdout + proc.stderr)[-4000:]}")
     ran = re.findall(r"Running stage '([^']+)'", proc.stdout + proc.stderr)
     restored = re.findall(r"Stage '([^']+)' is cached - skipping run, checking out outputs", proc.stdout + proc.stderr)
-    return seconds, ran + [f"{s} (run-cache)" for s in restored]
+    ran += [f"{s} (run-cache)" for s in restored]
+    print(f"  {label}: {seconds:.1f} s; ran {', '.join(ran) or 'nothing'}", file=sys.stderr, flush=True)
+    return seconds, ran
 
 
 def main() -> None:
@@ -89,12 +91,12 @@ def main() -> None:
             edit_params(clone / "params.yaml", lambda d: d.update(models={k: d["models"][k] for k in keep}))
 
         runs = []
-        seconds, ran = repro(clone, env)
+        seconds, ran = repro(clone, env, "cold")
         runs.append(["cold", "nothing (no outputs, empty DVC cache)", seconds, ran])
         timing = {p.stem: json.loads(p.read_text()) for p in sorted((clone / "metrics" / "timing").glob("*.json"))}
 
         edit_params(clone / "params.yaml", lambda d: d["figures"].update(dpi=d["figures"]["dpi"] + 1))
-        seconds, ran = repro(clone, env)
+        seconds, ran = repro(clone, env, "figure param")
         runs.append(["figure param", "figures.dpi + 1", seconds, ran])
 
         n_heads = json.loads((clone / "artifacts" / "models" / f"{args.change_model}.json").read_text())["facts"]["num_heads"]
@@ -105,7 +107,7 @@ def main() -> None:
             spec["heads"] = list(range(n_heads)) if spec.get("heads", "all") == "all" else "all"
             new_heads.append(spec["heads"])
         edit_params(clone / "params.yaml", switch_heads)
-        seconds, ran = repro(clone, env)
+        seconds, ran = repro(clone, env, "model param")
         runs.append(["model param", f"models.{args.change_model}.heads -> {new_heads[0]}", seconds, ran])
     finally:
         if args.keep:
