@@ -44,7 +44,7 @@ def main() -> None:
     import torch
 
     from stages import models
-    from stages.evaluate import Item, generate, make_batches, stop_ids
+    from stages.evaluate import ATTENTION, Item, generate, make_batches, stop_ids
     from stages.grading import grade
     from stages.prompts import builder_for, load_math500, select_problems
 
@@ -55,7 +55,7 @@ def main() -> None:
     print(common.machine(args.threads))
     others = common.OtherLoad()
     started = time.perf_counter()
-    model, tokenizer = models.load(params, models.prepare(params, args.model))
+    model, tokenizer = models.load(params, models.prepare(params, args.model), attn_implementation=ATTENTION)
     torch.set_num_threads(args.threads)
     builder = builder_for(params, args.model, tokenizer)
     problems, _ = load_math500(params)

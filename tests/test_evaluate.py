@@ -100,6 +100,31 @@ def test_evaluate_writes_graded_records_metrics_and_is_deterministic(arch, tiny_
     assert (tmp_path / "b/metrics/accuracy/tiny.json").read_bytes() == (tmp_path / "a/metrics/accuracy/tiny.json").read_bytes()
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
+def test_static_cache_and_sdpa_generate_what_eager_with_a_dynamic_cache_does(arch, tiny_dirs, write_params, cache_dir):
+    """evaluate's fast path (SDPA, a static cache per batch, left padding) against transformers'
+    defaults one prompt at a time; gemma3's 24-token sliding window is crossed by these prompts."""
+    import torch
+
+    params = tiny_eval_params(write_params, tiny_dirs, arch)
+    prepared = models.prepare(params, "tiny")
+    fast, tokenizer = models.load(params, prepared, attn_implementation=evaluate.ATTENTION)
+    plain, _ = models.load(params, prepared, attn_implementation="eager")
+    assert fast.config._attn_implementation == "sdpa"
+    builder = builder_for(params, "tiny", tokenizer)
+    problems, _ = load_math500(params)
+    items = [evaluate.Item(p.index, c, ids.input_ids) for p in problems[:3] for c, ids in builder.build(p).items()]
+    assert len({len(it.input_ids) for it in items}) > 1 and min(len(it.input_ids) for it in items) > 24
+    eos = evaluate.stop_ids(fast, tokenizer)
+    batched = evaluate.generate(fast, tokenizer, items, 16, False, eos)
+    for it, (text, n, _) in zip(items, batched):
+        with torch.no_grad():
+            ref = plain.generate(input_ids=torch.tensor([it.input_ids]), max_new_tokens=16, do_sample=False,
+                                 eos_token_id=eos, pad_token_id=tokenizer.pad_token_id)[0, len(it.input_ids):].tolist()
+        ref = ref[:next((k for k, t in enumerate(ref) if t in eos), len(ref))]
+        assert (n, text) == (len(ref), tokenizer.decode(ref, skip_special_tokens=True)), (it.index, it.condition)
+
+
 def test_batches_are_sorted_by_length_and_fixed(tiny_dirs, write_params, cache_dir):
     params = tiny_eval_params(write_params, tiny_dirs)
     prepared = models.prepare(params, "tiny")
@@ -195,7 +220,7 @@ def test_bad_evaluate_params(tiny_dirs, write_params, cache_dir, tmp_path):
 def test_batched_and_one_at_a_time_greedy_agree_on_a_shipped_model(write_params):
     params = load_params(write_params())
     prepared = models.prepare(params, "smollm2-135m")
-    model, tokenizer = models.load(params, prepared)
+    model, tokenizer = models.load(params, prepared, attn_implementation=evaluate.ATTENTION)
     builder = builder_for(params, "smollm2-135m", tokenizer)
     problems, _ = load_math500(params)
     chosen = select_problems(problems, 6, 0)
