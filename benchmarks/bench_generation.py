@@ -1,22 +1,19 @@
 """Benchmark 2: batched greedy generation vs one prompt at a time (what the paper's code does).
 
-    python benchmarks/bench_generation.py [--model smollm2-135m] [--n 12] [--condition mless]
-                                          [--max-new-tokens 128] [--pipeline] [--reps 2] [--threads 2]
+    python benchmarks/bench_generation.py [--model smollm2-135m] [--n N] [--max-new-tokens T]
+                                          [--compare-batch 12] [--reps 1] [--threads 2]
 
-Both arms call stages.evaluate.generate with the evaluate settings of params.yaml (greedy, KV
+The workload is the evaluate stage's for one model: the evaluation subset (`evaluate.n_samples`
+problems, or --n) under every condition, prompts built by the project's prompt builder. Both arms
+call stages.evaluate.generate with the evaluate settings of params.yaml (greedy, SDPA, static KV
 cache, stop at eos or a complete \\boxed{}): arm `one at a time` with batches of one prompt, arm
-`batched` with stages.evaluate.make_batches at `evaluate.batch_size`. Prompts: one condition of
-the evaluation subset (--n problems), built by the project's prompt builder with the model's own
-template. Tokens are the generated tokens each row keeps (up to its end-of-text token).
+`batched` with stages.evaluate.make_batches at `evaluate.batch_size` (the default batch size).
+--compare-batch adds an arm at another batch size. Tokens are the generated tokens each row keeps
+(up to its end-of-text token).
 
-Extra rows (with --pipeline; they take longer than the rest together): the default pipeline's
-workload of one model, all conditions of the --n problems, at `evaluate.batch_size` and in a single
-batch of all of them, to see whether a larger default batch would speed up `evaluate`.
-
-One process, one model load. Each arm runs --reps times, alternating (A B, B A, ...), and the best
-repetition counts: other processes slow a 2-core machine unevenly, and small batches (many short
-steps with thread synchronisation) suffer more than large ones.
-Graded results (stages.grading.grade(...).correct) are compared between arms.
+One process, one model load, a short warm-up. With --reps > 1 the arms alternate (A B, B A, ...) and
+the best repetition counts. Graded results (stages.grading.grade(...).correct) and output texts are
+compared between arms.
 """
 
 from __future__ import annotations
@@ -33,11 +30,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--n", type=int, default=None, help="problems (default: evaluate.n_samples)")
-    ap.add_argument("--condition", default="mless", choices=("none", "mless", "mful"))
     ap.add_argument("--max-new-tokens", type=int, default=None, help="default: evaluate.max_new_tokens")
-    ap.add_argument("--pipeline", action="store_true",
-                    help="add the all-conditions rows (batch_size vs one batch of all; about 8 more minutes)")
-    ap.add_argument("--reps", type=int, default=2, help="repetitions of each arm (the best counts)")
+    ap.add_argument("--compare-batch", type=int, default=None, help="an extra batched arm at this batch size")
+    ap.add_argument("--reps", type=int, default=1, help="repetitions of each arm (the best counts)")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     args = ap.parse_args()
 
@@ -63,9 +58,8 @@ def main() -> None:
     gold = {p.index: p.answer for p in chosen}
     built = {p.index: builder.build(p) for p in chosen}
     items = [Item(p.index, c, built[p.index][c].input_ids) for p in chosen for c in params.prompt.conditions]
-    single = [it for it in items if it.condition == args.condition]
     eos = stop_ids(model, tokenizer)
-    generate(model, tokenizer, single[:1], 4, cfg.stop_at_boxed, eos)  # warm-up
+    generate(model, tokenizer, items[:2], 4, cfg.stop_at_boxed, eos)  # warm-up
 
     outputs, runs = {}, {}  # arm -> {(index, condition): (text, n_tokens)}; arm -> seconds per repetition
     unstable = 0  # outputs that changed between repetitions (greedy decoding should repeat exactly)
@@ -82,14 +76,12 @@ def main() -> None:
         print(f"  {arm}: {len(out)} prompts in {runs[arm][-1]:.1f} s", file=sys.stderr)
 
     one, batched = "one at a time", f"batched ({cfg.batch_size})"
-    groups = [[(one, [[it] for it in single]), (batched, make_batches(single, cfg.batch_size))]]
-    if args.pipeline:
-        groups.append([(f"pipeline, batch {size}", make_batches(items, size)) for size in (cfg.batch_size, len(items))])
+    arms = [(one, [[it] for it in items]), (batched, make_batches(items, cfg.batch_size))]
+    if args.compare_batch and args.compare_batch != cfg.batch_size:
+        arms.append((f"batched ({args.compare_batch})", make_batches(items, args.compare_batch)))
     for rep in range(args.reps):
-        for group in groups:
-            for arm, batches in (group if rep % 2 == 0 else group[::-1]):  # A B, then B A
-                timed(arm, batches)
-    arms = [(arm, batches) for group in groups for arm, batches in group]
+        for arm, batches in (arms if rep % 2 == 0 else arms[::-1]):  # A B, then B A
+            timed(arm, batches)
 
     def graded(arm):
         prompt = lambda key: tokenizer.decode(list(built[key[0]][key[1]].input_ids), skip_special_tokens=True)  # noqa: E731
@@ -101,9 +93,9 @@ def main() -> None:
         rate[arm] = tokens / min(runs[arm])
         rows.append([arm, len(outputs[arm]), max(map(len, batches)), tokens, f"{min(runs[arm]):.1f}",
                      " ".join(f"{s:.0f}" for s in runs[arm]), f"{rate[arm]:.1f}", sum(graded(arm).values())])
-    print(f"model {args.model}, {len(chosen)} problems, max_new_tokens {max_new}, stop_at_boxed {cfg.stop_at_boxed}; "
-          f"first two rows: condition {args.condition}; pipeline rows: all conditions; seconds: best of "
-          f"{args.reps} repetitions, arms alternated (A B, B A, ...)")
+    print(f"model {args.model}, {len(chosen)} problems x {len(params.prompt.conditions)} conditions = {len(items)} prompts, "
+          f"max_new_tokens {max_new}, stop_at_boxed {cfg.stop_at_boxed}; seconds: best of {args.reps} "
+          f"repetition(s), arms alternated (A B, B A, ...)")
     common.table(["arm", "prompts", "batch", "tokens", "seconds", "all runs", "tokens/s", "correct"], rows)
 
     def differ(a, b):
@@ -111,12 +103,9 @@ def main() -> None:
         texts = sum(outputs[a][k][0] != outputs[b][k][0] for k in ga)
         return f"{a} vs {b}: {sum(ga[k] != gb[k] for k in ga)} of {len(ga)} graded results differ ({texts} output texts differ)"
 
-    print(differ(batched, one) + f"; {unstable} outputs changed between repetitions")
-    if args.pipeline:
-        small, large = (f"pipeline, batch {s}" for s in (cfg.batch_size, len(items)))
-        print(differ(large, small))
-        print(f"batch {len(items)} vs {cfg.batch_size} on the pipeline's {len(items)} prompts: "
-              f"{rate[large] / rate[small]:.2f}x the tokens/s")
+    print(differ(batched, one) + (f"; {unstable} outputs changed between repetitions" if args.reps > 1 else ""))
+    for arm, _ in arms[2:]:
+        print(differ(batched, arm) + f"; batch {cfg.batch_size} has {rate[batched] / rate[arm]:.2f}x the tokens/s of {arm}")
     print(f"total {time.perf_counter() - started:.0f} s; {others}")
     print(f"ratio: {rate[batched] / rate[one]:.1f}x the tokens/s of one at a time at batch {cfg.batch_size} (target >= 3x)")
 
