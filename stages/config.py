@@ -166,9 +166,6 @@ class Evaluate(Strict):
     seed: int = Field(default=0, description="subset and bootstrap seed")
     max_new_tokens: PositiveInt = 256
     batch_size: PositiveInt = 8
-    batch_tokens: PositiveInt | None = Field(
-        default=None, description="cap on a batch's padded prompt tokens (rows x its longest prompt): long prompts "
-                                  "get a batch of their own instead of padding every row to their length; null = no cap")
     stop_at_boxed: bool = Field(default=True, description="end a row once it has written a complete \\boxed{...}")
 
 

@@ -69,21 +69,12 @@ def paths(name: str) -> dict[str, Path]:
             "journal": Path("artifacts/eval/.journal") / f"{name}.jsonl"}
 
 
-def make_batches(items: list[Item], batch_size: int, batch_tokens: int | None = None) -> list[list[Item]]:
-    """Items sorted by prompt length (least padding), cut into fixed batches of at most `batch_size`
-    rows and, with `batch_tokens`, at most that many padded prompt tokens (rows x longest prompt):
-    the prefill pays for padding, and one long prompt would otherwise pad all the others to its length.
-    A resumed run regenerates exactly the batches an uninterrupted run would."""
+def make_batches(items: list[Item], batch_size: int) -> list[list[Item]]:
+    """Items sorted by prompt length (least padding), cut into fixed batches: a resumed run
+    regenerates exactly the batches an uninterrupted run would."""
     order = {c: k for k, c in enumerate(("none", "mless", "mful"))}
     ranked = sorted(items, key=lambda it: (len(it.input_ids), it.index, order[it.condition]))
-    batches: list[list[Item]] = []
-    for it in ranked:
-        cur = batches[-1] if batches else None
-        if cur and len(cur) < batch_size and (batch_tokens is None or (len(cur) + 1) * len(it.input_ids) <= batch_tokens):
-            cur.append(it)
-        else:
-            batches.append([it])
-    return batches
+    return [ranked[i:i + batch_size] for i in range(0, len(ranked), batch_size)]
 
 
 # ---- generation -----------------------------------------------------------------------------
@@ -251,7 +242,7 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
         raise ConfigError(f"{params.file}: evaluate.max_new_tokens: a prompt of {longest} tokens plus "
                           f"{cfg.max_new_tokens} new tokens exceeds {spec.display_name}'s context of {context}")
     eos = stop_ids(model, tokenizer)
-    settings = {"max_new_tokens": cfg.max_new_tokens, "batch_size": cfg.batch_size, "batch_tokens": cfg.batch_tokens,
+    settings = {"max_new_tokens": cfg.max_new_tokens, "batch_size": cfg.batch_size,
                 "stop_at_boxed": cfg.stop_at_boxed, "greedy": True, "eos_token_ids": eos,
                 "attn_implementation": ATTENTION, "cache": "static",
                 "device": str(model.device), "dtype": params.runtime.dtype}
@@ -263,7 +254,7 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
     prompt_text = {(it.index, it.condition): tokenizer.decode(list(it.input_ids), skip_special_tokens=True)
                    for it in items}
 
-    batches = make_batches(items, cfg.batch_size, cfg.batch_tokens)
+    batches = make_batches(items, cfg.batch_size)
     todo = [b for b in batches if any((it.index, it.condition) not in journal.records for it in b)]
     done = len(items) - sum(len(b) for b in todo)
     if done:

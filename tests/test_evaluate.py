@@ -138,18 +138,6 @@ def test_batches_are_sorted_by_length_and_fixed(tiny_dirs, write_params, cache_d
     assert evaluate.make_batches(list(reversed(items)), 4) == batches
 
 
-def test_batch_tokens_gives_long_prompts_a_batch_of_their_own():
-    items = [evaluate.Item(k, "none", (1,) * n) for k, n in enumerate([30, 40, 50, 60, 200, 290, 300])]
-    assert [[len(it.input_ids) for it in b] for b in evaluate.make_batches(items, 30)] == [[30, 40, 50, 60, 200, 290, 300]]
-    # 5 rows padded to 200 would be 1000 tokens > 600; 300 alone exceeds 2 x 290 -> three batches
-    got = [[len(it.input_ids) for it in b] for b in evaluate.make_batches(items, 30, 600)]
-    assert got == [[30, 40, 50, 60], [200, 290], [300]]
-    assert all(len(b) * max(len(it.input_ids) for it in b) <= 600 for b in evaluate.make_batches(items, 30, 600))
-    assert [len(b) for b in evaluate.make_batches(items, 3, 10_000)] == [3, 3, 1]
-    too_long = [evaluate.Item(0, "none", (1,) * 700)]
-    assert evaluate.make_batches(too_long, 4, 600) == [too_long]  # a prompt over the cap still runs, alone
-
-
 def _default_sigint():
     # a job started in the background by a non-interactive shell (as CI may be) inherits an ignored
     # SIGINT, and Python then never raises KeyboardInterrupt; a terminal's Ctrl-C has the default
