@@ -11,8 +11,8 @@ touched), with the venv's dvc and python. Runs, each timed as a whole:
   model param   models.<change-model>.heads switched between `all` and the explicit list of all
                 heads (same attention numbers, new params), then `dvc repro`
 The stages each run executed are parsed from dvc's output. The cold default pipeline takes 7-9
-minutes on 2 cores (the whole script under 10); --models runs it on a subset of the models (params.yaml of the clone edited)
-to fit a shorter budget.
+minutes on 2 cores (the whole script under 10); --models runs it on a subset of the models
+(params.yaml of the clone edited) to fit a shorter budget.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
     python benchmarks/bench_model_load.py [--model smollm2-135m] [--reps 3] [--threads 2]
 
 Arms, each measurement in a fresh process; imports, including the model and tokenizer classes that
-transformers imports lazily on first use (about 2 s, paid by any process either way), are done
+transformers imports lazily on first use (2-3 s, paid by any process either way), are done
 before the clock starts:
   first use  stages.models.prepare + load with an empty model cache that holds only the assembled
              GGUF (linked from the warm cache, so no download is timed): GGUF load, dequantize,
@@ -44,7 +44,7 @@ def worker(args) -> None:
     params = common.load_params()
     torch.set_num_threads(args.threads)
     # transformers imports model and tokenizer classes lazily, on the first from_pretrained: a fixed
-    # cost of every fresh process (about 2 s), not of reading weights; every arm pays it off the clock
+    # cost of every fresh process (2-3 s), not of reading weights; every arm pays it off the clock
     started = time.perf_counter()
     module = model_type_to_module_name(args.model_type)
     importlib.import_module(f"transformers.models.{module}.modeling_{module}")
