@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from stages import extract, figures, stats
+from stages.charts.common import load_context
 from stages.config import ConfigError, load_params
 from stages.store import ArtifactError, read_h5
 from tests.test_extract import tiny_params
@@ -124,9 +125,9 @@ def test_figures_plot_the_statistics_and_are_byte_identical(tiny_stats, write_pa
     params = load_params(write_params(raw))
     m = metrics_from_records(params.file.parent)
     plt = figures._setup()
-    st, metrics = figures.load_inputs(params)
-    assert metrics["tiny"]["accuracy"] == m["accuracy"]
-    drawn = dict(figures.draw_model(plt, params, "tiny", st["tiny"]))
+    ctx = load_context(params)
+    assert ctx.metrics["tiny"]["accuracy"] == m["accuracy"]
+    drawn = dict(figures.draw_all(plt, ctx))
     with read_h5(out, "stats") as f:
         rank = f["mless/head_rank"][0]
         none, mless = f["none/original_avg"][()], f["mless/original_avg"][()]
@@ -143,7 +144,7 @@ def test_figures_plot_the_statistics_and_are_byte_identical(tiny_stats, write_pa
     sweep = drawn["tiny-layer-sweep"]
     assert [a.get_title() for a in sweep.axes] == [f"Tiny gemma3 Layer {k} Head {rank[0]}" for k in (1, 2, 3)]
     np.testing.assert_array_equal(sweep.axes[2].lines[1].get_ydata(), mless[2, rank[0], :20])
-    acc = dict(figures.draw_accuracy(plt, params, metrics))["accuracy"]
+    acc = drawn["accuracy"]
     assert [round(b.get_height(), 9) for b in acc.axes[0].patches[:1]] == [round(100 * m["accuracy"]["none"], 9)]
 
     a = figures.run(params, tmp_path / "a")

@@ -1,0 +1,59 @@
+"""cross-model: one panel per model, "Meaningless tokens" vs "Random sentence" over the full prompt at the
+first charted head of `figures.layer`."""
+
+from __future__ import annotations
+
+from stages.charts.common import (AXES_LAYERS, AXES_WEIGHT, HYPOTHESIS, Chart, Context, Text, attention_axes,
+                                  choose_heads, curve, label, layer_index, shade_span)
+
+KIND = "cross-model"
+PER_MODEL = False
+
+
+def draw(plt, ctx: Context, name: None = None):
+    params, cfg = ctx.params, ctx.params.figures
+    fig, axes = plt.subplots(1, len(ctx.names), figsize=(4.2 * len(ctx.names), 3.4), squeeze=False)
+    for ax, (n, st) in zip(axes[0], ctx.stats.items()):
+        h = choose_heads(params, n, st)[0]
+        li, hi = layer_index(params, n, st, cfg.layer, "figures.layer"), st["heads"].index(h)
+        curve(ax, st, "mless", "full", li, hi, cfg.full_positions, label="Meaningless tokens")
+        if "mful" in st["conditions"]:
+            curve(ax, st, "mful", "full", li, hi, cfg.full_positions, label="Random sentence")
+        shade_span(ax, st, "mless", cfg.full_positions, label="Inserted span")
+        ax.set_title(f"{ctx.disp(n)} Layer {cfg.layer + 1} Head {h}")
+        attention_axes(ax, "Token position", cfg.full_positions)
+        ax.legend(loc="upper right")
+    fig.tight_layout()
+    return fig
+
+
+def explain(ctx: Context, name: None = None) -> Chart:
+    views = [ctx.view(n) for n in ctx.names]
+    rows, means = [], []
+    for v in views:
+        h = v.heads[0]
+        li, hi = v.li, v.hi(h)
+        mean_drop = v.n("mless", "drop_pct", f"{li},:", "mean", "+.1f")
+        ml = v.span_mass("mless", li, hi)[0]
+        parts = [f"{v.disp}, {label(v.layer, h)}: the meaningless span takes ", ml, " % of the original queries' attention"]
+        if "mful" in v.conds:
+            parts += [", the meaningful span ", v.span_mass("mful", li, hi)[0], " %"]
+        parts += [f". Mean drop over all heads of {label(v.layer)}: ", mean_drop, " %."]
+        rows.append(Text(*parts))
+        means.append((v, mean_drop))
+    top = max(means, key=lambda m: m[1].value)
+    pos = [v.disp for v, m in means if m.value > 0]
+    obs = [Text(f"{top[0].disp} shows the largest change: a mean drop of ", top[1], " % over its heads of "
+                f"{label(top[0].layer)}."),
+           Text(f"The mean drop is positive for {len(pos)} of {len(means)} models"
+                + (f" ({', '.join(pos)})." if pos else "."))]
+    return Chart(
+        "cross-model", "All models: meaningless vs meaningful span",
+        [Text("For each model, the head of its charts in the chosen layer: what every position of the whole prompt "
+              "receives with the meaningless span (\"Meaningless tokens\") and with the meaningful span (\"Random "
+              "sentence\").")],
+        [Text("x axis: token position in the prompt; the shaded band is the inserted span."), Text(AXES_WEIGHT),
+         Text("Red: mless; green: mful. " + AXES_LAYERS)],
+        rows, obs,
+        [Text(HYPOTHESIS), Text("If the effect is general, every model's original tokens lose attention under mless; "
+                                f"here {len(pos)} of {len(means)} do on average over the layer's heads.")])
