@@ -177,6 +177,34 @@ class Stats(Strict):
     n_boot: PositiveInt = 2000
 
 
+class Activations(Strict):
+    """activations@<model>: layer-0 MLP activations on the extraction prompts (extract.n_samples, extract.seed)."""
+
+    layers: list[NonNegativeInt] = Field(
+        default=[0], min_length=1, description="0-based layers whose MLP is measured; the model runs no further")
+    bins: PositiveInt = Field(default=360, description="histogram bins of a = act_fn(gate_proj(x))")
+    range: tuple[float, float] = Field(default=(-0.3, 1.5), description="histogram range; values outside are counted apart")
+    mad_c: float = Field(default=0.13, gt=0, description="near-zero radius eps = 1.4826 * MAD(|a|) * mad_c (the paper's ARM rule)")
+    eps: float = Field(default=0.01, gt=0, description="a fixed near-zero radius, the same for every condition")
+    showcase: NonNegativeInt = Field(default=1, description="samples whose full a and z vectors are stored")
+    seed: int = 0
+    n_boot: PositiveInt = Field(default=2000, description="bootstrap resamples for the intervals")
+
+    @field_validator("layers")
+    @classmethod
+    def _sorted_unique(cls, v):
+        if len(set(v)) != len(v):
+            raise ValueError(f"duplicates in {v}")
+        return sorted(v)
+
+    @field_validator("range")
+    @classmethod
+    def _range(cls, v):
+        if not (v[0] < v[1]) or not all(abs(x) < float("inf") for x in v):
+            raise ValueError(f"must be [low, high] with low < high, both finite (got {list(v)})")
+        return v
+
+
 class Figures(Strict):
     models: Literal["all"] | list[str] = "all"
     layer: NonNegativeInt = Field(default=0, description="0-based layer of the per-head charts (Layer 1 on charts)")
@@ -186,6 +214,8 @@ class Figures(Strict):
     n_heads: PositiveInt = Field(default=3, description="heads on the per-head chart when heads is auto")
     original_positions: PositiveInt = 60
     full_positions: PositiveInt = 120
+    activation_set: Literal["original", "after_span"] = Field(
+        default="original", description="tokens of the activation charts: all original ones, or those after the span")
     dpi: PositiveInt = 120
 
 
@@ -207,6 +237,7 @@ class Params(Strict):
     extract: Extract = Extract()
     evaluate: Evaluate = Evaluate()
     stats: Stats = Stats()
+    activations: Activations = Activations()
     figures: Figures = Figures()
     models: dict[ModelName, ModelSpec] = Field(min_length=1)
     _file: Path = PrivateAttr(default=PARAMS_FILE)

@@ -16,6 +16,7 @@ Full [layer, head, T, T] matrices are kept for the first `extract.showcase` samp
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from contextvars import ContextVar
@@ -38,7 +39,7 @@ QUERY_SETS = {
 }
 
 
-class _StopForward(Exception):
+class StopForward(Exception):
     """Raised after the last requested layer: the rest of the model is not run."""
 
 
@@ -76,7 +77,7 @@ def _capture(module, query, key, value, attention_mask, **kwargs):
                 weights = _fp32_probs(module, query, key, attention_mask, kwargs.get("scaling", module.scaling))
             request.captured[module.layer_idx] = weights[0].detach().float()
         if module.layer_idx >= request.last:
-            raise _StopForward
+            raise StopForward
     return out, weights
 
 
@@ -92,20 +93,30 @@ def install_capture(model) -> None:
     model.set_attn_implementation(CAPTURE)
 
 
+@contextlib.contextmanager
+def capturing(layers, stop_after_attention: bool = True):
+    """Capture the attention probabilities of `layers` in forward passes inside the block (a model set
+    up by `install_capture`); with `stop_after_attention`, StopForward ends the pass right after the
+    attention of max(layers), before its MLP."""
+    request = _Request(frozenset(layers), max(layers) if stop_after_attention else sys.maxsize)
+    token = _REQUEST.set(request)
+    try:
+        yield request
+    finally:
+        _REQUEST.reset(token)
+
+
 def attention(model, input_ids, layers) -> dict:
     """{layer: float32 tensor [heads, T, T]} for one prompt, running the decoder up to max(layers)."""
     import torch
 
-    request = _Request(frozenset(layers), max(layers))
-    token = _REQUEST.set(request)
     ids = torch.tensor([list(input_ids)], device=model.device)
-    try:
-        with torch.no_grad():
-            model.get_decoder()(input_ids=ids, use_cache=False)
-    except _StopForward:
-        pass
-    finally:
-        _REQUEST.reset(token)
+    with capturing(layers) as request:
+        try:
+            with torch.no_grad():
+                model.get_decoder()(input_ids=ids, use_cache=False)
+        except StopForward:
+            pass
     missing = sorted(set(layers) - set(request.captured))
     if missing:
         raise RuntimeError(f"attention of layers {missing} was not captured "

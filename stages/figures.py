@@ -1,4 +1,6 @@
-"""figures: every chart of the study, from the statistics and evaluation metrics, as PNG and SVG.
+"""figures: every chart of the study, from the statistics, activations and evaluation metrics, as PNG and SVG.
+
+Each chart kind is one module of `stages/charts/` (draw + explain); this stage only loops over them.
 
 Per model (layers 1-based on charts, heads 0-based as in the files):
   <model>-layer-sweep   one head, `figures.sweep_layers` side by side, none vs mless over original positions
@@ -7,6 +9,8 @@ Per model (layers 1-based on charts, heads 0-based as in the files):
   <model>-conditions    one head: none / mless / mful over original positions, mless vs mful over the full prompt
 Across models:
   cross-model           one panel per model: "Meaningless tokens" vs "Random sentence" over the full prompt
+  activations           one panel per model: histogram of layer-0 MLP activations per condition, four insets
+  activation-shift      each activation measure's paired change under mless / mful, and lambda, per model
   accuracy              MATH-500 accuracy per model and condition (drawn only from evaluation metrics)
 and the accuracy table `reports/accuracy.csv` (model, condition, label, accuracy, correct, n: one row per
 model and condition) that `dvc plots` draws.

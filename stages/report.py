@@ -138,7 +138,9 @@ def run(params: Params, out: Path | None = None) -> list[Path]:
         "query_set": sorted({ctx.stats[n]["query_set"] for n in names}),
         "layer": params.figures.layer,
         "per_model": per_model, "cross": cross, "accuracy": acc, "table": acc.extra["table"],
-        "glance": cross.observations + acc.observations[-1:] + acc.interpretation[-1:],
+        "activation_charts": [study["activations"], study["activation-shift"]],
+        "glance": cross.observations + study["activations"].interpretation[1:2] + acc.observations[-1:]
+        + acc.interpretation[-1:],
         "examples": [example(params, root, n, ctx.disp(n)) for n in names],
         "provenance": [provenance_rows(ctx.src, root, n, ctx.disp(n)) for n in names],
         "fig_rel": Path(os.path.relpath(fig_dir, out)).as_posix(),

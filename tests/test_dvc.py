@@ -124,6 +124,16 @@ def test_figure_param_reruns_only_figures_and_report(clean):
     assert repo.repro() == set()
 
 
+def test_activation_params_rerun_the_activation_stages_figures_and_report_only(clean):
+    repo = clean
+    repo.set_params(activations__bins=60)
+    assert repo.repro() == {f"activations@{A}", f"activations@{B}", "figures"} | repo.report
+    assert repo.status() == {}
+    # a figure-only param of the activation charts reruns no model stage either
+    repo.set_params(figures__activation_set="after_span")
+    assert repo.repro() == {"figures"} | repo.report
+
+
 def test_one_models_extraction_param_reruns_its_branch_only_in_an_experiment(clean):
     repo = clean
     proc = repo.dvc("exp", "run", "-n", "layers-a", "-S", f"models.{A}.layers=[0,1]")

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import yaml
 
-from stages import evaluate, extract, figures, models, report, stats
+from stages import activations, evaluate, extract, figures, models, report, stats
 from stages.config import load_params
 from stages.store import ArtifactError
 from tests.conftest import ROOT, default_params
@@ -32,6 +32,7 @@ def project(tmp_path_factory, tiny_dirs):
     raw["extract"].update(n_samples=5, showcase=1)
     raw["evaluate"].update(n_samples=4, max_new_tokens=12, batch_size=6)
     raw["stats"].update(n_boot=200)
+    raw["activations"].update(n_boot=200)
     raw["figures"].update(n_heads=2, original_positions=30, full_positions=80)
     raw["models"] = {
         "tiny-llama": {"display_name": "Tiny llama", "family": "llama",
@@ -48,6 +49,7 @@ def project(tmp_path_factory, tiny_dirs):
         extract.run(params, name)
         evaluate.run(params, name, root=root)
         stats.run(params, name)
+        activations.run(params, name)
     figures.run(params)
     written = report.run(params)
     mp.undo()
@@ -115,7 +117,7 @@ def test_every_number_traces_back_to_its_artifact(project):
     assert len(nums) > 100
     sources = {n["src"] for n in nums}
     for name in params.models:  # every kind of input is quoted
-        assert {f"artifacts/stats/{name}.h5", f"metrics/accuracy/{name}.json",
+        assert {f"artifacts/stats/{name}.h5", f"metrics/accuracy/{name}.json", f"artifacts/activations/{name}.h5",
                 f"metrics/timing/extract-{name}.json"} <= sources
     md = md_path.read_text(encoding="utf-8")
     for n in nums:
@@ -144,8 +146,13 @@ def test_sentences_agree_with_the_numbers(project):
         assert int(m[1]) <= int(m[2]) == len(params.figures.sweep_layers)
         checked += 1
     assert checked == 3 * len(params.models)
+    lam = re.findall(r"original queries after the span keep λ = ([\d.]+) \(none\), ([\d.]+) \(mless\)", text)
+    assert len(lam) == len(params.models)
+    assert all(float(none) == 1 and float(mless) < 1 for none, mless in lam)  # no span: nothing moves to one
+    agree = re.findall(r"agrees on all four measures .*? for (\d) of (\d) models", text)
+    assert len(agree) == 2 and all(int(a) <= int(b) == len(params.models) for a, b in agree)  # glance + chart
     for section in ("Overview", "Axes and legend", "Detailed analysis", "Key observations", "Interpretation"):
-        assert text.count(section) == 3 * len(params.models) + 2  # once per chart
+        assert text.count(section) == 3 * len(params.models) + 4  # once per chart
 
 
 def test_text_from_data_is_escaped_and_output_deterministic(project):
@@ -162,7 +169,7 @@ def test_text_from_data_is_escaped_and_output_deterministic(project):
 def test_markdown_links_resolve(project):
     root, params, (_, md_path) = project
     links = re.findall(r"\]\(([^)\s]+)\)", md_path.read_text(encoding="utf-8"))
-    assert len(links) == 3 * len(params.models) + 2
+    assert len(links) == 3 * len(params.models) + 4
     for link in links:
         assert (md_path.parent / link).is_file(), link
 
@@ -212,7 +219,7 @@ def test_html_opens_in_headless_chromium(project):
         page.screenshot(path=str(SHOT_DIR / "report-top.png"))
         browser.close()
     assert title.startswith("Meaningless tokens")
-    assert len(images) == 3 * len(params.models) + 2 and all(ok and w > 0 for ok, w in images), images
+    assert len(images) == 3 * len(params.models) + 4 and all(ok and w > 0 for ok, w in images), images
     assert errors == [] and dialogs == []
     assert all(u.startswith(("file:", "data:")) for u in requests), requests
     assert (SHOT_DIR / "report-top.png").stat().st_size > 10_000

@@ -4,7 +4,7 @@ import json
 import numpy as np
 import pytest
 
-from stages import extract, figures, stats
+from stages import activations, extract, figures, stats
 from stages.charts.common import load_context
 from stages.config import ConfigError, load_params
 from stages.store import ArtifactError, read_h5
@@ -122,7 +122,9 @@ def test_figures_plot_the_statistics_and_are_byte_identical(tiny_stats, write_pa
     params, src, out = tiny_stats
     raw = params.model_dump()
     raw["figures"].update(original_positions=20, full_positions=40, n_heads=2)
+    raw["activations"].update(n_boot=200)
     params = load_params(write_params(raw))
+    act = activations.run(params, "tiny", out=tmp_path / "artifacts/activations/tiny.h5", timing=tmp_path / "t.json")
     m = metrics_from_records(params.file.parent)
     plt = figures._setup()
     ctx = load_context(params)
@@ -146,10 +148,27 @@ def test_figures_plot_the_statistics_and_are_byte_identical(tiny_stats, write_pa
     np.testing.assert_array_equal(sweep.axes[2].lines[1].get_ydata(), mless[2, rank[0], :20])
     acc = drawn["accuracy"]
     assert [round(b.get_height(), 9) for b in acc.axes[0].patches[:1]] == [round(100 * m["accuracy"]["none"], 9)]
+    # the activation histogram and its insets are the file's numbers
+    hist_ax = drawn["activations"].axes[0]
+    with read_h5(act, "activations") as f:
+        for stairs, c in zip([p for p in hist_ax.patches if p.get_label().startswith(("No", "Mean", "Random"))],
+                             ("none", "mless", "mful")):
+            values, edges, _ = stairs.get_data()
+            np.testing.assert_array_equal(values, f[c]["hist_original"][0])
+            np.testing.assert_array_equal(edges, f["bin_edges"][()])
+        insets = hist_ax.child_axes
+        assert [a.get_title() for a in insets] == ["Sparsity", "L1 norm", "L2 norm", "Gini"]
+        for inset, measure in zip(insets, ("near_zero_robust", "l1", "l2", "gini")):
+            heights = [b.get_height() for b in inset.patches]
+            assert heights == [f[c]["original"][f"{measure}_mean"][0] for c in ("none", "mless", "mful")]
+        shift = drawn["activation-shift"].axes[2]  # L1, mless then mful bars
+        base = f["none/original/l1_mean"][0]
+        assert [b.get_height() for b in shift.patches] == pytest.approx(
+            [100 * f[c]["original/l1_diff"][0] / base for c in ("mless", "mful")])
 
     a = figures.run(params, tmp_path / "a")
     b = figures.run(params, tmp_path / "b")
-    assert [p.name for p in a] == [p.name for p in b] and len(a) == 2 * 5
+    assert [p.name for p in a] == [p.name for p in b] and len(a) == 2 * 7
     for x, y in zip(a, b):
         assert x.read_bytes() == y.read_bytes(), x.name
     # the accuracy table `dvc plots` draws: one row per model and condition, the metrics' numbers

@@ -1,0 +1,294 @@
+"""activations@<model>: the activation shift, layer 0's gated-MLP activations under none / mless / mful.
+
+The paper's mechanism (notes/paper-method.md, section 1): the span scales the first layer's attention on
+original keys by lambda < 1 and adds the span's values, which moves the gate pre-activations
+`z = gate_proj(x)` of the MLP and spreads `a = act_fn(gate_proj(x))` (fewer activations near zero, more
+of large magnitude). This stage runs the model on the extraction prompts (extract.n_samples,
+extract.seed) up to a in the last of `activations.layers` and never further (that MLP's up_proj and
+down_proj do not run), with forward hooks on `gate_proj` and `act_fn` (a is the tensor the paper's ARM
+edits), and stores in
+`artifacts/activations/<model>.h5`, per condition group:
+
+  hist_<set>[l, bin]        counts (int64) of a over the set's tokens x channels, pooled over samples, on
+                            the fixed bins `/bin_edges` (activations.range, activations.bins)
+  outside_<set>[l, 2]       counts below and above the range
+  <set>/<measure>[s, l]     per sample, over the set's tokens x channels (MEASURES below)
+  <set>/<measure>_mean[l], <set>/<measure>_ci[2, l]      mean over samples, bootstrap 95 % interval
+  <set>/<measure>_diff[l], _diff_ci[2, l], _diff_p[l]     (mless / mful) paired difference to none:
+                            mean, bootstrap 95 % interval, two-sided Wilcoxon signed-rank p
+  lambda[s, l, h]           attention mass the after-span original queries keep on original keys
+                            (1 for none), from the same forward pass; lambda_mean[l, h]
+
+Token sets (SETS): `original`, every token of the none prompt at its place in each condition, and
+`after_span`, the original tokens from the span's insertion point on: under causal attention the tokens
+before it see the same context in every condition, so their activations cannot change.
+Full a and z ([layer, token, channel], float16) for the first `activations.showcase` samples.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from stages import cli, models, progress
+from stages.config import ConfigError, Params, model_spec
+from stages.extract import StopForward, capturing, install_capture
+from stages.intervals import bootstrap_mean_ci
+from stages.prompts import builder_for, load_math500, put_problems, select_problems
+from stages.store import provenance, put, put_json_attr, write_h5, write_json_atomic
+
+SETS = {
+    "original": "every original (none) token, at its position in the condition's prompt",
+    "after_span": "original tokens from the span's insertion point on (the tokens before it see the same "
+                  "context in every condition under causal attention)",
+}
+MEASURES = {
+    "near_zero_robust": "share of |a| < eps, eps = 1.4826 * MAD(|a|) * activations.mad_c over the sample's "
+                        "tokens x channels (the paper's ARM radius, so eps follows each condition's own spread)",
+    "near_zero_fixed": "share of |a| < activations.eps (the same radius in every condition)",
+    "l1": "mean |a|",
+    "l2": "root mean square of a",
+    "gini": "Gini coefficient of |a| (0: all equal, 1: all mass on one activation)",
+    "z_var": "variance of the gate pre-activation z over channels, averaged over tokens",
+}
+
+
+def activations_path(name: str) -> Path:
+    return Path("artifacts") / "activations" / f"{name}.h5"
+
+
+def gated_mlps(model, name: str, params: Params, layers: list[int]) -> list:
+    """Layer l's MLP for each l, refusing a model whose MLP has no separate gate_proj and act_fn."""
+    blocks = model.get_decoder().layers
+    mlps = []
+    for layer in layers:
+        mlp = getattr(blocks[layer], "mlp", None)
+        if not all(hasattr(mlp, k) for k in ("gate_proj", "up_proj", "down_proj", "act_fn")):
+            raise ConfigError(
+                f"{params.file}: models.{name}: layer {layer}'s MLP ({type(mlp).__name__}, model_type "
+                f"{model.config.model_type!r}) is not a gated MLP with gate_proj, up_proj and act_fn; "
+                "the activations stage (and ARM) need a = act_fn(gate_proj(x))")
+        mlps.append(mlp)
+    return mlps
+
+
+def forward(model, mlps, layers: list[int], input_ids) -> tuple[dict, dict, dict]:
+    """One prompt up to a of max(layers): ({layer: attention [H, T, T]}, {layer: a [T, I]},
+    {layer: z [T, I]}), float32 numpy arrays."""
+    import torch
+
+    a, z = {}, {}
+    last = max(layers)
+    hooks = []
+    for layer, mlp in zip(layers, mlps):
+        hooks.append(mlp.gate_proj.register_forward_hook(lambda m, i, o, layer=layer: z.__setitem__(layer, o[0])))
+        hooks.append(mlp.act_fn.register_forward_hook(lambda m, i, o, layer=layer: a.__setitem__(layer, o[0])))
+
+    def stop(module, inputs, output):
+        raise StopForward
+
+    # after a of the last layer: its up_proj and down_proj (two of the MLP's three matrices) never run
+    hooks.append(mlps[layers.index(last)].act_fn.register_forward_hook(stop))
+    ids = torch.tensor([list(input_ids)], device=model.device)
+    try:
+        with capturing(layers, stop_after_attention=False) as request, torch.no_grad():
+            try:
+                model.get_decoder()(input_ids=ids, use_cache=False)
+            except StopForward:
+                pass
+    finally:
+        for h in hooks:
+            h.remove()
+    missing = sorted(set(layers) - set(a) | set(layers) - set(request.captured))
+    if missing:
+        raise RuntimeError(f"layers {missing}: MLP activations or attention not captured")
+    cpu = {k: {layer: t[layer].detach().float().cpu().numpy() for layer in layers} for k, t in
+           (("attn", request.captured), ("a", a), ("z", z))}
+    return cpu["attn"], cpu["a"], cpu["z"]
+
+
+def _median_sorted(s: np.ndarray) -> float:
+    n = len(s)
+    return (float(s[(n - 1) // 2]) + float(s[n // 2])) / 2
+
+
+def _merge(descending: np.ndarray, ascending: np.ndarray) -> np.ndarray:
+    """Two sorted runs as one ascending array (a stable sort merges runs in linear time)."""
+    return np.sort(np.concatenate([descending[::-1], ascending]), kind="stable")
+
+
+def measures(a: np.ndarray, z: np.ndarray, mad_c: float, eps: float, edges: np.ndarray) -> tuple[dict, np.ndarray]:
+    """MEASURES of one sample's a and z ([tokens, channels], float32), and the histogram of a on `edges`
+    with the counts below and above them: [below, bin counts..., above].
+
+    One sort of a serves the histogram (as np.histogram counts: bins closed on the left, the last one on
+    both sides), the median and MAD of |a| and the Gini coefficient."""
+    signed = np.sort(a.ravel())
+    n = len(signed)
+    cut = np.searchsorted(signed, 0)
+    absolute = _merge(-signed[:cut], signed[cut:])
+    x = absolute.astype(np.float64)
+    med = _median_sorted(x)
+    j = np.searchsorted(x, med)
+    mad = _median_sorted(_merge(med - x[:j], x[j:] - med))
+    robust = 1.4826 * mad * mad_c
+    total = x.sum()
+    at = np.searchsorted(signed, edges)
+    at[-1] = np.searchsorted(signed, edges[-1], side="right")
+    counts = np.concatenate([[at[0]], np.diff(at), [n - at[-1]]])
+    zz = z.astype(np.float64)
+    return {
+        "near_zero_robust": np.searchsorted(absolute, np.float32(robust)) / n,
+        "near_zero_fixed": np.searchsorted(absolute, np.float32(eps)) / n,
+        "l1": total / n,
+        "l2": float(np.sqrt(np.dot(x, x) / n)),
+        "gini": float(2 * np.dot(np.arange(1, n + 1, dtype=np.float64), x) / (n * total) - (n + 1) / n)
+        if total > 0 else 0.0,
+        "z_var": float(zz.var(axis=1).mean()),
+    }, counts
+
+
+def wilcoxon_p(diff: np.ndarray) -> float:
+    """Two-sided Wilcoxon signed-rank p of paired differences; 1.0 when every difference is zero."""
+    from scipy.stats import wilcoxon
+
+    diff = np.asarray(diff, dtype=np.float64)
+    if not np.any(diff != 0):
+        return 1.0
+    return float(wilcoxon(diff, zero_method="wilcox", alternative="two-sided").pvalue)
+
+
+def summarize(per: dict, conditions: list[str], seed: int, n_boot: int) -> dict:
+    """{(cond, set, dataset): array}: per-condition means and intervals, paired differences to none."""
+    out = {}
+    for c in conditions:
+        for s in SETS:
+            for m in MEASURES:
+                values = per[c][s][m]  # [S, L]
+                lo, hi = bootstrap_mean_ci(values, seed, n_boot=n_boot)
+                out[(c, s, f"{m}_mean")] = values.mean(axis=0)
+                out[(c, s, f"{m}_ci")] = np.stack([lo, hi])
+                if c != "none":
+                    diff = values - per["none"][s][m]
+                    lo, hi = bootstrap_mean_ci(diff, seed, n_boot=n_boot)
+                    out[(c, s, f"{m}_diff")] = diff.mean(axis=0)
+                    out[(c, s, f"{m}_diff_ci")] = np.stack([lo, hi])
+                    out[(c, s, f"{m}_diff_p")] = np.array([wilcoxon_p(diff[:, k]) for k in range(diff.shape[1])])
+    return out
+
+
+def run(params: Params, name: str, out: Path | None = None, timing: Path | None = None) -> Path:
+    spec = model_spec(params, name)
+    cfg = params.activations
+    out = out or params.resolve(str(activations_path(name)))
+    problems, data_sha = load_math500(params)
+    chosen = select_problems(problems, params.extract.n_samples, params.extract.seed)
+    if not chosen:
+        raise ConfigError(f"{params.file}: extract.n_samples: the subset is empty")
+    prepared = models.prepare(params, name)
+    n_layers = prepared.facts["num_layers"]
+    layers = list(cfg.layers)
+    if max(layers) >= n_layers:
+        raise ConfigError(f"{params.file}: activations.layers: {[x for x in layers if x >= n_layers]} out of range; "
+                          f"{name} has {n_layers} layers (allowed 0..{n_layers - 1})")
+    model, tokenizer = models.load(params, prepared)
+    mlps = gated_mlps(model, name, params, layers)
+    install_capture(model)
+    builder = builder_for(params, name, tokenizer)
+    insertion = len(builder.prefix) + (0 if builder.before else len(builder.instruction))
+    prompts = [builder.build(p) for p in chosen]
+    conditions = params.prompt.conditions
+    edges = np.linspace(cfg.range[0], cfg.range[1], cfg.bins + 1)
+
+    per = {c: {s: {m: [] for m in MEASURES} for s in SETS} for c in conditions}
+    hist = {c: {s: np.zeros((len(layers), cfg.bins), np.int64) for s in SETS} for c in conditions}
+    outside = {c: {s: np.zeros((len(layers), 2), np.int64) for s in SETS} for c in conditions}
+    lam = {c: [] for c in conditions}
+    showcase = {}
+    started = time.perf_counter()
+    for k, pr in enumerate(progress.bar(prompts, desc=f"activations {name}", unit="problem")):
+        for c in conditions:
+            attn, a, z = forward(model, mlps, layers, pr[c].input_ids)
+            pos = np.array(pr[c].original_pos)
+            rows = {"original": pos, "after_span": pos[insertion:]}
+            q = rows["after_span"]
+            lam[c].append(np.stack([attn[layer][:, q][:, :, pos].sum(-1).mean(-1) for layer in layers]))
+            for s, r in rows.items():
+                values = []
+                for li, layer in enumerate(layers):
+                    v, counts = measures(a[layer][r], z[layer][r], cfg.mad_c, cfg.eps, edges)
+                    values.append(v)
+                    hist[c][s][li] += counts[1:-1]
+                    outside[c][s][li] += counts[[0, -1]]
+                for m in MEASURES:
+                    per[c][s][m].append([v[m] for v in values])
+            if k < cfg.showcase:
+                showcase[(k, c)] = (np.stack([a[layer] for layer in layers]), np.stack([z[layer] for layer in layers]))
+    seconds = time.perf_counter() - started
+    per = {c: {s: {m: np.array(v, dtype=np.float64) for m, v in ms.items()} for s, ms in sets.items()}
+           for c, sets in per.items()}  # [sample, layer]
+    summary = summarize(per, conditions, cfg.seed, cfg.n_boot)
+
+    prov = {
+        **provenance(),
+        "model": {"name": name, **prepared.manifest()},
+        **builder.describe(params),
+        "params": {"models": {name: spec.model_dump(exclude={"display_name"})}, "prompt": params.prompt.model_dump(),
+                   "extract": params.extract.model_dump(include={"n_samples", "seed"}),
+                   "activations": cfg.model_dump(), "dataset": params.dataset.model_dump(),
+                   "runtime": params.runtime.model_dump(include={"device", "dtype"})},
+        "dataset_sha256": data_sha,
+    }
+    with write_h5(out) as f:
+        f.attrs["kind"] = "activations"
+        f.attrs["model"] = name
+        f.attrs["layers"] = np.array(layers, dtype=np.int32)
+        f.attrs["conditions"] = list(conditions)
+        f.attrs["n_samples"] = len(prompts)
+        f.attrs["mlp_class"] = type(mlps[0]).__name__
+        f.attrs["act_fn"] = type(mlps[0].act_fn).__name__
+        f.attrs["intermediate_size"] = int(mlps[0].gate_proj.out_features)
+        f.attrs["indexing"] = "layers and heads are 0-based; charts say 'Layer 1' for index 0"
+        f.attrs["definitions"] = __doc__
+        put_json_attr(f, "sets", SETS)
+        put_json_attr(f, "measures", MEASURES)
+        put_json_attr(f, "provenance", prov)
+        put_problems(f, chosen)
+        put(f, "bin_edges", edges)
+        for c in conditions:
+            g = f.create_group(c)
+            put(g, "lambda", np.stack(lam[c]).astype(np.float64), shape="[sample, layer, head]")
+            put(g, "lambda_mean", np.stack(lam[c]).mean(axis=0).astype(np.float64), shape="[layer, head]")
+            for s in SETS:
+                put(g, f"hist_{s}", hist[c][s], shape="[layer, bin]")
+                put(g, f"outside_{s}", outside[c][s], shape="[layer, below/above]")
+                gs = g.create_group(s)
+                for m in MEASURES:
+                    put(gs, m, per[c][s][m], shape="[sample, layer]")
+                for (cc, ss, key), v in summary.items():
+                    if cc == c and ss == s:
+                        put(gs, key, v)
+        sc = f.create_group("showcase")
+        for (k, c), (a_all, z_all) in showcase.items():
+            g = sc.require_group(f"{k:03d}")
+            g.attrs["problem_index"] = chosen[k].index
+            put(g.require_group(c), "a", a_all.astype(np.float16), shape="[layer, token, channel]")
+            put(g[c], "z", z_all.astype(np.float16), shape="[layer, token, channel]")
+    n_prompts = len(prompts) * len(conditions)
+    write_json_atomic(timing or params.resolve(f"metrics/timing/activations-{name}.json"), {
+        "seconds": round(seconds, 2), "ms_per_prompt": round(1000 * seconds / n_prompts, 1),
+        "prompts": n_prompts, "bytes": out.stat().st_size})
+    print(f"{name}: MLP activations of layers {[x + 1 for x in layers]} (1-based), {len(prompts)} problems x "
+          f"{len(conditions)} conditions in {seconds:.1f} s -> {out} ({out.stat().st_size / 2**20:.1f} MiB)")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    return cli.main("activations", __doc__, run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
