@@ -41,12 +41,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-r", "--remote", help="DVC remote name (default: core.remote)")
     ap.add_argument("-j", "--jobs", type=int)
     args = ap.parse_args(argv)
-    from dvc.exceptions import DvcException
-
     try:
         records, files = push(args.remote, args.jobs)
-    except (DvcException, RuntimeError) as e:
-        print(f"ERROR: failed to push the run-cache - {e}", file=sys.stderr)
+    except Exception as e:  # noqa: BLE001 - DVC's message (config, connection, credentials), one line
+        print(f"ERROR: failed to push the run-cache - {e}".splitlines()[0], file=sys.stderr)
         return 1
     print(f"{records} run-cache records and {files} files pushed")
     return 0

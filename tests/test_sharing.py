@@ -20,6 +20,7 @@ import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import h5py
@@ -27,7 +28,6 @@ import pytest
 import yaml
 
 from tests.dvc_repo import BIN, Repo, make_env, ran
-from tests.test_dvc import Background
 
 pytestmark = pytest.mark.slow  # runs the pipeline through dvc
 
@@ -79,7 +79,8 @@ def alice(tiny_dirs, tmp_path_factory):
     # but git: no outputs, no cache)
     cold = clone(r.origin, base / "cold", base / "home-cold", store=base / "cold-store")
     r.cold = cold
-    r.cold_run = Background(lambda: (cold.repro(), (cold.path / "dvc.lock").read_text()))
+    pool = ThreadPoolExecutor(1)
+    r.cold_run = pool.submit(lambda: (cold.repro(), (cold.path / "dvc.lock").read_text()))
     started = time.perf_counter()
     r.exp = ran(r.dvc("exp", "run", "-n", "span5", "-S", "prompt.mless.count=5"))
     r.exp_seconds = time.perf_counter() - started
@@ -87,7 +88,7 @@ def alice(tiny_dirs, tmp_path_factory):
     r.exp_push = r.dvc("exp", "push", "origin", "span5")
     r.runcache_push = r.run(str(BIN / "python"), "-m", "stages.runcache", "push")
     yield r
-    r.cold_run.join(900)
+    pool.shutdown(wait=True)
 
 
 def test_code_change_reran_evaluation_only(alice):
@@ -119,6 +120,19 @@ def test_published_experiment_is_pulled_listed_and_applied_with_nothing_rerun(al
     assert f"artifacts/plots/original/{M}.csv" in plots and "reports/accuracy.csv" in plots
 
 
+def test_runcache_push_to_a_missing_or_unreachable_remote_fails_with_dvcs_message(alice):
+    python = str(BIN / "python")
+    proc = alice.run(python, "-m", "stages.runcache", "push", "-r", "nosuch", check=False)
+    assert proc.returncode == 1
+    assert proc.stderr == "ERROR: failed to push the run-cache - config file error: remote 'nosuch' doesn't exist\n"
+    alice.dvc("remote", "add", "--local", "-f", "nothing-there", f"ssh://root@127.0.0.1:{free_port()}/srv/store")
+    proc = alice.run(python, "-m", "stages.runcache", "push", "-r", "nothing-there", check=False)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    # DVC's own line per record it could not send, then one line saying the push failed
+    assert re.fullmatch(r"ERROR: failed to push the run-cache - .*Connect call failed.*",
+                        proc.stderr.splitlines()[-1]), proc.stderr
+
+
 def test_pulling_an_experiment_that_does_not_exist_fails_and_changes_nothing(alice, tmp_path):
     bob = clone(alice.origin, tmp_path / "bob", tmp_path / "home-bob", store=alice.store)
     def workspace():  # tracked changes, untracked files and every output (.dvc/tmp is DVC's own)
@@ -139,7 +153,7 @@ def test_pulling_an_experiment_that_does_not_exist_fails_and_changes_nothing(ali
 
 def test_run_cache_restores_extraction_and_evaluation_without_loading_a_model(alice, tmp_path):
     assert re.search(r"\d+ run-cache records and \d+ files pushed", alice.runcache_push.stdout)
-    alice.cold_run.result()  # the cold clone uses the model: take it away only after that run
+    alice.cold_run.result(timeout=900)  # the cold clone uses the model: take it away only after that run
     carol = clone(alice.origin, tmp_path / "carol", tmp_path / "home-carol", store=alice.store)
     carol.set_params(prompt__mless__count=5)  # alice's experiment: she already ran these stages
     hidden = alice.models.with_name("models-hidden")
@@ -175,7 +189,7 @@ def test_repro_pull_from_a_store_without_the_run_cache_fails_and_records_nothing
     assert proc.returncode != 0
     assert "failed to pull data from the cloud" in proc.stderr, proc.stderr
     hidden = alice.models.with_name("models-hidden")
-    alice.cold_run.result()
+    alice.cold_run.result(timeout=900)
     alice.models.rename(hidden)
     try:
         proc = dave.dvc("repro", "--pull", "--allow-missing", check=False)
@@ -194,7 +208,7 @@ def test_repro_pull_from_a_store_without_the_run_cache_fails_and_records_nothing
 # ---- 6. a fresh clone's cold repro reproduces the committed dvc.lock -------------------------------
 
 def test_cold_repro_in_a_fresh_clone_reproduces_the_committed_lock(alice):
-    ran_there, lock_text = alice.cold_run.result()
+    ran_there, lock_text = alice.cold_run.result(timeout=900)
     committed = lock(alice.git("show", "main:dvc.lock").stdout)
     got = lock(lock_text)
     assert set(got) == set(committed)
