@@ -305,11 +305,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_for_port(port: int, proc: subprocess.Popen, what: str) -> None:
+def wait_for_port(port: int, proc: subprocess.Popen, what: str, log: Path) -> None:
     deadline = time.time() + 20
     while time.time() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with {proc.returncode}: {proc.stderr.read() if proc.stderr else ''}")
+            raise RuntimeError(f"{what} exited with {proc.returncode}: {log.read_text()}")
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
             return
@@ -345,10 +345,11 @@ UsePAM no
 Subsystem sftp internal-sftp
 """)
     Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege separation folder
-    proc = subprocess.Popen([exe, "-D", "-e", "-f", str(d / "sshd_config")], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+    log = d / "sshd.log"  # a file, not a pipe nobody reads (a full pipe would block sshd)
+    with open(log, "w") as err:
+        proc = subprocess.Popen([exe, "-D", "-e", "-f", str(d / "sshd_config")], stdout=subprocess.DEVNULL, stderr=err)
     try:
-        wait_for_port(port, proc, "sshd")
+        wait_for_port(port, proc, "sshd", log)
         yield {"port": port, "dir": d, "url": f"ssh://root@127.0.0.1:{port}{d / 'store'}"}
     finally:
         proc.terminate()
