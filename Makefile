@@ -8,7 +8,7 @@ export PATH := $(abspath $(BIN)):$(PATH)
 export DVC_NO_ANALYTICS := 1
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: install browser repro test clean-venv
+.PHONY: install system-packages repro test clean-venv
 
 install: $(VENV)/.installed
 
@@ -23,17 +23,22 @@ repro: install
 	$(BIN)/python -m stages.config check
 	$(BIN)/dvc repro
 
-# The report test opens the HTML in headless Chromium (Debian's `chromium`); installed when missing
-# and we may (root or passwordless sudo); otherwise that one test is skipped with the reason.
-browser:
-	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || { \
+# Debian packages some tests need, installed when missing and we may (root or passwordless sudo);
+# otherwise those tests are skipped with the reason: `chromium` (the report and `dvc plots show`
+# opened in a headless browser) and `openssh-server` (the SSH remote of tests/test_sharing.py).
+APT_PACKAGES := chromium:chromium openssh-server:sshd
+system-packages:
+	@for entry in $(APT_PACKAGES); do pkg=$${entry%%:*}; cmd=$${entry##*:}; \
+	  command -v $$cmd >/dev/null 2>&1 || [ -x /usr/sbin/$$cmd ] || { [ $$pkg = chromium ] && command -v chromium-browser >/dev/null 2>&1; } || { \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; elif sudo -n true 2>/dev/null; then SUDO=sudo; else SUDO=none; fi; \
 	  if [ "$$SUDO" != none ] && command -v apt-get >/dev/null 2>&1; then \
-	    $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium >/dev/null \
-	      || echo "note: could not install chromium; the headless-browser test will be skipped"; \
-	  else echo "note: chromium not found and cannot be installed here; the headless-browser test will be skipped"; fi; }
+	    { [ -n "$$APT_UPDATED" ] || $$SUDO apt-get update -qq; } && APT_UPDATED=1 && \
+	    DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$pkg >/dev/null \
+	      || echo "note: could not install $$pkg; the tests that need it will be skipped"; \
+	  else echo "note: $$pkg not found and cannot be installed here; the tests that need it will be skipped"; fi; }; \
+	done
 
-test: install browser
+test: install system-packages
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 clean-venv:

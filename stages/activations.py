@@ -38,7 +38,7 @@ from stages.config import ConfigError, Params, model_spec
 from stages.extract import StopForward, capturing, install_capture
 from stages.intervals import bootstrap_mean_ci
 from stages.prompts import builder_for, load_math500, put_problems, select_problems
-from stages.store import provenance, put, put_json_attr, write_h5, write_json_atomic
+from stages.store import provenance, put, put_json_attr, write_h5, write_timing
 
 SETS = {
     "original": "every original (none) token, at its position in the condition's prompt",
@@ -233,7 +233,7 @@ def run(params: Params, name: str, out: Path | None = None, timing: Path | None 
     summary = summarize(per, conditions, cfg.seed, cfg.n_boot)
 
     prov = {
-        **provenance(),
+        **provenance("activations"),
         "model": {"name": name, **prepared.manifest()},
         **builder.describe(params),
         "params": {"models": {name: spec.model_dump(exclude={"display_name"})}, "prompt": params.prompt.model_dump(),
@@ -278,7 +278,7 @@ def run(params: Params, name: str, out: Path | None = None, timing: Path | None 
             put(g.require_group(c), "a", a_all.astype(np.float16), shape="[layer, token, channel]")
             put(g[c], "z", z_all.astype(np.float16), shape="[layer, token, channel]")
     n_prompts = len(prompts) * len(conditions)
-    write_json_atomic(timing or params.resolve(f"metrics/timing/activations-{name}.json"), {
+    write_timing(timing or params.resolve(f"metrics/timing/activations-{name}.json"), {
         "seconds": round(seconds, 2), "ms_per_prompt": round(1000 * seconds / n_prompts, 1),
         "prompts": n_prompts, "bytes": out.stat().st_size})
     print(f"{name}: MLP activations of layers {[x + 1 for x in layers]} (1-based), {len(prompts)} problems x "

@@ -33,7 +33,7 @@ from stages.config import ConfigError, Params, model_spec
 from stages.grading import grade, has_complete_box
 from stages.intervals import bootstrap_mean_ci, mcnemar_exact
 from stages.prompts import builder_for, load_math500, put_problems, select_problems
-from stages.store import ArtifactError, provenance, put, put_json_attr, write_h5, write_json_atomic
+from stages.store import ArtifactError, provenance, put, put_json_attr, write_h5, write_json_atomic, write_timing
 
 JOURNAL_VERSION = 1
 # the per-model params keys evaluation reads (dvc.yaml lists exactly these, so changing a model's
@@ -287,7 +287,7 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
     by_cond = {c: [journal.records[(p.index, c)] for p in chosen] for c in conditions}
     metrics = summarize(by_cond, cfg.seed)
     prov = {
-        **provenance(),
+        **provenance("evaluate"),
         "model": {"name": name, "display_name": spec.display_name, **prepared.manifest()},
         **builder.describe(params),
         "generation": settings,
@@ -321,7 +321,7 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
     write_json_atomic(where["metrics"], metrics)
     tokens = {c: sum(r.n_tokens for r in by_cond[c]) for c in conditions}
     gen_seconds = {c: sum(r.seconds for r in by_cond[c]) for c in conditions}
-    write_json_atomic(where["timing"], {
+    write_timing(where["timing"], {
         "seconds_this_run": round(seconds, 2),
         "generation_seconds": {c: round(s, 2) for c, s in gen_seconds.items()},
         "tokens_per_second": {c: round(tokens[c] / gen_seconds[c], 2) if gen_seconds[c] else None

@@ -28,7 +28,7 @@ import numpy as np
 from stages import cli, models, progress
 from stages.config import ConfigError, Params, model_spec
 from stages.prompts import builder_for, load_math500, put_problems, select_problems
-from stages.store import provenance, put, put_json_attr, write_h5, write_json_atomic
+from stages.store import provenance, put, put_json_attr, write_h5, write_timing
 
 CAPTURE = "mless_capture"
 VECTORS = ("recv_all", "recv_original", "recv_last", "mass_span", "mass_first")
@@ -180,7 +180,7 @@ def run(params: Params, name: str, out: Path | None = None, timing: Path | None 
     seconds = time.perf_counter() - started
 
     prov = {
-        **provenance(),
+        **provenance("extract"),
         "model": {"name": name, "display_name": spec.display_name, **prepared.manifest()},
         **builder.describe(params),
         "params": {"models": {name: spec.model_dump()}, "prompt": params.prompt.model_dump(),
@@ -222,7 +222,7 @@ def run(params: Params, name: str, out: Path | None = None, timing: Path | None 
             put(s.require_group(f"{k:03d}"), c, probs.astype(dtype), shape="[layer, head, query, key]")
             s[f"{k:03d}"].attrs["problem_index"] = chosen[k].index
     n_prompts = len(prompts) * len(conditions)
-    write_json_atomic(timing or params.resolve(f"metrics/timing/extract-{name}.json"), {
+    write_timing(timing or params.resolve(f"metrics/timing/extract-{name}.json"), {
         "seconds": round(seconds, 2), "ms_per_prompt": round(1000 * seconds / n_prompts, 1),
         "prompts": n_prompts, "bytes": out.stat().st_size})
     print(f"{name}: {len(prompts)} problems x {len(conditions)} conditions in {seconds:.1f} s "

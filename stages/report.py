@@ -74,10 +74,13 @@ def provenance_rows(src: Sources, root: Path, name: str, disp: str) -> dict:
         ep = json.loads(f.attrs["provenance"])
     xp = sp["extract_provenance"]
     source = manifest.get("source", {})
-    timing = {}
-    for stage, key in (("extract", "seconds"), ("evaluate", "seconds_this_run")):
-        f = f"metrics/timing/{stage}-{name}.json"
-        timing[stage] = src.js(f, key, fmt=".0f") if (root / f).is_file() else None
+    timing, commits = {}, {}
+    for stage, key in (("extract", "seconds"), ("evaluate", "seconds_this_run"), ("stats", None)):
+        f = f"metrics/timing/{stage}-{name}.json"  # the run's sidecar: run time and the git commit that ran
+        sidecar = src.json(f) if (root / f).is_file() else {}
+        if key:
+            timing[stage] = src.js(f, key, fmt=".0f") if sidecar else None
+        commits[stage] = str(sidecar.get("git_commit", "?")) + ("-dirty" if sidecar.get("git_dirty") else "")
     return {
         "model": disp, "name": name,
         "source": source.get("kind", "?") + ": " + ", ".join(
@@ -86,8 +89,7 @@ def provenance_rows(src: Sources, root: Path, name: str, disp: str) -> dict:
         "weights_sha256": manifest.get("weights_sha256", ""),
         "dataset_sha256": xp.get("dataset_sha256", ""),
         "dataset_same": xp.get("dataset_sha256") == ep.get("dataset_sha256"),
-        "commits": {"extract": xp.get("git_commit", "?"), "evaluate": ep.get("git_commit", "?"),
-                    "stats": sp.get("git_commit", "?")},
+        "commits": commits,
         "libraries": ", ".join(f"{k} {v}" for k, v in sorted(ep.get("libraries", {}).items())),
         "timing": timing,
         "params": json.dumps({"extract": xp.get("params", {}), "evaluate": ep.get("params", {}).get("evaluate"),

@@ -23,7 +23,8 @@ a condition's prompt; T: that prompt's length; N: the number of original tokens)
 Also writes `artifacts/plots/original/<model>.csv` and `artifacts/plots/full/<model>.csv` (the
 tables `dvc plots` draws): original_avg and full_avg of the top-ranked head (mless drop) of the
 first analysed layer, columns position, none, mless, mful (`nan` where a condition was not run or its
-prompts are shorter: plots leave those points out), layer, head (0-based).
+prompts are shorter: plots leave those points out), layer, head (0-based), and the run's sidecar
+`metrics/timing/stats-<model>.json` (seconds, git commit of the code).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import csv
 import io
 import json
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -40,7 +42,8 @@ from stages import cli
 from stages.config import CONDITIONS, Params, model_spec
 from stages.extract import VECTORS, attention_path
 from stages.intervals import bootstrap_mean_ci, bootstrap_ratio_ci
-from stages.store import ArtifactError, atomic_path, provenance, put, put_json_attr, read_h5, write_h5
+from stages.store import (ArtifactError, atomic_path, provenance, put, put_json_attr, read_h5, write_h5,
+                          write_timing)
 
 QUERY_VECTOR = {"original": "recv_original", "all": "recv_all", "last": "recv_last"}
 
@@ -91,7 +94,8 @@ def _pad_mean(rows: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def run(params: Params, name: str, src: Path | None = None, out: Path | None = None,
-        tables: Path | None = None) -> Path:
+        tables: Path | None = None, timing: Path | None = None) -> Path:
+    started = time.perf_counter()
     model_spec(params, name)
     cfg = params.stats
     src = src or params.resolve(str(attention_path(name)))
@@ -145,7 +149,7 @@ def run(params: Params, name: str, src: Path | None = None, out: Path | None = N
         f.attrs["n_samples"] = len(n_orig)
         f.attrs["indexing"] = "layers and heads are 0-based; charts say 'Layer 1' for index 0"
         f.attrs["definitions"] = __doc__
-        put_json_attr(f, "provenance", {**provenance(), "source": str(attention_path(name)),
+        put_json_attr(f, "provenance", {**provenance("stats"), "source": str(attention_path(name)),
                                         "extract_provenance": extract_prov,
                                         "params": {"stats": cfg.model_dump()}})
         put(f, "problem_index", problem_index)
@@ -158,6 +162,8 @@ def run(params: Params, name: str, src: Path | None = None, out: Path | None = N
     for kind in ("original", "full"):
         path = tables / kind / f"{name}.csv" if tables else params.resolve(str(plot_table_path(kind, name)))
         write_plot_table(path, kind, results, layers)
+    write_timing(timing or params.resolve(f"metrics/timing/stats-{name}.json"),
+                 {"seconds": round(time.perf_counter() - started, 2)})
     print(f"{name}: statistics of {len(n_orig)} samples ({cfg.query_set} queries) -> {out}")
     return out
 

@@ -15,7 +15,9 @@ from stages.config import StageError
 def atomic_path(final: str | os.PathLike):
     """Yield a temporary path beside `final`; rename it onto `final` only if the block succeeds.
 
-    A crash or Ctrl-C leaves the old `final` (or nothing) in place, never a half-written file.
+    A crash or Ctrl-C leaves the old `final` (or nothing) in place, never a half-written file. The
+    file gets the mode any tool's output gets (0666 less the umask: 0644 with the usual 022), not
+    mkstemp's private 0600, so a shared workspace or a web server can read what the pipeline wrote.
     """
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -24,9 +26,23 @@ def atomic_path(final: str | os.PathLike):
     tmp = Path(tmp)
     try:
         yield tmp
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, final)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _umask() -> int:
+    """The process's umask (read without changing it where /proc says it; else set and restore)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def write_json_atomic(path: str | os.PathLike, data) -> None:
@@ -100,29 +116,51 @@ def read_h5(path: str | os.PathLike, kind: str, required: tuple[str, ...] = ()):
         f.close()
 
 
-CODE_PATHS = ("stages", "pyproject.toml")  # what makes the artifacts: git_commit is the last commit touching them
+ROOT = Path(__file__).resolve().parent.parent
+CODE_PATHS = ("stages", "pyproject.toml")  # the code: run_info's git_commit is the last commit touching it
 
 
-def provenance() -> dict:
-    """Package version, git commit of the code and library versions (the run-independent part).
+def code_hashes(stage: str) -> dict[str, str]:
+    """{path: sha256} of every code file the stage declares as a dependency in dvc.yaml.
 
-    `git_commit` is the last commit that changed the code (CODE_PATHS), not HEAD: committing results
-    (dvc.lock, metrics) or params moves HEAD, and a rerun after that must give byte-identical
-    artifacts, or DVC would rerun every downstream stage. `git_dirty` says the code had uncommitted
-    changes (then the commit alone does not identify it)."""
-    import subprocess
+    Code deps are those under `stages/` (a folder dep counts each file in it); data deps (dataset,
+    artifacts) are recorded by the stages themselves. These hashes are what dvc.lock records for the
+    stage's code, so an artifact carrying them is a function of the stage's declared inputs only."""
+    import hashlib
+
+    import yaml
+
+    dvc_yaml = ROOT / "dvc.yaml"
+    try:
+        stages = yaml.safe_load(dvc_yaml.read_text())["stages"]
+        spec = stages[stage]
+    except (OSError, yaml.YAMLError, KeyError, TypeError) as e:
+        raise StageError(f"{dvc_yaml}: stages.{stage}: cannot read the stage's deps ({type(e).__name__}: {e})") from None
+    deps = (spec.get("do") or spec).get("deps") or []
+    files = []
+    for dep in deps:
+        path = ROOT / dep
+        if not str(dep).startswith("stages/"):
+            continue
+        if path.is_dir():
+            files += [p for p in path.rglob("*") if p.is_file() and "__pycache__" not in p.parts]
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise StageError(f"{dvc_yaml}: stages.{stage}.deps: {dep} does not exist")
+    return {p.relative_to(ROOT).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(files)}
+
+
+def provenance(stage: str) -> dict:
+    """The run-independent provenance of a stage's artifact: package version, the sha256 of each code
+    file the stage depends on (`code_hashes`) and library versions.
+
+    No git commit: a commit moves whenever anything is committed (results, params, another stage's
+    code), and an artifact's bytes must depend only on the stage's declared inputs, or a fresh
+    clone's `dvc repro` would write other bytes than the committed run. The commit that ran goes to
+    the run's sidecar instead (`run_info`, in `metrics/timing/<stage>-<model>.json`)."""
     from importlib import metadata
 
-    root = Path(__file__).resolve().parent.parent
-
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
-
-    try:
-        commit = git("log", "-1", "--format=%H", "--", *CODE_PATHS) or "unknown"
-        dirty = bool(git("status", "--porcelain", "--", *CODE_PATHS))
-    except (OSError, subprocess.CalledProcessError):
-        commit, dirty = "unknown", None
     libs = {}
     for lib in ("torch", "transformers", "tokenizers", "h5py", "numpy", "math-verify", "dvc"):
         try:
@@ -133,4 +171,26 @@ def provenance() -> dict:
         version = metadata.version("meaningless-tokens")
     except metadata.PackageNotFoundError:
         version = "unknown"
-    return {"package_version": version, "git_commit": commit, "git_dirty": dirty, "libraries": libs}
+    return {"package_version": version, "stage": stage, "code_sha256": code_hashes(stage), "libraries": libs}
+
+
+def run_info() -> dict:
+    """What identifies this run's code in git, for the run's sidecar (never inside an artifact):
+    `git_commit`, the last commit that changed the code (CODE_PATHS), and `git_dirty`, whether the
+    code had uncommitted changes (then the commit alone does not identify it)."""
+    import subprocess
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+
+    try:
+        commit = git("log", "-1", "--format=%H", "--", *CODE_PATHS) or "unknown"
+        dirty = bool(git("status", "--porcelain", "--", *CODE_PATHS))
+    except (OSError, subprocess.CalledProcessError):
+        commit, dirty = "unknown", None
+    return {"git_commit": commit, "git_dirty": dirty}
+
+
+def write_timing(path: str | os.PathLike, data: dict) -> None:
+    """A run's sidecar (`metrics/timing/<stage>-<model>.json`): its timings plus `run_info()`."""
+    write_json_atomic(path, {**data, **run_info()})

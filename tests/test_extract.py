@@ -1,4 +1,6 @@
+import hashlib
 import importlib
+import json
 import subprocess
 import sys
 
@@ -120,8 +122,12 @@ def test_artifact_layout_alignment_and_determinism(tiny_dirs, write_params, cach
         levels = f["problems/level"][:]
         assert len(levels) == 5
         prov = f.attrs["provenance"]
-        for needle in ("weights_sha256", "dataset_sha256", "git_commit", "transformers", "mless_span_text", "\"n_samples\": 5"):
+        for needle in ("weights_sha256", "dataset_sha256", "code_sha256", "transformers", "mless_span_text", "\"n_samples\": 5"):
             assert needle in prov
+        # the stage's declared code deps by content, no git commit (that goes to the timing sidecar)
+        code = json.loads(prov)["code_sha256"]
+        assert code["stages/extract.py"] == hashlib.sha256((ROOT / "stages/extract.py").read_bytes()).hexdigest()
+        assert "git_commit" not in json.loads(prov)
         none_ids, none_off = f["none/input_ids"][:], f["none/offsets"][:]
         span_lengths = set()
         for c in ("mless", "mful"):

@@ -1,0 +1,61 @@
+"""stages/store.py: file modes of atomic writes, and the provenance a stage records."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import pytest
+import yaml
+
+from stages.config import StageError
+from stages.store import ROOT, atomic_path, provenance, run_info, write_timing
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o027, 0o640), (0o002, 0o664)])
+def test_atomic_writes_get_the_mode_any_tool_gives_not_mkstemps(tmp_path, umask, mode):
+    old = os.umask(umask)
+    try:
+        with atomic_path(tmp_path / "out.txt") as tmp:
+            assert (tmp.stat().st_mode & 0o777) == 0o600  # mkstemp's, while it is being written
+            tmp.write_text("x")
+    finally:
+        os.umask(old)
+    assert ((tmp_path / "out.txt").stat().st_mode & 0o777) == mode
+
+
+def test_a_failed_write_leaves_nothing(tmp_path):
+    with pytest.raises(RuntimeError):
+        with atomic_path(tmp_path / "out.txt") as tmp:
+            tmp.write_text("half")
+            raise RuntimeError("interrupted")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_provenance_records_the_code_the_stage_declares_by_content():
+    spec = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]["evaluate"]["do"]
+    declared = {d for d in spec["deps"] if d.startswith("stages/")}
+    prov = provenance("evaluate")
+    assert set(prov["code_sha256"]) == declared
+    for path, digest in prov["code_sha256"].items():
+        assert digest == hashlib.sha256((ROOT / path).read_bytes()).hexdigest()
+    assert "git_commit" not in prov and "git_dirty" not in prov
+    # a folder dep (the report's templates) counts every file in it
+    report = provenance("report")["code_sha256"]
+    assert {p for p in report if p.startswith("stages/templates/")} == {
+        f"stages/templates/{p.name}" for p in (ROOT / "stages/templates").iterdir() if p.is_file()}
+
+
+def test_provenance_of_a_stage_dvc_yaml_does_not_define_names_the_file_and_key():
+    with pytest.raises(StageError, match=r"dvc\.yaml: stages\.no-such-stage: cannot read the stage's deps"):
+        provenance("no-such-stage")
+
+
+def test_the_git_commit_goes_to_the_runs_sidecar(tmp_path):
+    info = run_info()
+    assert set(info) == {"git_commit", "git_dirty"}
+    assert len(info["git_commit"]) == 40 or info["git_commit"] == "unknown"
+    write_timing(tmp_path / "metrics/timing/x.json", {"seconds": 1.5})
+    import json
+
+    assert json.loads((tmp_path / "metrics/timing/x.json").read_text()) == {"seconds": 1.5, **info}
