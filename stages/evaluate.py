@@ -37,8 +37,9 @@ from stages.store import ArtifactError, provenance, put, put_json_attr, write_h5
 
 JOURNAL_VERSION = 1
 # the per-model params keys evaluation reads (dvc.yaml lists exactly these, so changing a model's
-# layers or heads, which only extraction reads, does not rerun its evaluation)
-MODEL_KEYS = ("display_name", "family", "source", "template", "trust_remote_code")
+# layers or heads, which only extraction reads, or its display_name, which only charts and the
+# report show, does not rerun its evaluation)
+MODEL_KEYS = ("family", "source", "template", "trust_remote_code")
 
 
 @dataclass(frozen=True)
@@ -240,7 +241,7 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
     context = prepared.facts["max_position_embeddings"]
     if context and longest + cfg.max_new_tokens > context:
         raise ConfigError(f"{params.file}: evaluate.max_new_tokens: a prompt of {longest} tokens plus "
-                          f"{cfg.max_new_tokens} new tokens exceeds {spec.display_name}'s context of {context}")
+                          f"{cfg.max_new_tokens} new tokens exceeds the context of model '{name}' ({context})")
     eos = stop_ids(model, tokenizer)
     settings = {"max_new_tokens": cfg.max_new_tokens, "batch_size": cfg.batch_size,
                 "stop_at_boxed": cfg.stop_at_boxed, "greedy": True, "eos_token_ids": eos,
@@ -288,7 +289,7 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
     metrics = summarize(by_cond, cfg.seed)
     prov = {
         **provenance(),
-        "model": {"name": name, "display_name": spec.display_name, **prepared.manifest()},
+        "model": {"name": name, **prepared.manifest()},
         **builder.describe(params),
         "generation": settings,
         "grader": {"library": "math-verify", "paper_rule": "last \\boxed{} of prompt + output; right if equal "
@@ -302,7 +303,6 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
     with write_h5(where["out"]) as f:
         f.attrs["kind"] = "eval"
         f.attrs["model"] = name
-        f.attrs["display_name"] = spec.display_name
         f.attrs["conditions"] = list(conditions)
         put_json_attr(f, "provenance", prov)
         put_json_attr(f, "metrics", metrics)

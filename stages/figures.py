@@ -63,7 +63,7 @@ def load_stats(path: Path) -> dict:
     need = ("none/original_avg", "none/full_avg", "mless/head_rank")
     with read_h5(path, "stats", need) as f:
         conds = [str(c) for c in f.attrs["conditions"]]
-        data = {"display_name": str(f.attrs["display_name"]), "layers": [int(x) for x in f.attrs["layers"]],
+        data = {"layers": [int(x) for x in f.attrs["layers"]],
                 "heads": [int(x) for x in f.attrs["heads"]], "conditions": conds, "span": {}}
         for c in conds:
             data[c] = {k: f[c][k][()] for k in f[c]}
@@ -228,7 +228,9 @@ def selected_models(params: Params) -> list[str]:
 def load_inputs(params: Params) -> tuple[dict, dict]:
     """{model: statistics} and {model: evaluation metrics} of the charted models."""
     names = selected_models(params)
-    stats = {n: load_stats(params.resolve(str(stats_path(n)))) for n in names}
+    # display names come from params (not the stats file): a new label reruns only figures and report
+    stats = {n: load_stats(params.resolve(str(stats_path(n)))) | {"display_name": params.models[n].display_name}
+             for n in names}
     metrics = {}
     for n in names:
         path = params.resolve(f"metrics/accuracy/{n}.json")

@@ -99,7 +99,8 @@ def test_hub_source_offline_uses_huggingface_cache(tiny_dirs, write_params, cach
     params = load_params(write_params(raw))
     prepared = models.prepare(params, "hub")
     assert prepared.path == snapshot
-    assert prepared.source["commit"] == commit
+    assert prepared.source["resolved_commit"] == commit
+    assert json.loads(json.dumps(prepared.manifest()))["source"]["resolved_commit"] == commit
     raw["models"] = {"hub": hub_spec("acme/not-cached")}
     with pytest.raises(ModelSourceError) as e:
         models.prepare(load_params(write_params(raw)), "hub")
