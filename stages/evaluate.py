@@ -107,6 +107,17 @@ def stop_ids(model, tokenizer) -> list[int]:
 ATTENTION = "sdpa"  # generation only; extraction needs eager attention's probabilities
 
 
+def load_for_generation(params: Params, prepared) -> tuple:
+    """(model, tokenizer, attention) with SDPA, or eager for a family that has no SDPA path (Gemma 2:
+    its logit softcapping)."""
+    try:
+        return (*models.load(params, prepared, attn_implementation=ATTENTION), ATTENTION)
+    except ValueError as e:
+        if "does not support an attention implementation through torch.nn.functional.scaled_dot_product" not in str(e):
+            raise
+    return (*models.load(params, prepared, attn_implementation="eager"), "eager")
+
+
 def generate(model, tokenizer, batch: list[Item], max_new_tokens: int, stop_at_boxed: bool,
              eos: list[int]) -> list[tuple[str, int, str]]:
     """Greedy continuations of a batch of prompts: [(text, n_tokens, stop reason)]."""
@@ -232,7 +243,7 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
     problems, data_sha = load_math500(params)
     chosen = select_problems(problems, cfg.n_samples, cfg.seed)
     prepared = models.prepare(params, name)
-    model, tokenizer = models.load(params, prepared, attn_implementation=ATTENTION)
+    model, tokenizer, attn = load_for_generation(params, prepared)
     builder = builder_for(params, name, tokenizer)
     conditions = params.prompt.conditions
     built = {p.index: builder.build(p) for p in chosen}
@@ -245,7 +256,7 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
     eos = stop_ids(model, tokenizer)
     settings = {"max_new_tokens": cfg.max_new_tokens, "batch_size": cfg.batch_size,
                 "stop_at_boxed": cfg.stop_at_boxed, "greedy": True, "eos_token_ids": eos,
-                "attn_implementation": ATTENTION, "cache": "static",
+                "attn_implementation": attn, "cache": "static",
                 "device": str(model.device), "dtype": params.runtime.dtype}
     key = hashlib.sha256(json.dumps({
         "weights": prepared.manifest().get("weights_sha256"), "settings": settings,

@@ -60,7 +60,7 @@ def build(arch: str, out: Path, layers: int = 4, max_positions: int = 4096) -> P
                                   query_pre_attn_scalar=24, layer_types=types[:layers], **common)
     elif arch == "gemma2":  # a small cap so that capping changes the probabilities of random weights
         config = transformers.Gemma2Config(num_key_value_heads=2, head_dim=16, sliding_window=WINDOW,
-                                           query_pre_attn_scalar=16, attn_logit_softcapping=0.5, **common)
+                                           query_pre_attn_scalar=16, attn_logit_softcapping=0.05, **common)
     elif arch == "mistral":
         config = transformers.MistralConfig(num_key_value_heads=2, head_dim=16, sliding_window=WINDOW, **common)
     elif arch == "qwen3":
