@@ -177,6 +177,7 @@ def _from_pretrained(name: str, model_dir: Path, dtype, attn_implementation: str
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()
     kw = dict(local_files_only=True, trust_remote_code=trust_remote_code)
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # the load report lists every skipped tensor of the later layers
@@ -222,6 +223,8 @@ def _architecture(model_dir: Path, trust_remote_code: bool) -> tuple[str | None,
     text = config.get_text_config()
     if getattr(config, "is_encoder_decoder", False) or getattr(text, "is_encoder_decoder", False):
         return "an encoder-decoder model; only decoder-only causal LMs are supported", {}
+    if getattr(text, "num_attention_heads", None) is None or getattr(text, "num_hidden_layers", None) is None:
+        return "its config names no attention heads or layers (num_attention_heads, num_hidden_layers)", {}
     remote = trust_remote_code and "AutoModelForCausalLM" in (getattr(config, "auto_map", None) or {})
     if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not remote:
         return (f"not a causal LM of transformers {transformers.__version__} (no AutoModelForCausalLM class "
@@ -277,6 +280,10 @@ def run_probe(params: Params, name: str, model_dir: Path, facts: dict, trust_rem
     except Exception as e:  # noqa: BLE001 - a model transformers cannot build is refused, not crashed on
         raise refuse(f"cannot be loaded as a causal LM: {type(e).__name__}: {' '.join(str(e).split())[:300]}") from None
     model.eval().requires_grad_(False)
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # a model without the interface warns on set_attn_implementation
     try:
         result = capture.compare(model, capture.probe_ids(arch["vocab_size"]), layers)
     except capture.CaptureError as e:
@@ -284,6 +291,7 @@ def run_probe(params: Params, name: str, model_dir: Path, facts: dict, trust_rem
     except Exception as e:  # noqa: BLE001
         raise refuse(f"{type(e).__name__}: {' '.join(str(e).split())[:300]}") from None
     finally:
+        hf_logging.set_verbosity(verbosity)
         del model
     import transformers
 
