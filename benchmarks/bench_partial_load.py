@@ -1,9 +1,10 @@
 """Benchmark 6: the extract stage's load + forward with only the layers it runs vs the whole model.
 
     python benchmarks/bench_partial_load.py [--model qwen2_5-coder-0_5b] [--reps 2] [--prompts 5]
-                                            [--threads 2] [--skip-generated]
+                                            [--threads 2] [--dtypes float32,bfloat16] [--skip-generated]
 
-Arms, each measurement in a fresh process (imports done before the clock starts):
+Arms, each measurement in a fresh process (imports, including the model class, done before the
+clock starts):
   partial  stages.models.load(..., layers=[0, 1, 2]) as the extract stage does it: a config truncated
            to 3 layers, a view of the checkpoint with only the shards that hold the needed tensors
   full     the same loader without `layers`: every layer (what extraction loaded before issue 14)
@@ -12,8 +13,14 @@ then, in both, the capture of layers 0-2 with early exit (stages.capture) on `--
 "added" is the peak minus the RSS after the imports. The captured probabilities of the two arms
 are compared (max abs difference). The tokenizer is not loaded in either arm (same cost in both).
 
-Two checkpoints, float32 in memory (the CPU profile's runtime.dtype):
-  - `--model` from params.yaml (default Qwen2.5-Coder-0.5B-Instruct, 24 layers; prepared first);
+Two checkpoints, each loaded as float32 (the CPU profile's runtime.dtype) and as bfloat16 (the GPU
+profile's). When the runtime dtype is the checkpoint's own, transformers memory-maps the safetensors
+files and keeps the tensors on those pages: a full load then costs no memory for layers the
+forward never touches (the early exit touches layers 0-2 only), so both arms peak alike. When the
+dtype differs, every loaded tensor is converted into new memory: that is where the full load pays
+for all its layers (and on a GPU, where every layer is copied to the device).
+  - `--model` from params.yaml (default Qwen2.5-Coder-0.5B-Instruct, 24 layers, float32 on disk,
+    as converted from its GGUF; prepared first);
   - a generated Llama-style checkpoint of 32 layers (hidden 2048, MLP 8192, 16 query / 4 kv heads,
     vocabulary 32000, tied embeddings: 2.0 B parameters, 4.0 GB in bfloat16), random weights, sharded
     into 8 safetensors files with an index like a hub checkpoint. It is written once into
@@ -96,15 +103,18 @@ def worker(args) -> None:
     from stages.config import load_params
 
     torch.set_num_threads(args.threads)
-    import transformers  # noqa: F401 - imports outside the clock, as every stage process pays them
-    from transformers import AutoModelForCausalLM  # noqa: F401
+    # imports outside the clock, including the model class transformers imports on first use (seconds,
+    # paid by any process either way)
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    AutoModelForCausalLM._model_mapping[type(AutoConfig.from_pretrained(args.path))]
 
     params = load_params(common.ROOT / "params.yaml")
     base = common.rss_mib()
     started = time.perf_counter()
     n_layers = max(LAYERS) + 1 if args.worker == "partial" else None
-    model = models._from_pretrained("bench", Path(args.path), models.torch_dtype(params.runtime.dtype), "eager", False,
-                                    n_layers)
+    dtype = models.torch_dtype(args.dtype or params.runtime.dtype)
+    model = models._from_pretrained("bench", Path(args.path), dtype, "eager", False, n_layers)
     model.eval().requires_grad_(False)
     load = time.perf_counter() - started
     capture.install_capture(model)
@@ -122,7 +132,7 @@ def worker(args) -> None:
 
 def measure(arm: str, path: Path, args, dump: Path) -> dict:
     cmd = [sys.executable, __file__, "--worker", arm, "--path", str(path), "--threads", str(args.threads),
-           "--prompts", str(args.prompts), "--dump", str(dump)]
+           "--prompts", str(args.prompts), "--dump", str(dump), "--dtype", args.dtype]
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode:
         raise SystemExit(f"{arm} worker failed:\n{out.stderr[-3000:]}")
@@ -132,6 +142,7 @@ def measure(arm: str, path: Path, args, dump: Path) -> dict:
 def bench(label: str, path: Path, args) -> dict:
     import numpy as np
 
+    print(f"\n{label}, runtime dtype {args.dtype}:")
     runs = {a: [] for a in ARMS}
     with tempfile.TemporaryDirectory(prefix="bench-partial-") as tmp:
         dumps = {a: Path(tmp) / f"{a}.npy" for a in ARMS}
@@ -165,6 +176,9 @@ def main() -> None:
     ap.add_argument("--worker", choices=ARMS, help=argparse.SUPPRESS)
     ap.add_argument("--path", help=argparse.SUPPRESS)
     ap.add_argument("--dump", help=argparse.SUPPRESS)
+    ap.add_argument("--dtype", help=argparse.SUPPRESS)
+    ap.add_argument("--dtypes", default="float32,bfloat16",
+                    help="runtime dtypes to measure each checkpoint in (float32: the CPU profile; bfloat16: the GPU one)")
     args = ap.parse_args()
     if args.worker:
         return worker(args)
@@ -177,16 +191,22 @@ def main() -> None:
     started = time.perf_counter()
     prepared = models.prepare(params, args.model)  # untimed: makes sure it is converted and probed
     results = []
-    print(f"\n{args.model}: {prepared.facts['num_layers']} layers, {prepared.path.name}; layers {LAYERS}, "
-          f"{args.prompts} prompts of 140 tokens, {args.reps} repetitions interleaved; seconds are medians")
-    results.append(bench(args.model, prepared.path, args))
+    size = sum(p.stat().st_size for p in prepared.path.glob("*.safetensors"))
+    print(f"\n{args.model}: {prepared.facts['num_layers']} layers, {size / 2**30:.2f} GiB float32 safetensors; "
+          f"layers {LAYERS}, {args.prompts} prompts of 140 tokens, {args.reps} repetitions interleaved; seconds "
+          f"are medians")
+    checkpoints = [(args.model, prepared.path)]
     if not args.skip_generated:
         t0 = time.perf_counter()
         folder = write_generated(models.cache_root(params) / "bench" / "llama32-h2048")
         size = sum(p.stat().st_size for p in folder.glob("*.safetensors"))
-        print(f"\ngenerated 32-layer checkpoint: {folder} ({size / 2**30:.2f} GiB bf16 in "
+        print(f"generated 32-layer checkpoint: {folder} ({size / 2**30:.2f} GiB bfloat16 in "
               f"{len(list(folder.glob('*.safetensors')))} shards; ready in {time.perf_counter() - t0:.0f} s)")
-        results.append(bench("llama32-h2048", folder, args))
+        checkpoints.append(("llama32-h2048", folder))
+    for label, path in checkpoints:
+        for dtype in args.dtypes.split(","):
+            args.dtype = dtype
+            results.append(bench(f"{label} as {dtype}", path, args))
     print(f"\ntotal {time.perf_counter() - started:.0f} s; {others}")
     print("ratio: " + "; ".join(
         f"{r['label']} peak RSS {100 * r['rss_fraction']:.0f} % of the full load ({r['rss_ratio']:.1f}x less), "

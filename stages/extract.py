@@ -1,7 +1,9 @@
 """extract@<model>: attention weights of the first layers for the none / mless / mful prompts.
 
-Runs the decoder only up to the last configured layer (never the LM head), with eager attention
-captured by a registered attention function, and stores per sample, condition, layer and head the
+Loads only the embeddings and layers 0..max(layers) (stages/models.py), runs the decoder up to the
+last configured layer (never the LM head), with eager attention captured by a registered attention
+function (stages/capture.py; checked against the model's own eager output_attentions on the first
+prompt), and stores per sample, condition, layer and head the
 reduced vectors every statistic needs, in `artifacts/attention/<model>.h5`:
 
   recv_all[l, h, j]      attention key position j receives, summed over all queries i >= j
