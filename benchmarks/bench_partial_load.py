@@ -142,7 +142,7 @@ def measure(arm: str, path: Path, args, dump: Path) -> dict:
 def bench(label: str, path: Path, args) -> dict:
     import numpy as np
 
-    print(f"\n{label}, runtime dtype {args.dtype}:")
+    print(f"\n{label}:")
     runs = {a: [] for a in ARMS}
     with tempfile.TemporaryDirectory(prefix="bench-partial-") as tmp:
         dumps = {a: Path(tmp) / f"{a}.npy" for a in ARMS}

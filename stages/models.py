@@ -301,13 +301,14 @@ def run_probe(params: Params, name: str, model_dir: Path, facts: dict, trust_rem
 
 def probe(params: Params, name: str, model_dir: Path, weights_sha256: str, facts: dict, trust_remote_code: bool,
           cache: Path) -> dict:
-    """The probe's result, memoized per weights, library versions and probe version."""
+    """The probe's result, memoized per weights, config, library versions and probe version."""
     import torch
     import transformers
 
     from stages.capture import PROBE_VERSION
 
-    key = hashlib.sha256(json.dumps([weights_sha256, transformers.__version__, torch.__version__,
+    config_sha = sha256_file(model_dir / "config.json")
+    key = hashlib.sha256(json.dumps([weights_sha256, config_sha, transformers.__version__, torch.__version__,
                                      trust_remote_code, PROBE_VERSION]).encode()).hexdigest()
     memo = cache / "probes" / f"{key}.json"
     if memo.is_file():
