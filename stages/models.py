@@ -168,13 +168,29 @@ def truncated_config(config, n_layers: int):
     return config
 
 
+def _base_is_inside(config) -> bool:
+    """Whether the causal LM of `config` is its AutoModel class plus an LM head (then the base model
+    alone loads from the same checkpoint; BERT's LM head model, say, lacks the base model's pooler)."""
+    import torch
+    from transformers import AutoModel, AutoModelForCausalLM
+
+    if type(config) not in AutoModel._model_mapping or type(config) not in AutoModelForCausalLM._model_mapping:
+        return False
+    causal, base = AutoModelForCausalLM._model_mapping[type(config)], AutoModel._model_mapping[type(config)]
+    with torch.device("meta"):
+        inner = getattr(causal(config), causal.base_model_prefix, None)
+        return type(inner) is base and set(inner.state_dict()) == set(base(config).state_dict())
+
+
 def _from_pretrained(name: str, model_dir: Path, dtype, attn_implementation: str, trust_remote_code: bool,
                      n_layers: int | None = None):
-    """AutoModelForCausalLM from safetensors; with `n_layers`, from a config truncated to the first
-    `n_layers` layers and a view of the checkpoint that holds only the shards with needed tensors
-    (tensors of later layers in those shards are mapped, never read). Refuses a checkpoint that
-    lacks a tensor the model needs (transformers would initialize it at random)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    """AutoModelForCausalLM from safetensors; with `n_layers`, the base model without its LM head
+    (AutoModel: embeddings, decoder layers, final norm; never run by extraction, an untied LM head is
+    as big as the embedding) from a config truncated to the first `n_layers` layers and a view of
+    the checkpoint that holds only the shards with needed tensors (tensors of later layers in those
+    shards are mapped, never read). Refuses a checkpoint that lacks a tensor the model needs
+    (transformers would initialize it at random)."""
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
@@ -183,11 +199,13 @@ def _from_pretrained(name: str, model_dir: Path, dtype, attn_implementation: str
     hf_logging.set_verbosity_error()  # the load report lists every skipped tensor of the later layers
     try:
         with tempfile.TemporaryDirectory(prefix="mless-view-") as view:
-            source = model_dir
+            source, auto = model_dir, AutoModelForCausalLM
             config = AutoConfig.from_pretrained(model_dir, **kw)
             full = config.get_text_config().num_hidden_layers
             if n_layers is not None and n_layers < full:
                 truncated_config(config, n_layers)
+                if _base_is_inside(config):
+                    auto = AutoModel
                 keys = needed_keys(checkpoint_keys(model_dir), n_layers)
                 source = Path(view)
                 for p in model_dir.iterdir():  # tokenizer, generation config, remote code: as they are
@@ -198,7 +216,7 @@ def _from_pretrained(name: str, model_dir: Path, dtype, attn_implementation: str
                 if (model_dir / "model.safetensors.index.json").is_file():
                     (source / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": keys}))
                 config.save_pretrained(source)
-            model, info = AutoModelForCausalLM.from_pretrained(
+            model, info = auto.from_pretrained(
                 source, config=config, dtype=dtype, attn_implementation=attn_implementation, use_safetensors=True,
                 output_loading_info=True, **kw)
     finally:
@@ -568,9 +586,9 @@ def torch_device(params: Params) -> str:
 def load(params: Params, prepared: PreparedModel, attn_implementation: str = "eager", layers=None):
     """(model, tokenizer) from the prepared folder: safetensors only, eval mode, no gradients.
 
-    With `layers`, only the embeddings and decoder layers 0..max(layers) are built and read (plus
-    the final norm and LM head the model class holds: the LM head is the embedding when tied);
-    the forward of those layers is the full model's."""
+    With `layers`, only the embeddings and decoder layers 0..max(layers) are built and read (the
+    base model without the LM head, plus its final norm); the forward of those layers is the full
+    model's."""
     import torch
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
