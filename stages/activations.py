@@ -35,7 +35,7 @@ import numpy as np
 
 from stages import cli, models, progress
 from stages.config import ConfigError, Params, model_spec
-from stages.extract import StopForward, capturing, install_capture
+from stages.capture import StopForward, capturing, install_capture
 from stages.intervals import bootstrap_mean_ci
 from stages.prompts import builder_for, load_math500, put_problems, select_problems
 from stages.store import provenance, put, put_json_attr, write_h5, write_timing
@@ -194,7 +194,8 @@ def run(params: Params, name: str, out: Path | None = None, timing: Path | None 
     if max(layers) >= n_layers:
         raise ConfigError(f"{params.file}: activations.layers: {[x for x in layers if x >= n_layers]} out of range; "
                           f"{name} has {n_layers} layers (allowed 0..{n_layers - 1})")
-    model, tokenizer = models.load(params, prepared)
+    # only the embeddings and layers 0..max(layers) are read from the checkpoint
+    model, tokenizer = models.load(params, prepared, layers=layers)
     mlps = gated_mlps(model, name, params, layers)
     install_capture(model)
     builder = builder_for(params, name, tokenizer)

@@ -32,8 +32,11 @@ PARAMS_FILE = Path("params.yaml")  # relative: DVC and the CLI run from the proj
 PROFILES_DIR = ROOT / "profiles"
 
 CONDITIONS = ("none", "mless", "mful")
-# model_type values each family accepts (gemma-3-4b-it is the multimodal wrapper around gemma3_text)
-FAMILIES = {"llama": ("llama",), "qwen2": ("qwen2",), "gemma3": ("gemma3", "gemma3_text")}
+# A family is a model_type of transformers (`models.<name>.family`; null: the model's own). Some
+# families also accept these model_types (gemma-3-4b-it is the multimodal wrapper around gemma3_text).
+# Which model_types are supported is decided when a model is prepared: every decoder-only causal LM
+# of the installed transformers whose attention passes the probe (stages/models.py, stages/capture.py).
+FAMILIES = {"gemma3": ("gemma3", "gemma3_text"), "gemma3_text": ("gemma3", "gemma3_text")}
 
 Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 # model names become DVC stage keys (extract@<name>) and file names: DVC allows only [A-Za-z0-9_-]
@@ -100,7 +103,8 @@ Source = Annotated[
 
 class ModelSpec(Strict):
     display_name: str = Field(min_length=1, description="name used on charts and in the report")
-    family: Literal["llama", "qwen2", "gemma3"]
+    family: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_-]*$")] | None = Field(
+        default=None, description="the model_type the model's config must have; null: whatever it has")
     source: Source
     trust_remote_code: bool = False
     template: Literal["raw", "chat"] | None = Field(default=None, description="null: prompt.template")
@@ -293,12 +297,13 @@ def check_model_facts(params: Params, name: str, facts: dict) -> None:
     """Checks that need the model's config: family, layer and head indices."""
     spec = model_spec(params, name)
     where = f"{params.file}: models.{name}"
-    allowed_types = FAMILIES[spec.family]
-    if facts["model_type"] not in allowed_types:
-        raise ConfigError(
-            f"{where}.family: '{spec.family}' expects model_type {list(allowed_types)}, "
-            f"but the model's config says '{facts['model_type']}'"
-        )
+    if spec.family is not None:
+        allowed_types = FAMILIES.get(spec.family, (spec.family,))
+        if facts["model_type"] not in allowed_types:
+            raise ConfigError(
+                f"{where}.family: '{spec.family}' expects model_type {list(allowed_types)}, "
+                f"but the model's config says '{facts['model_type']}' (or set family: null)"
+            )
     n_layers, n_heads = facts["num_layers"], facts["num_heads"]
     bad = [layer for layer in spec.layers if layer >= n_layers]
     if bad:

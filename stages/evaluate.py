@@ -37,8 +37,9 @@ from stages.store import ArtifactError, provenance, put, put_json_attr, write_h5
 
 JOURNAL_VERSION = 1
 # the per-model params keys evaluation reads (dvc.yaml lists exactly these, so changing a model's
-# layers or heads, which only extraction reads, does not rerun its evaluation)
-MODEL_KEYS = ("display_name", "family", "source", "template", "trust_remote_code")
+# layers or heads, which only extraction reads, or its display_name, which only charts and the
+# report show, does not rerun its evaluation)
+MODEL_KEYS = ("family", "source", "template", "trust_remote_code")
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,17 @@ def stop_ids(model, tokenizer) -> list[int]:
 
 
 ATTENTION = "sdpa"  # generation only; extraction needs eager attention's probabilities
+
+
+def load_for_generation(params: Params, prepared) -> tuple:
+    """(model, tokenizer, attention) with SDPA, or eager for a family that has no SDPA path (Gemma 2:
+    its logit softcapping)."""
+    try:
+        return (*models.load(params, prepared, attn_implementation=ATTENTION), ATTENTION)
+    except ValueError as e:
+        if "does not support an attention implementation through torch.nn.functional.scaled_dot_product" not in str(e):
+            raise
+    return (*models.load(params, prepared, attn_implementation="eager"), "eager")
 
 
 def generate(model, tokenizer, batch: list[Item], max_new_tokens: int, stop_at_boxed: bool,
@@ -231,7 +243,7 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
     problems, data_sha = load_math500(params)
     chosen = select_problems(problems, cfg.n_samples, cfg.seed)
     prepared = models.prepare(params, name)
-    model, tokenizer = models.load(params, prepared, attn_implementation=ATTENTION)
+    model, tokenizer, attn = load_for_generation(params, prepared)
     builder = builder_for(params, name, tokenizer)
     conditions = params.prompt.conditions
     built = {p.index: builder.build(p) for p in chosen}
@@ -240,11 +252,11 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
     context = prepared.facts["max_position_embeddings"]
     if context and longest + cfg.max_new_tokens > context:
         raise ConfigError(f"{params.file}: evaluate.max_new_tokens: a prompt of {longest} tokens plus "
-                          f"{cfg.max_new_tokens} new tokens exceeds {spec.display_name}'s context of {context}")
+                          f"{cfg.max_new_tokens} new tokens exceeds the context of model '{name}' ({context})")
     eos = stop_ids(model, tokenizer)
     settings = {"max_new_tokens": cfg.max_new_tokens, "batch_size": cfg.batch_size,
                 "stop_at_boxed": cfg.stop_at_boxed, "greedy": True, "eos_token_ids": eos,
-                "attn_implementation": ATTENTION, "cache": "static",
+                "attn_implementation": attn, "cache": "static",
                 "device": str(model.device), "dtype": params.runtime.dtype}
     key = hashlib.sha256(json.dumps({
         "weights": prepared.manifest().get("weights_sha256"), "settings": settings,
@@ -288,7 +300,7 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
     metrics = summarize(by_cond, cfg.seed)
     prov = {
         **provenance("evaluate"),
-        "model": {"name": name, "display_name": spec.display_name, **prepared.manifest()},
+        "model": {"name": name, **prepared.manifest()},
         **builder.describe(params),
         "generation": settings,
         "grader": {"library": "math-verify", "paper_rule": "last \\boxed{} of prompt + output; right if equal "
@@ -302,7 +314,6 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
     with write_h5(where["out"]) as f:
         f.attrs["kind"] = "eval"
         f.attrs["model"] = name
-        f.attrs["display_name"] = spec.display_name
         f.attrs["conditions"] = list(conditions)
         put_json_attr(f, "provenance", prov)
         put_json_attr(f, "metrics", metrics)

@@ -1,7 +1,9 @@
 """extract@<model>: attention weights of the first layers for the none / mless / mful prompts.
 
-Runs the decoder only up to the last configured layer (never the LM head), with eager attention
-captured by a registered attention function, and stores per sample, condition, layer and head the
+Loads only the embeddings and layers 0..max(layers) (stages/models.py), runs the decoder up to the
+last configured layer (never the LM head), with eager attention captured by a registered attention
+function (stages/capture.py; checked against the model's own eager output_attentions on the first
+prompt), and stores per sample, condition, layer and head the
 reduced vectors every statistic needs, in `artifacts/attention/<model>.h5`:
 
   recv_all[l, h, j]      attention key position j receives, summed over all queries i >= j
@@ -16,112 +18,24 @@ Full [layer, head, T, T] matrices are kept for the first `extract.showcase` samp
 
 from __future__ import annotations
 
-import contextlib
 import sys
 import time
-from contextvars import ContextVar
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from stages import cli, models, progress
+from stages.capture import CaptureError, attention, compare, install_capture  # noqa: F401 (used by tests, benchmarks)
 from stages.config import ConfigError, Params, model_spec
 from stages.prompts import builder_for, load_math500, put_problems, select_problems
 from stages.store import provenance, put, put_json_attr, write_h5, write_timing
 
-CAPTURE = "mless_capture"
 VECTORS = ("recv_all", "recv_original", "recv_last", "mass_span", "mass_first")
 QUERY_SETS = {
     "recv_all": "all queries i >= j (the causal set), original and span tokens alike",
     "recv_original": "original (none) tokens among the queries i >= j; span queries excluded",
     "recv_last": "the last prompt token only",
 }
-
-
-class StopForward(Exception):
-    """Raised after the last requested layer: the rest of the model is not run."""
-
-
-@dataclass
-class _Request:
-    layers: frozenset[int]
-    last: int
-    captured: dict = field(default_factory=dict)
-
-
-_REQUEST: ContextVar[_Request | None] = ContextVar("mless_capture_request", default=None)
-
-
-def _fp32_probs(module, query, key, attention_mask, scaling):
-    """Probabilities recomputed in float32: the eager path casts them back to a bf16/fp16 model dtype."""
-    import torch
-
-    from transformers.models.llama.modeling_llama import repeat_kv
-
-    k = repeat_kv(key, module.num_key_value_groups).float()
-    scores = torch.matmul(query.float(), k.transpose(2, 3)) * scaling
-    if attention_mask is not None:
-        scores = scores + attention_mask.float()
-    return torch.softmax(scores, dim=-1)
-
-
-def _capture(module, query, key, value, attention_mask, **kwargs):
-    # the model family's own eager attention: identical to `attn_implementation="eager"`
-    eager = sys.modules[type(module).__module__].eager_attention_forward
-    out, weights = eager(module, query, key, value, attention_mask, **kwargs)
-    request = _REQUEST.get()
-    if request is not None:
-        if module.layer_idx in request.layers:
-            if weights.dtype.itemsize < 4:
-                weights = _fp32_probs(module, query, key, attention_mask, kwargs.get("scaling", module.scaling))
-            request.captured[module.layer_idx] = weights[0].detach().float()
-        if module.layer_idx >= request.last:
-            raise StopForward
-    return out, weights
-
-
-def install_capture(model) -> None:
-    """Switch `model` to the capturing attention (eager math; the eager mask, incl. sliding windows)."""
-    from transformers import AttentionInterface, AttentionMaskInterface
-    from transformers.masking_utils import eager_mask
-
-    AttentionInterface.register(CAPTURE, _capture)
-    # without the eager mask function the custom attention gets attention_mask=None for an unpadded
-    # batch and silently computes non-causal probabilities
-    AttentionMaskInterface.register(CAPTURE, eager_mask)
-    model.set_attn_implementation(CAPTURE)
-
-
-@contextlib.contextmanager
-def capturing(layers, stop_after_attention: bool = True):
-    """Capture the attention probabilities of `layers` in forward passes inside the block (a model set
-    up by `install_capture`); with `stop_after_attention`, StopForward ends the pass right after the
-    attention of max(layers), before its MLP."""
-    request = _Request(frozenset(layers), max(layers) if stop_after_attention else sys.maxsize)
-    token = _REQUEST.set(request)
-    try:
-        yield request
-    finally:
-        _REQUEST.reset(token)
-
-
-def attention(model, input_ids, layers) -> dict:
-    """{layer: float32 tensor [heads, T, T]} for one prompt, running the decoder up to max(layers)."""
-    import torch
-
-    ids = torch.tensor([list(input_ids)], device=model.device)
-    with capturing(layers) as request:
-        try:
-            with torch.no_grad():
-                model.get_decoder()(input_ids=ids, use_cache=False)
-        except StopForward:
-            pass
-    missing = sorted(set(layers) - set(request.captured))
-    if missing:
-        raise RuntimeError(f"attention of layers {missing} was not captured "
-                           f"(attn_implementation={model.config._attn_implementation!r})")
-    return request.captured
 
 
 def reduce(probs: np.ndarray, span: tuple[int, int], original_pos) -> dict[str, np.ndarray]:
@@ -152,8 +66,8 @@ def run(params: Params, name: str, out: Path | None = None, timing: Path | None 
     facts = prepared.facts
     heads = list(range(facts["num_heads"])) if spec.heads == "all" else list(spec.heads)
     layers = list(spec.layers)
-    model, tokenizer = models.load(params, prepared)
-    install_capture(model)
+    # only the embeddings and layers 0..max(layers), read from the checkpoint; never the later layers
+    model, tokenizer = models.load(params, prepared, layers=layers)
     builder = builder_for(params, name, tokenizer)
     prompts = [builder.build(p) for p in chosen]
     conditions = params.prompt.conditions
@@ -161,7 +75,15 @@ def run(params: Params, name: str, out: Path | None = None, timing: Path | None 
     context = facts["max_position_embeddings"]
     if context and longest > context:
         raise ConfigError(f"{params.file}: extract.n_samples: a prompt has {longest} tokens, more than "
-                          f"{spec.display_name}'s context of {context} positions")
+                          f"the context of model '{name}' ({context} positions)")
+    # the probe of the configured layers, on the first prompt: capture == the model's own eager
+    # output_attentions, causal, rows sum to 1 (prepare probed layer 0 and each layer type)
+    first = prompts[0]["mless" if "mless" in conditions else "none"].input_ids
+    try:
+        check = compare(model, first, layers, tolerance=models.probe_tolerance(params.runtime.dtype))
+    except CaptureError as e:
+        raise models.UnsupportedModel(f"{params.file}: models.{name}.layers: model_type "
+                                      f"'{facts['model_type']}': {e}") from None
 
     dtype = np.float16 if cfg.dtype == "float16" else np.float32
     vectors = {c: {v: [] for v in VECTORS} for c in conditions}
@@ -181,9 +103,11 @@ def run(params: Params, name: str, out: Path | None = None, timing: Path | None 
 
     prov = {
         **provenance("extract"),
-        "model": {"name": name, "display_name": spec.display_name, **prepared.manifest()},
+        "model": {"name": name, **prepared.manifest()},
+        "layers_probe": check,
+        "loaded_layers": model.config.get_text_config().num_hidden_layers,
         **builder.describe(params),
-        "params": {"models": {name: spec.model_dump()}, "prompt": params.prompt.model_dump(),
+        "params": {"models": {name: spec.model_dump(exclude={"display_name"})}, "prompt": params.prompt.model_dump(),
                    "extract": cfg.model_dump(), "dataset": params.dataset.model_dump(),
                    "runtime": params.runtime.model_dump(include={"device", "dtype"})},
         "dataset_sha256": data_sha,
@@ -191,7 +115,6 @@ def run(params: Params, name: str, out: Path | None = None, timing: Path | None 
     with write_h5(out) as f:
         f.attrs["kind"] = "attention"
         f.attrs["model"] = name
-        f.attrs["display_name"] = spec.display_name
         f.attrs["layers"] = np.array(layers, dtype=np.int32)
         f.attrs["heads"] = np.array(heads, dtype=np.int32)
         f.attrs["conditions"] = list(conditions)

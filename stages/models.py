@@ -11,7 +11,9 @@ GGUF files are dequantized once and saved as float32 safetensors (with the token
 temporary folder and renamed into place only when complete.
 
 As a DVC stage, `python -m stages.models --model NAME` prepares one model and writes its manifest
-(`artifacts/models/NAME.json`: source, weights sha256, architecture facts) for later stages.
+(`artifacts/models/NAME.json`: source, weights sha256, architecture facts, the attention probe) for
+later stages. The probe refuses, with one line, a model whose attention the capture cannot record
+exactly (see stages/capture.py); `hf` sources record the commit their revision resolved to.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -40,6 +43,11 @@ class ModelSourceError(StageError):
     """A model source cannot be resolved; the message is one line naming the model and the cause."""
 
 
+class UnsupportedModel(StageError):
+    """The model is not a decoder-only causal LM whose attention the capture can record; one line
+    naming the params file, the model, its model_type and the reason."""
+
+
 @dataclass(frozen=True)
 class PreparedModel:
     name: str
@@ -48,6 +56,7 @@ class PreparedModel:
     files: dict               # safetensors file name -> sha256
     source: dict              # the params source spec, plus what it resolved to
     facts: dict               # architecture facts from config.json
+    probe: dict               # the attention probe's result (see probe())
 
     def manifest(self) -> dict:
         d = asdict(self)
@@ -111,6 +120,220 @@ def _has_chat_template(model_dir: Path) -> bool:
         return True
     cfg = model_dir / "tokenizer_config.json"
     return cfg.is_file() and bool(json.loads(cfg.read_text()).get("chat_template"))
+
+
+# ---- loading only the first layers ------------------------------------------------------------
+
+# a decoder layer's index inside a checkpoint key: model.layers.3.mlp..., transformer.h.3.attn...
+LAYER_KEY = re.compile(r"(?:^|\.)(?:layers|h|blocks|block|decoder_layers)\.(\d+)\.")
+# keys of other towers (a vision encoder's layers are not the text decoder's)
+OTHER_TOWERS = re.compile(r"(?:^|[._])(?:vision|visual|audio|image|speech|mm_projector)", re.I)
+
+
+def checkpoint_keys(model_dir: Path) -> dict[str, str]:
+    """{tensor name: safetensors file name} from the index of a sharded checkpoint, or the headers."""
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        return dict(json.loads(index.read_text())["weight_map"])
+    from safetensors import safe_open
+
+    keys = {}
+    for f in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(f, framework="pt") as st:
+            keys.update({k: f.name for k in st.keys()})
+    return keys
+
+
+def needed_keys(keys: dict[str, str], n_layers: int) -> dict[str, str]:
+    """The checkpoint tensors a model truncated to its first `n_layers` decoder layers reads:
+    everything but the decoder layers >= n_layers."""
+    def needed(key: str) -> bool:
+        m = LAYER_KEY.search(key)
+        return m is None or int(m.group(1)) < n_layers or bool(OTHER_TOWERS.search(key[:m.start()]))
+    return {k: f for k, f in keys.items() if needed(k)}
+
+
+def truncated_config(config, n_layers: int):
+    """`config` with its text model cut to the first `n_layers` layers (in place; returned).
+
+    num_hidden_layers, layer_types and any other per-layer list of the text config (an attribute
+    named *layer* with one entry per layer) are cut; every layer keeps its type, so layer i of the
+    truncated model is layer i of the full one."""
+    text = config.get_text_config()
+    full = text.num_hidden_layers
+    for attr, value in list(vars(text).items()):
+        if "layer" in attr and isinstance(value, (list, tuple)) and len(value) == full:
+            setattr(text, attr, type(value)(value[:n_layers]))
+    text.num_hidden_layers = n_layers
+    return config
+
+
+def _base_is_inside(config) -> bool:
+    """Whether the causal LM of `config` is its AutoModel class plus an LM head (then the base model
+    alone loads from the same checkpoint; BERT's LM head model, say, lacks the base model's pooler)."""
+    import torch
+    from transformers import AutoModel, AutoModelForCausalLM
+
+    if type(config) not in AutoModel._model_mapping or type(config) not in AutoModelForCausalLM._model_mapping:
+        return False
+    causal, base = AutoModelForCausalLM._model_mapping[type(config)], AutoModel._model_mapping[type(config)]
+    with torch.device("meta"):
+        inner = getattr(causal(config), causal.base_model_prefix, None)
+        return type(inner) is base and set(inner.state_dict()) == set(base(config).state_dict())
+
+
+def _from_pretrained(name: str, model_dir: Path, dtype, attn_implementation: str, trust_remote_code: bool,
+                     n_layers: int | None = None):
+    """AutoModelForCausalLM from safetensors; with `n_layers`, the base model without its LM head
+    (AutoModel: embeddings, decoder layers, final norm; never run by extraction, an untied LM head is
+    as big as the embedding) from a config truncated to the first `n_layers` layers and a view of
+    the checkpoint that holds only the shards with needed tensors (tensors of later layers in those
+    shards are mapped, never read). Refuses a checkpoint that lacks a tensor the model needs
+    (transformers would initialize it at random)."""
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    kw = dict(local_files_only=True, trust_remote_code=trust_remote_code)
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # the load report lists every skipped tensor of the later layers
+    try:
+        with tempfile.TemporaryDirectory(prefix="mless-view-") as view:
+            source, auto = model_dir, AutoModelForCausalLM
+            config = AutoConfig.from_pretrained(model_dir, **kw)
+            full = config.get_text_config().num_hidden_layers
+            if n_layers is not None and n_layers < full:
+                truncated_config(config, n_layers)
+                if _base_is_inside(config):
+                    auto = AutoModel
+                keys = needed_keys(checkpoint_keys(model_dir), n_layers)
+                source = Path(view)
+                for p in model_dir.iterdir():  # tokenizer, generation config, remote code: as they are
+                    if not p.name.endswith(".safetensors") and p.name not in ("config.json", "model.safetensors.index.json"):
+                        os.symlink(p.resolve(), source / p.name)
+                for shard in sorted(set(keys.values())):
+                    os.symlink((model_dir / shard).resolve(), source / shard)
+                if (model_dir / "model.safetensors.index.json").is_file():
+                    (source / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": keys}))
+                config.save_pretrained(source)
+            model, info = auto.from_pretrained(
+                source, config=config, dtype=dtype, attn_implementation=attn_implementation, use_safetensors=True,
+                output_loading_info=True, **kw)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    missing = sorted(info.get("missing_keys") or [])
+    if missing:
+        what = f"the first {n_layers} layers need" if n_layers else "the model needs"
+        raise ModelSourceError(f"model '{name}': checkpoint {model_dir} lacks {len(missing)} tensor(s) {what}: "
+                               f"{', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}")
+    return model
+
+
+# ---- the attention probe ----------------------------------------------------------------------------
+
+def _architecture(model_dir: Path, trust_remote_code: bool) -> tuple[str | None, dict]:
+    """(reason to refuse or None, facts the probe needs) from the config alone."""
+    import transformers
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    config = AutoConfig.from_pretrained(model_dir, trust_remote_code=trust_remote_code, local_files_only=True)
+    text = config.get_text_config()
+    if getattr(config, "is_encoder_decoder", False) or getattr(text, "is_encoder_decoder", False):
+        return "an encoder-decoder model; only decoder-only causal LMs are supported", {}
+    if getattr(text, "num_attention_heads", None) is None or getattr(text, "num_hidden_layers", None) is None:
+        return "its config names no attention heads or layers (num_attention_heads, num_hidden_layers)", {}
+    remote = trust_remote_code and "AutoModelForCausalLM" in (getattr(config, "auto_map", None) or {})
+    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not remote:
+        return (f"not a causal LM of transformers {transformers.__version__} (no AutoModelForCausalLM class "
+                f"for it)"), {}
+    return None, {"vocab_size": text.vocab_size, "layer_types": list(getattr(text, "layer_types", None) or [])}
+
+
+def _refusal(params: Params, name: str, model_type: str, reason: str) -> UnsupportedModel:
+    return UnsupportedModel(f"{params.file}: models.{name}: model_type '{model_type}' is not supported: {reason}")
+
+
+def check_architecture(params: Params, name: str, model_dir: Path, trust_remote_code: bool) -> None:
+    """Refuse, from its config alone, a model that is not a decoder-only causal LM (cheap; before
+    anything reads its weights)."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(model_dir, trust_remote_code=trust_remote_code, local_files_only=True)
+    except Exception as e:  # noqa: BLE001 - unknown model_type, remote code not trusted, bad json
+        model_type = json.loads((model_dir / "config.json").read_text()).get("model_type", "?")
+        raise _refusal(params, name, model_type, f"transformers cannot read its config: "
+                       f"{' '.join(str(e).split())[:300]}") from None
+    reason, _ = _architecture(model_dir, trust_remote_code)
+    if reason:
+        raise _refusal(params, name, config.model_type, reason)
+
+
+def probe_tolerance(dtype: str) -> float:
+    from stages.capture import TOLERANCE
+
+    return TOLERANCE if dtype == "float32" else 1e-2  # half-precision eager probabilities are rounded
+
+
+def run_probe(params: Params, name: str, model_dir: Path, facts: dict, trust_remote_code: bool) -> dict:
+    """Load layer 0 .. the first layer of each layer type (float32, CPU) and check on a fixed
+    prompt that the capture equals the model's own eager output_attentions (to 1e-6), is causal and
+    its rows sum to 1. Raises UnsupportedModel naming model, model_type and reason."""
+    import torch
+
+    from stages import capture
+
+    def refuse(reason: str):
+        return _refusal(params, name, facts["model_type"], reason)
+
+    reason, arch = _architecture(model_dir, trust_remote_code)
+    if reason:
+        raise refuse(reason)
+    layers = capture.probe_layers(arch)
+    try:
+        model = _from_pretrained(name, model_dir, torch.float32, "eager", trust_remote_code, max(layers) + 1)
+    except ModelSourceError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a model transformers cannot build is refused, not crashed on
+        raise refuse(f"cannot be loaded as a causal LM: {type(e).__name__}: {' '.join(str(e).split())[:300]}") from None
+    model.eval().requires_grad_(False)
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # a model without the interface warns on set_attn_implementation
+    try:
+        result = capture.compare(model, capture.probe_ids(arch["vocab_size"]), layers)
+    except capture.CaptureError as e:
+        raise refuse(str(e)) from None
+    except Exception as e:  # noqa: BLE001
+        raise refuse(f"{type(e).__name__}: {' '.join(str(e).split())[:300]}") from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        del model
+    import transformers
+
+    return {"passed": True, "version": capture.PROBE_VERSION, "dtype": "float32", "device": "cpu",
+            "transformers": transformers.__version__, **result}
+
+
+def probe(params: Params, name: str, model_dir: Path, weights_sha256: str, facts: dict, trust_remote_code: bool,
+          cache: Path) -> dict:
+    """The probe's result, memoized per weights, config, library versions and probe version."""
+    import torch
+    import transformers
+
+    from stages.capture import PROBE_VERSION
+
+    config_sha = sha256_file(model_dir / "config.json")
+    key = hashlib.sha256(json.dumps([weights_sha256, config_sha, transformers.__version__, torch.__version__,
+                                     trust_remote_code, PROBE_VERSION]).encode()).hexdigest()
+    memo = cache / "probes" / f"{key}.json"
+    if memo.is_file():
+        return json.loads(memo.read_text())
+    result = run_probe(params, name, model_dir, facts, trust_remote_code)
+    write_json_atomic(memo, result)
+    return result
 
 
 # ---- atomic cache entries -----------------------------------------------------------------
@@ -299,7 +522,10 @@ def fetch_hub(name: str, source, cache: Path, offline: bool) -> tuple[Path, str]
             f"{type(e).__name__}: {first}"
         ) from None
     path = Path(path)
-    return path, path.name  # snapshots/<commit sha>
+    commit = path.name  # huggingface_hub's snapshots/<commit sha>: the revision resolved to a commit
+    if not re.fullmatch(r"[0-9a-f]{40}", commit):
+        raise ModelSourceError(f"model '{name}': hub snapshot folder {path} is not named by a commit hash")
+    return path, commit
 
 
 # ---- entry points -----------------------------------------------------------------------------
@@ -328,13 +554,15 @@ def prepare(params: Params, name: str) -> PreparedModel:
             if not path.is_dir():
                 raise ModelSourceError(f"model '{name}': folder {path} not found (models.{name}.source.path)")
         else:
-            path, resolved["commit"] = fetch_hub(name, src, cache, params.runtime.offline)
+            path, resolved["resolved_commit"] = fetch_hub(name, src, cache, params.runtime.offline)
         _check_hf_dir(name, path)
+        check_architecture(params, name, path, spec.trust_remote_code)
         desc = _describe_dir(path, cache, spec.trust_remote_code)
     facts = desc["facts"]
     check_model_facts(params, name, facts)
+    result = probe(params, name, path, desc["weights_sha256"], facts, spec.trust_remote_code, cache)
     return PreparedModel(name=name, path=path, weights_sha256=desc["weights_sha256"], files=desc["files"],
-                         source=resolved, facts=facts)
+                         source=resolved, facts=facts, probe=result)
 
 
 def torch_dtype(name: str):
@@ -355,22 +583,25 @@ def torch_device(params: Params) -> str:
     return want
 
 
-def load(params: Params, prepared: PreparedModel, attn_implementation: str = "eager"):
-    """(model, tokenizer) from the prepared folder: safetensors only, eval mode, no gradients."""
+def load(params: Params, prepared: PreparedModel, attn_implementation: str = "eager", layers=None):
+    """(model, tokenizer) from the prepared folder: safetensors only, eval mode, no gradients.
+
+    With `layers`, only the embeddings and decoder layers 0..max(layers) are built and read (the
+    base model without the LM head, plus its final norm); the forward of those layers is the full
+    model's."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # a weights bar per load only clutters the stage logs
     if params.runtime.threads:
         torch.set_num_threads(params.runtime.threads)
     spec = model_spec(params, prepared.name)
-    kw = dict(local_files_only=True, trust_remote_code=spec.trust_remote_code)
-    tokenizer = AutoTokenizer.from_pretrained(prepared.path, **kw)
-    model = AutoModelForCausalLM.from_pretrained(
-        prepared.path, dtype=torch_dtype(params.runtime.dtype), attn_implementation=attn_implementation,
-        use_safetensors=True, **kw,
-    )
+    tokenizer = AutoTokenizer.from_pretrained(prepared.path, local_files_only=True,
+                                              trust_remote_code=spec.trust_remote_code)
+    n_layers = max(layers) + 1 if layers else None
+    model = _from_pretrained(prepared.name, prepared.path, torch_dtype(params.runtime.dtype), attn_implementation,
+                             spec.trust_remote_code, n_layers)
     model.to(torch_device(params)).eval().requires_grad_(False)
     return model, tokenizer
 

@@ -84,7 +84,8 @@ def provenance_rows(src: Sources, root: Path, name: str, disp: str) -> dict:
     return {
         "model": disp, "name": name,
         "source": source.get("kind", "?") + ": " + ", ".join(
-            str(x) for x in (source.get("packages") or [source.get("repo_id") or source.get("path") or ""])),
+            str(x) for x in (source.get("packages") or [source.get("repo_id") or source.get("path") or ""]))
+        + (f" @ {source['resolved_commit']}" if source.get("resolved_commit") else ""),  # hf: the commit resolved
         "source_sha256": source.get("gguf_sha256") or source.get("sha256") or "",
         "weights_sha256": manifest.get("weights_sha256", ""),
         "dataset_sha256": xp.get("dataset_sha256", ""),

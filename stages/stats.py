@@ -112,7 +112,6 @@ def run(params: Params, name: str, src: Path | None = None, out: Path | None = N
         per = {c: _per_sample(f, c, cfg.query_set, n_orig) for c in conditions}
         spans = {c: f[c]["span"][()] for c in conditions}
         extract_prov = json.loads(f.attrs["provenance"])
-        display_name = f.attrs["display_name"]
         problem_index = f["problems/index"][()]
 
     first = 1 if cfg.exclude_first else 0
@@ -140,7 +139,6 @@ def run(params: Params, name: str, src: Path | None = None, out: Path | None = N
     with write_h5(out) as f:
         f.attrs["kind"] = "stats"
         f.attrs["model"] = name
-        f.attrs["display_name"] = display_name
         f.attrs["layers"] = layers
         f.attrs["heads"] = heads
         f.attrs["conditions"] = conditions

@@ -45,7 +45,7 @@ def edited(**changes):
     ({"prompt__conditions": ["none", "noise"]}, ["prompt.conditions.1", "'none', 'mless' or 'mful'", "(got 'noise')"]),
     ({"prompt__conditions": ["mless", "mful"]}, ["prompt.conditions", "must include 'none'"]),
     ({"prompt__mless__placement": "after"}, ["prompt.mless.placement", "'between' or 'before_instruction'", "(got 'after')"]),
-    ({"models__smollm2-135m__family": "mistral"}, ["models.smollm2-135m.family", "'llama', 'qwen2' or 'gemma3'", "(got 'mistral')"]),
+    ({"models__smollm2-135m__family": "Mistral 7B"}, ["models.smollm2-135m.family", "should match pattern", "(got 'Mistral 7B')"]),
     ({"models__smollm2-135m__layers": [0, -1]}, ["models.smollm2-135m.layers.1", "greater than or equal to 0", "(got -1)"]),
     ({"models__smollm2-135m__layers": [1, 1]}, ["models.smollm2-135m.layers", "duplicates"]),
     ({"models__smollm2-135m__heads": "some"}, ["models.smollm2-135m.heads", "(got 'some')"]),

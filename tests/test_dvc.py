@@ -134,6 +134,20 @@ def test_activation_params_rerun_the_activation_stages_figures_and_report_only(c
     assert repo.repro() == {"figures"} | repo.report
 
 
+def test_display_name_reruns_only_figures_and_report(clean):
+    """A label costs no compute: not extract or evaluate (hours on a GPU), not stats, not prepare."""
+    repo = clean
+    repo.set_params(**{f"models__{A}__display_name": "Renamed model A"})
+    assert params_diff(repo) == {f"models.{A}.display_name": {"old": "Tiny llama", "new": "Renamed model A"}}
+    assert repo.repro() == {"figures"} | repo.report
+    assert repo.status() == {}
+    for artifact in (f"artifacts/attention/{A}.h5", f"artifacts/eval/{A}.h5", f"artifacts/stats/{A}.h5",
+                     f"artifacts/activations/{A}.h5"):
+        assert b"Tiny llama" not in (repo.path / artifact).read_bytes()
+    if repo.report:
+        assert "Renamed model A" in (repo.path / "reports/report.md").read_text()
+
+
 def test_one_models_extraction_param_reruns_its_branch_only_in_an_experiment(clean):
     repo = clean
     proc = repo.dvc("exp", "run", "-n", "layers-a", "-S", f"models.{A}.layers=[0,1]")

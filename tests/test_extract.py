@@ -176,7 +176,7 @@ def test_subset_larger_than_dataset(tiny_dirs, write_params, cache_dir, tmp_path
 def test_prompt_longer_than_context(write_params, cache_dir, tmp_path):
     short = tiny.build("llama", tmp_path / "short", max_positions=64)
     params = tiny_params(write_params, {"llama": short}, "llama")
-    with pytest.raises(ConfigError, match=r"a prompt has \d+ tokens, more than Tiny llama's context of 64 positions"):
+    with pytest.raises(ConfigError, match=r"a prompt has \d+ tokens, more than the context of model 'tiny' \(64 positions\)"):
         extract.run(params, "tiny", out=tmp_path / "x.h5")
     assert not (tmp_path / "x.h5").exists()
 

@@ -3,6 +3,7 @@ import json
 import os
 import subprocess
 import sys
+import shutil
 import zipfile
 
 import numpy as np
@@ -99,7 +100,8 @@ def test_hub_source_offline_uses_huggingface_cache(tiny_dirs, write_params, cach
     params = load_params(write_params(raw))
     prepared = models.prepare(params, "hub")
     assert prepared.path == snapshot
-    assert prepared.source["commit"] == commit
+    assert prepared.source["resolved_commit"] == commit
+    assert json.loads(json.dumps(prepared.manifest()))["source"]["resolved_commit"] == commit
     raw["models"] = {"hub": hub_spec("acme/not-cached")}
     with pytest.raises(ModelSourceError) as e:
         models.prepare(load_params(write_params(raw)), "hub")
@@ -250,3 +252,121 @@ def test_shipped_gguf_model_resolves_and_runs(write_params):
     with torch.no_grad():
         logits = model(ids).logits[0, -1]
     assert tokenizer.decode(logits.argmax()).strip() == "Paris"
+
+
+# ---- architectures: the probe refuses what the capture cannot record --------------------------------
+
+def save_random(path, config, seq2seq=False):
+    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
+
+    torch.manual_seed(0)
+    (AutoModelForSeq2SeqLM if seq2seq else AutoModelForCausalLM).from_config(config).save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("kind, reason", [
+    ("bart", "model_type 'bart' is not supported: an encoder-decoder model; only decoder-only causal LMs"),
+    ("bert", "model_type 'bert' is not supported: layer 0: non-causal attention"),
+    ("xglm", "model_type 'xglm' is not supported: attention of layers [0] was not captured (its attention modules "
+             "never call transformers' attention interface)"),
+    ("mamba", "model_type 'mamba' is not supported: its config names no attention heads or layers"),
+])
+def test_unsupported_architectures_are_refused_in_one_line(kind, reason, write_params, cache_dir, tmp_path):
+    import transformers as t
+
+    config = {
+        "bart": lambda: t.BartConfig(vocab_size=64, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+                                     decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32),
+        "bert": lambda: t.BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                     intermediate_size=32),
+        "xglm": lambda: t.XGLMConfig(vocab_size=64, d_model=32, num_layers=2, attention_heads=2, ffn_dim=32),
+        "mamba": lambda: t.MambaConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, state_size=4),
+    }[kind]()
+    path = save_random(tmp_path / kind, config, seq2seq=kind == "bart")
+    params = params_with(write_params, "odd", {**local_spec(path, None), "layers": [0]})
+    with pytest.raises(models.UnsupportedModel) as e:
+        models.prepare(params, "odd")
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(f"{params.file}: models.odd: ") and reason in msg
+    assert not (cache_dir / "probes").exists() or not list((cache_dir / "probes").iterdir())
+
+
+def test_cli_refuses_an_unsupported_model_before_work(write_params, tmp_path):
+    import transformers as t
+
+    path = save_random(tmp_path / "xglm", t.XGLMConfig(vocab_size=64, d_model=32, num_layers=2, attention_heads=2, ffn_dim=32))
+    params = write_params(models={"odd": {**local_spec(path, None), "layers": [0]}})
+    out = tmp_path / "artifacts"
+    proc = subprocess.run([sys.executable, "-m", "stages.extract", "--model", "odd", "--params", str(params)],
+                          cwd=ROOT, capture_output=True, text=True, env={**os.environ, "MLESS_CACHE": str(tmp_path / "c")})
+    assert proc.returncode == 2
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: {params}: models.odd: model_type 'xglm' is not supported: ")
+    assert not (ROOT / "artifacts" / "attention" / "odd.h5").exists() and not out.exists()
+
+
+def test_family_given_must_match_and_null_reads_the_config(tiny_dirs, write_params, cache_dir):
+    params = params_with(write_params, "tiny", local_spec(tiny_dirs["gemma3"], "gemma3"))  # the wrapper's name
+    assert models.prepare(params, "tiny").facts["model_type"] == "gemma3_text"
+    params = params_with(write_params, "tiny", local_spec(tiny_dirs["qwen2"], None))
+    prepared = models.prepare(params, "tiny")
+    assert prepared.facts["model_type"] == "qwen2" and prepared.probe["passed"]
+    params = params_with(write_params, "tiny", local_spec(tiny_dirs["qwen2"], "mistral"))
+    with pytest.raises(ConfigError, match=r"models\.tiny\.family: 'mistral' expects model_type \['mistral'\], but the "
+                                          r"model's config says 'qwen2' \(or set family: null\)"):
+        models.prepare(params, "tiny")
+
+
+# ---- loading only the first layers ----------------------------------------------------------------
+
+def sharded_copy(src, dst, max_shard_size="60KB"):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
+    model.save_pretrained(dst, max_shard_size=max_shard_size)
+    for f in src.iterdir():
+        if "token" in f.name or f.name == "special_tokens_map.json":
+            shutil.copy(f, dst / f.name)
+    return dst
+
+
+def test_partial_load_reads_only_the_shards_it_needs(tiny_dirs, write_params, cache_dir, tmp_path):
+    path = sharded_copy(tiny_dirs["llama"], tmp_path / "sharded")
+    index = json.loads((path / "model.safetensors.index.json").read_text())["weight_map"]
+    needed = models.needed_keys(index, 2)
+    assert {k for k in index if ".layers.2." in k or ".layers.3." in k} == set(index) - set(needed)
+    unneeded = set(index.values()) - set(needed.values())
+    assert len(set(index.values())) >= 4 and unneeded  # some shards hold only layers 2-3
+    params = params_with(write_params, "tiny", {**local_spec(path, "llama"), "layers": [0, 1]})
+    prepared = models.prepare(params, "tiny")
+    full, _ = models.load(params, prepared)
+    for shard in unneeded:  # garbage where the later layers were: a full load fails, a partial one does not read them
+        (path / shard).write_bytes(b"\0" * 64)
+    part, _ = models.load(params, prepared, layers=[0, 1])
+    assert len(part.get_decoder().layers) == 2 and part.config.num_hidden_layers == 2
+    ids = list(range(5, 40))
+    from stages import extract
+
+    extract.install_capture(full)
+    extract.install_capture(part)
+    a, b = extract.attention(full, ids, [0, 1]), extract.attention(part, ids, [0, 1])
+    assert all((a[i] - b[i]).abs().max().item() == 0 for i in (0, 1))
+    with pytest.raises(Exception):
+        models.load(params, prepared)
+
+
+def test_checkpoint_missing_a_needed_tensor_is_one_line(tiny_dirs, write_params, cache_dir, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    path = tmp_path / "broken"
+    shutil.copytree(tiny_dirs["llama"], path)
+    tensors = load_file(path / "model.safetensors")
+    del tensors["model.layers.0.self_attn.k_proj.weight"]
+    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    params = params_with(write_params, "tiny", {**local_spec(path, "llama"), "layers": [0]})
+    with pytest.raises(ModelSourceError) as e:
+        models.prepare(params, "tiny")
+    assert "\n" not in str(e.value)
+    assert f"model 'tiny': checkpoint {path} lacks 1 tensor(s) the first 1 layers need: " in str(e.value)
+    assert str(e.value).endswith("layers.0.self_attn.k_proj.weight")  # the base model's name for it
+    assert not list((cache_dir / "probes").glob("*.json")) if (cache_dir / "probes").exists() else True

@@ -9,6 +9,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 MATH500 = ROOT / "data" / "math500" / "test.jsonl"
 ARCHS = ("llama", "qwen2", "gemma3")
+# more decoder-only families of the installed transformers, each with an attention variant of its own:
+# gemma2 (logit softcapping, alternating sliding/full layers), mistral (sliding window on every
+# layer), qwen3 (q/k norms per head), olmo2 (q/k norms over all heads), phi3 (fused qkv projection,
+# partial rotary), granite (attention/embedding multipliers); gemma3 mixes sliding and full layers
+FAMILIES = ARCHS + ("gemma2", "mistral", "qwen3", "olmo2", "phi3", "granite")
+WINDOW = 24  # sliding windows short enough that test prompts cross them
 
 
 def train_tokenizer(out: Path, add_bos: bool):
@@ -35,9 +41,10 @@ def train_tokenizer(out: Path, add_bos: bool):
 def build(arch: str, out: Path, layers: int = 4, max_positions: int = 4096) -> Path:
     """Save a tiny `arch` model (float32 safetensors + tokenizer) into `out` and return it."""
     import torch
+    import transformers
     from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, Qwen2Config
 
-    tokenizer = train_tokenizer(out, add_bos=arch == "gemma3")
+    tokenizer = train_tokenizer(out, add_bos=arch.startswith("gemma"))
     common = dict(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
                   num_attention_heads=4, max_position_embeddings=max_positions, bos_token_id=tokenizer.bos_token_id,
                   eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
@@ -47,8 +54,24 @@ def build(arch: str, out: Path, layers: int = 4, max_positions: int = 4096) -> P
         config = Qwen2Config(num_key_value_heads=2, **common)
     elif arch == "gemma3":
         # a short window so that test prompts cross it, as long prompts do on the real model
-        config = Gemma3TextConfig(num_key_value_heads=1, head_dim=32, sliding_window=24,
-                                  query_pre_attn_scalar=24, **common)
+        # layer types mixed as in the real model (5 sliding : 1 full there), a full layer among 0-2
+        types = ["sliding_attention", "sliding_attention", "full_attention"] * layers
+        config = Gemma3TextConfig(num_key_value_heads=1, head_dim=32, sliding_window=WINDOW,
+                                  query_pre_attn_scalar=24, layer_types=types[:layers], **common)
+    elif arch == "gemma2":  # a small cap so that capping changes the probabilities of random weights
+        config = transformers.Gemma2Config(num_key_value_heads=2, head_dim=16, sliding_window=WINDOW,
+                                           query_pre_attn_scalar=16, attn_logit_softcapping=0.05, **common)
+    elif arch == "mistral":
+        config = transformers.MistralConfig(num_key_value_heads=2, head_dim=16, sliding_window=WINDOW, **common)
+    elif arch == "qwen3":
+        config = transformers.Qwen3Config(num_key_value_heads=2, head_dim=16, **common)
+    elif arch == "olmo2":
+        config = transformers.Olmo2Config(num_key_value_heads=2, **common)
+    elif arch == "phi3":
+        config = transformers.Phi3Config(num_key_value_heads=2, partial_rotary_factor=0.5, **common)
+    elif arch == "granite":
+        config = transformers.GraniteConfig(num_key_value_heads=2, attention_multiplier=0.05, embedding_multiplier=4.0,
+                                            residual_multiplier=0.5, logits_scaling=2.0, **common)
     else:
         raise ValueError(arch)
     torch.manual_seed(0)
