@@ -38,8 +38,12 @@ system-packages:
 	  else echo "note: $$pkg not found and cannot be installed here; the tests that need it will be skipped"; fi; }; \
 	done
 
+# Two workers, one test file each at a time: the DVC and sharing modules (minutes of subprocesses each)
+# run side by side. `make test PYTEST_WORKERS=` runs everything in one process.
+PYTEST_WORKERS ?= -n 2 --dist loadfile
+
 test: install system-packages
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -220,8 +220,8 @@ def test_cold_repro_in_a_fresh_clone_reproduces_the_committed_lock(alice):
     with h5py.File(alice.cold.path / f"artifacts/attention/{M}.h5", "r") as f:
         prov = json.loads(f.attrs["provenance"])
     assert "git_commit" not in prov and prov["stage"] == "extract"
-    assert set(prov["code_sha256"]) == {"stages/extract.py", "stages/models.py", "stages/prompts.py",
-                                        "stages/store.py", "stages/texts/meaningful.txt"}
+    assert set(prov["code_sha256"]) == {"stages/extract.py", "stages/capture.py", "stages/models.py",
+                                        "stages/prompts.py", "stages/store.py", "stages/texts/meaningful.txt"}
     # the commit that ran is in the run's sidecar: alice's evaluation ran at the evaluate.py commit
     sidecar = json.loads(alice.committed[f"metrics/timing/evaluate-{M}.json"])
     head = alice.git("rev-parse", "HEAD~1").stdout.strip()
