@@ -38,7 +38,7 @@ from stages.config import ConfigError, Params, model_spec
 from stages.capture import StopForward, capturing, install_capture
 from stages.intervals import bootstrap_mean_ci
 from stages.prompts import builder_for, load_math500, put_problems, select_problems
-from stages.store import provenance, put, put_json_attr, write_h5, write_timing
+from stages.store import provenance, put, put_json_attr, write_h5, write_prompt_timing
 
 SETS = {
     "original": "every original (none) token, at its position in the condition's prompt",
@@ -279,9 +279,7 @@ def run(params: Params, name: str, out: Path | None = None, timing: Path | None 
             put(g.require_group(c), "a", a_all.astype(np.float16), shape="[layer, token, channel]")
             put(g[c], "z", z_all.astype(np.float16), shape="[layer, token, channel]")
     n_prompts = len(prompts) * len(conditions)
-    write_timing(timing or params.resolve(f"metrics/timing/activations-{name}.json"), {
-        "seconds": round(seconds, 2), "ms_per_prompt": round(1000 * seconds / n_prompts, 1),
-        "prompts": n_prompts, "bytes": out.stat().st_size})
+    write_prompt_timing(timing or params.resolve(f"metrics/timing/activations-{name}.json"), seconds, n_prompts, out)
     print(f"{name}: MLP activations of layers {[x + 1 for x in layers]} (1-based), {len(prompts)} problems x "
           f"{len(conditions)} conditions in {seconds:.1f} s -> {out} ({out.stat().st_size / 2**20:.1f} MiB)")
     return out

@@ -28,7 +28,7 @@ from stages import cli, models, progress
 from stages.capture import CaptureError, attention, compare, install_capture  # noqa: F401 (used by tests, benchmarks)
 from stages.config import ConfigError, Params, model_spec
 from stages.prompts import builder_for, load_math500, put_problems, select_problems
-from stages.store import provenance, put, put_json_attr, write_h5, write_timing
+from stages.store import provenance, put, put_json_attr, write_h5, write_prompt_timing
 
 VECTORS = ("recv_all", "recv_original", "recv_last", "mass_span", "mass_first")
 QUERY_SETS = {
@@ -145,9 +145,7 @@ def run(params: Params, name: str, out: Path | None = None, timing: Path | None 
             put(s.require_group(f"{k:03d}"), c, probs.astype(dtype), shape="[layer, head, query, key]")
             s[f"{k:03d}"].attrs["problem_index"] = chosen[k].index
     n_prompts = len(prompts) * len(conditions)
-    write_timing(timing or params.resolve(f"metrics/timing/extract-{name}.json"), {
-        "seconds": round(seconds, 2), "ms_per_prompt": round(1000 * seconds / n_prompts, 1),
-        "prompts": n_prompts, "bytes": out.stat().st_size})
+    write_prompt_timing(timing or params.resolve(f"metrics/timing/extract-{name}.json"), seconds, n_prompts, out)
     print(f"{name}: {len(prompts)} problems x {len(conditions)} conditions in {seconds:.1f} s "
           f"({1000 * seconds / n_prompts:.0f} ms per prompt) -> {out} ({out.stat().st_size / 2**20:.1f} MiB)")
     return out

@@ -194,3 +194,9 @@ def run_info() -> dict:
 def write_timing(path: str | os.PathLike, data: dict) -> None:
     """A run's sidecar (`metrics/timing/<stage>-<model>.json`): its timings plus `run_info()`."""
     write_json_atomic(path, {**data, **run_info()})
+
+
+def write_prompt_timing(path: str | os.PathLike, seconds: float, n_prompts: int, artifact: Path) -> None:
+    """The sidecar of a stage that runs the model on prompts: wall time, per prompt, the artifact's size."""
+    write_timing(path, {"seconds": round(seconds, 2), "ms_per_prompt": round(1000 * seconds / n_prompts, 1),
+                        "prompts": n_prompts, "bytes": artifact.stat().st_size})
