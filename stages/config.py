@@ -127,7 +127,7 @@ class ModelSpec(Strict):
 
 class MlessSpan(Strict):
     token: str = Field(default="/", min_length=1)
-    count: PositiveInt = 55
+    count: NonNegativeInt = Field(default=55, description="repetitions of token; 0: the mless prompt is the none prompt")
     placement: Literal["between", "before_instruction"] = "between"
 
 
@@ -209,6 +209,44 @@ class Activations(Strict):
         return v
 
 
+class Sweep(Strict):
+    """sweep@<model>: the effect against the span's length (and character), attention and optionally accuracy."""
+
+    counts: list[NonNegativeInt] = Field(default=[0, 10, 25, 40, 55, 70], min_length=1,
+                                         description="repetitions of each token (the paper's grid); 0 = the none prompt")
+    tokens: list[str] = Field(default=["/"], min_length=1, description="span characters, e.g. '/', '.', '-', '#'")
+    layer: NonNegativeInt = Field(default=0, description="0-based layer whose attention is measured (Layer 1 on charts)")
+    top_heads: PositiveInt = Field(default=3, description="heads averaged as 'top heads': largest drop at reference_count")
+    reference_count: NonNegativeInt = Field(default=55, description="the count whose drop picks the top heads (one of counts)")
+    attention_samples: PositiveInt = Field(default=30, description="problems of the attention sweep (seeded, stratified)")
+    accuracy_samples: NonNegativeInt = Field(default=0, description="problems of the accuracy sweep; 0 = attention only")
+    seed: int = Field(default=0, description="subset and bootstrap seed")
+    n_boot: PositiveInt = 2000
+
+    @field_validator("counts")
+    @classmethod
+    def _counts(cls, v):
+        if len(set(v)) != len(v):
+            raise ValueError(f"duplicates in {v}")
+        return sorted(v)
+
+    @model_validator(mode="after")
+    def _reference(self):
+        if self.reference_count not in self.counts:
+            raise ValueError(f"reference_count {self.reference_count} is not one of counts {self.counts}")
+        return self
+
+    @field_validator("tokens")
+    @classmethod
+    def _tokens(cls, v):
+        empty = [k for k, t in enumerate(v) if not t.strip()]
+        if empty:
+            raise ValueError(f"token {empty[0]} is empty or whitespace ({v[empty[0]]!r}); a span character must be visible")
+        if len(set(v)) != len(v):
+            raise ValueError(f"duplicates in {v}")
+        return v
+
+
 class Figures(Strict):
     models: Literal["all"] | list[str] = "all"
     layer: NonNegativeInt = Field(default=0, description="0-based layer of the per-head charts (Layer 1 on charts)")
@@ -242,6 +280,7 @@ class Params(Strict):
     evaluate: Evaluate = Evaluate()
     stats: Stats = Stats()
     activations: Activations = Activations()
+    sweep: Sweep = Sweep()
     figures: Figures = Figures()
     models: dict[ModelName, ModelSpec] = Field(min_length=1)
     _file: Path = PrivateAttr(default=PARAMS_FILE)

@@ -11,6 +11,8 @@ Across models:
   cross-model           one panel per model: "Meaningless tokens" vs "Random sentence" over the full prompt
   activations           one panel per model: histogram of layer-0 MLP activations per condition, four insets
   activation-shift      each activation measure's paired change under mless / mful, and lambda, per model
+  span-sweep            Layer 1 drop and span mass against the number of span characters (stages/sweep.py)
+  span-accuracy         accuracy against the number of span characters (only when the accuracy sweep ran)
   accuracy              MATH-500 accuracy per model and condition (drawn only from evaluation metrics)
 and the accuracy table `reports/accuracy.csv` (model, condition, label, accuracy, correct, n: one row per
 model and condition) that `dvc plots` draws.
@@ -75,7 +77,8 @@ def write_accuracy_table(path: Path, metrics: dict) -> Path:
 def draw_all(plt, ctx: Context) -> list[tuple[str, object]]:
     """(stem, figure) of every chart kind: per model in model order, then the charts across models."""
     drawn = [(charts.stem(k, n), k.draw(plt, ctx, n)) for n in ctx.names for k in charts.PER_MODEL]
-    return drawn + [(charts.stem(k, None), k.draw(plt, ctx, None)) for k in charts.STUDY]
+    return drawn + [(charts.stem(k, None), k.draw(plt, ctx, None)) for k in charts.STUDY
+                    if charts.unavailable(k, ctx) is None]
 
 
 def run(params: Params, folder: Path | None = None, table: Path | None = None) -> list[Path]:

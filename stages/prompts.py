@@ -123,7 +123,8 @@ class PromptBuilder:
             self.prefix, self.suffix = full[:at], full[at + len(bare):]
         self.instruction = self.encode(self.prompt.instruction)
         m = self.prompt.mless
-        self.mless_text = (m.token + f" {m.token}" * (m.count - 1)) if self.before else f" {m.token}" * m.count
+        self.mless_text = ("" if not m.count else (m.token + f" {m.token}" * (m.count - 1)) if self.before
+                           else f" {m.token}" * m.count)
         self.mless = self.encode(self.mless_text)
         self.span_len = len(self.mless)
         self._mful_candidates = self._mful_windows(params) if "mful" in self.prompt.conditions else []

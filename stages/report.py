@@ -130,7 +130,11 @@ def run(params: Params, out: Path | None = None) -> list[Path]:
     per_model = [{"model": ctx.disp(n), "name": n, "charts": [k.explain(ctx, n) for k in charts.PER_MODEL]}
                  for n in names]
     study = {k.KIND: k.explain(ctx, None) for k in charts.STUDY}
+    for k in charts.STUDY:
+        study[k.KIND].extra["unavailable"] = charts.unavailable(k, ctx)
     for chart in [c for m in per_model for c in m["charts"]] + list(study.values()):
+        if chart.extra.get("unavailable"):
+            continue
         png = fig_dir / f"{chart.stem}.png"
         if not png.is_file():
             raise ArtifactError(f"{png}: missing chart (run: dvc repro figures)")
@@ -142,12 +146,14 @@ def run(params: Params, out: Path | None = None) -> list[Path]:
         "layer": params.figures.layer,
         "per_model": per_model, "cross": cross, "accuracy": acc, "table": acc.extra["table"],
         "activation_charts": [study["activations"], study["activation-shift"]],
+        "span_charts": [study["span-sweep"], study["span-accuracy"]],
         "glance": cross.observations + study["activations"].interpretation[1:2] + acc.observations[-1:]
         + acc.interpretation[-1:],
         "examples": [example(params, root, n, ctx.disp(n)) for n in names],
         "provenance": [provenance_rows(ctx.src, root, n, ctx.disp(n)) for n in names],
         "fig_rel": Path(os.path.relpath(fig_dir, out)).as_posix(),
         "names": names,
+        "span_counts": sorted({c for n in names for c in ctx.sweep[n]["counts"]}),
     }
     html, md = render(context)
     written = []

@@ -4,7 +4,7 @@
 
 `dvc push --run-cache` (DVC 3) uploads the run-cache's records (`.dvc/cache/runs`: for each stage
 run, its deps, params and the hash of every output) but only those output files that a pushed commit
-tracks in the DVC cache. Outputs kept in git (`cache: false`: metrics, plot tables, the timing
+tracks in the DVC cache. Outputs kept in git (`cache: false`: metrics and the timing
 sidecars) are never uploaded, though DVC saved them into the local cache with the run; another
 clone's `dvc repro --pull` then finds the record, misses one of its files ("Some of the cache files do
 not exist neither locally nor on remote") and runs the stage after all. This command pushes the

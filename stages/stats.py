@@ -58,6 +58,20 @@ def plot_table_path(kind: str, name: str) -> Path:
     return Path("artifacts") / "plots" / kind / f"{name}.csv"
 
 
+def sample_stats(recv: np.ndarray, recv_all: np.ndarray, mass_span: np.ndarray, pos: np.ndarray,
+                 span, query_set: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One prompt's [L, H, T] vectors -> (original_avg [L, H, N], full_avg [L, H, T], span_mass [L, H]).
+
+    `recv` is the query set's received-attention vector, `pos` the positions of the N original tokens.
+    The sweep stage calls this too, so its numbers are these statistics by construction."""
+    T, n = recv.shape[-1], len(pos)
+    queries = {"original": n - np.arange(n), "all": T - pos, "last": np.ones(n)}[query_set]
+    start, end = span
+    after = pos[pos >= end] if end > start else np.array([], dtype=int)
+    return (recv[:, :, pos] / queries, recv_all / (T - np.arange(T)),
+            mass_span[:, :, after].mean(axis=2) if len(after) else np.zeros(recv.shape[:2]))
+
+
 def _per_sample(f, cond: str, query_set: str, n_orig: np.ndarray):
     """Per sample: position-wise averages over original tokens, over the full prompt, span mass."""
     g = f[cond]
@@ -68,18 +82,13 @@ def _per_sample(f, cond: str, query_set: str, n_orig: np.ndarray):
     out_orig, out_full, out_span = [], [], []
     for s in range(len(offsets) - 1):
         a, b = offsets[s], offsets[s + 1]
-        T = b - a
         pos = original_pos[orig_off[s]:orig_off[s + 1]]
-        if len(pos) != n_orig[s] or (len(pos) and pos.max() >= T):
+        if len(pos) != n_orig[s] or (len(pos) and pos.max() >= b - a):
             raise ArtifactError(f"{f.filename}: {cond}/original_pos does not fit sample {s}")
-        n = len(pos)
-        queries = {"original": n - np.arange(n), "all": T - pos, "last": np.ones(n)}[query_set]
-        out_orig.append(recv[:, :, a:b][:, :, pos] / queries)
-        out_full.append(recv_all[:, :, a:b] / (T - np.arange(T)))
-        start, end = span[s]
-        after = pos[pos >= end] if end > start else np.array([], dtype=int)
-        out_span.append(mass_span[:, :, a:b][:, :, after].mean(axis=2) if len(after) else
-                        np.zeros(recv.shape[:2]))
+        o, full, m = sample_stats(recv[:, :, a:b], recv_all[:, :, a:b], mass_span[:, :, a:b], pos, span[s], query_set)
+        out_orig.append(o)
+        out_full.append(full)
+        out_span.append(m)
     return out_orig, out_full, np.stack(out_span)
 
 

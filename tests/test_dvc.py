@@ -12,6 +12,7 @@ import json
 import os
 import re
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -47,12 +48,24 @@ class Background(threading.Thread):
         return self.value
 
 
+GRID = (0, 25, 55)
+
+
 def second_checkout(other: Repo) -> dict:
-    """A clone's cold `dvc repro` (its dvc.lock afterwards), then a span-length experiment."""
+    """A clone's cold `dvc repro` (its dvc.lock afterwards), then a span-length experiment, then the
+    DVC-native grid of the README: queue one experiment per count, run the queue, wait for it."""
     cold = other.repro()
     lock = other.lock_hashes()
     span = ran(other.dvc("exp", "run", "-n", "span", "-S", "prompt.mless.count=5"))
-    return {"cold": cold, "lock": lock, "span": span}
+    queued = other.dvc("exp", "run", "--queue", "-S", f"prompt.mless.count={','.join(map(str, GRID))}")
+    other.dvc("queue", "start")
+    deadline = time.monotonic() + 900
+    while True:
+        status = other.dvc("queue", "status").stdout
+        if not re.search(r"\b(Queued|Running)\b", status) or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    return {"cold": cold, "lock": lock, "span": span, "queued": queued.stdout, "queue_status": status}
 
 
 @pytest.fixture(scope="module")
@@ -134,6 +147,16 @@ def test_activation_params_rerun_the_activation_stages_figures_and_report_only(c
     assert repo.repro() == {"figures"} | repo.report
 
 
+def test_sweep_params_rerun_the_sweep_stages_figures_and_report_only(clean):
+    repo = clean
+    repo.set_params(sweep__counts=[0, 5, 55])
+    assert repo.repro() == {f"sweep@{A}", f"sweep@{B}", "figures"} | repo.report
+    assert repo.status() == {}
+    for m in (A, B):
+        got = json.loads((repo.path / f"metrics/sweep/{m}.json").read_text())
+        assert list(got["tokens"]["/"]["counts"]) == ["0", "5", "55"]
+
+
 def test_display_name_reruns_only_figures_and_report(clean):
     """A label costs no compute: not extract or evaluate (hours on a GPU), not stats, not prepare."""
     repo = clean
@@ -199,7 +222,7 @@ def test_comparing_two_experiments(clean, tmp_path):
 # ---- plots --------------------------------------------------------------------------------------
 
 def plot_ids() -> set[str]:
-    return {f"artifacts/plots/{kind}/{m}.csv" for kind in ("original", "full") for m in (A, B)} | {
+    return {f"artifacts/plots/{kind}/{m}.csv" for kind in ("original", "full", "sweep") for m in (A, B)} | {
         "reports/accuracy.csv"}
 
 
@@ -210,7 +233,7 @@ def test_plots_show_renders_the_attention_and_accuracy_tables(clean, tmp_path):
     for plot_id, [plot] in plots.items():
         rows = (repo.path / plot_id).read_text().splitlines()[1:]
         values = plot["content"]["data"]["values"]
-        fields = 1 if plot_id == "reports/accuracy.csv" else 3  # none, mless, mful
+        fields = 1 if plot_id == "reports/accuracy.csv" else 3  # none, mless, mful; or drop, top drop, span mass
         assert len(values) == fields * len(rows) and plot["revisions"] == ["workspace"]
     acc = {(v["model"], v["condition"]): v for v in plots["reports/accuracy.csv"][0]["content"]["data"]["values"]}
     for m in (A, B):
@@ -336,3 +359,35 @@ def test_span_length_experiment(repo, tmp_path):
     other.dvc("plots", "diff", "HEAD", "span", "-o", str(tmp_path / "diff"))
     html = (tmp_path / "diff" / "index.html").read_text()
     assert '"rev": "HEAD"' in html and '"rev": "span"' in html and f"{A} / mless" in html
+
+
+def test_span_grid_as_queued_experiments(repo, tmp_path):
+    """The README's grid over any param: `dvc exp run --queue -S 'prompt.mless.count=0,25,55'`, `dvc queue
+    start`, then `dvc exp show` and `dvc plots diff` across the queued experiments."""
+    got, other = repo.background.result(), repo.other
+    assert len(re.findall(r"Queued experiment '[^']+' for future execution", got["queued"])) == len(GRID), got["queued"]
+    assert len(re.findall(r"\bSuccess\b", got["queue_status"])) == len(GRID), got["queue_status"]
+    exps = exp_table(other)
+    by_count = {e["params"]["params.yaml"]["data"]["prompt"]["mless"]["count"]: name for name, e in exps.items()
+                if name != "span"}
+    assert set(by_count) == set(GRID)
+    for count, name in by_count.items():
+        data = exps[name]
+        acc = data["metrics"][f"metrics/accuracy/{A}.json"]["data"]
+        assert acc["n_problems"] == 3 and set(acc["accuracy"]) == {"none", "mless", "mful"}
+        if count == 0:  # the mless prompt is the none prompt, so is its generation
+            assert acc["accuracy"]["mless"] == acc["accuracy"]["none"]
+        assert data["metrics"][f"metrics/sweep/{A}.json"]["data"]["tokens"]["/"]["counts"]["55"]["span_tokens"] > 0
+    names = [by_count[c] for c in GRID]
+    assert set(names) <= set(other.dvc("exp", "ls", "--name-only").stdout.split())  # the README's `$(dvc exp ls ...)`
+    plots = json.loads(other.dvc("plots", "diff", *names, "--json").stdout)["data"]
+    assert set(plots) == plot_ids()
+    values = plots[f"artifacts/plots/full/{A}.csv"][0]["content"]["data"]["values"]
+    length = {c: len({v["position"] for v in values if v["rev"] == by_count[c]}) for c in GRID}
+    assert length[0] < length[25] < length[55]  # a longer span: longer prompts
+    mless = {c: [float(v["mless"]) for v in values if v["rev"] == by_count[c] and v["mless"] != "nan"] for c in GRID}
+    none = [float(v["none"]) for v in values if v["rev"] == by_count[0] and v["none"] != "nan"]
+    assert mless[0] == none  # count 0: the mless curve is the none curve
+    other.dvc("plots", "diff", *names, "-o", str(tmp_path / "grid"))
+    html = (tmp_path / "grid" / "index.html").read_text()
+    assert all(f'"rev": "{n}"' in html for n in names)

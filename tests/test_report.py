@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import yaml
 
-from stages import activations, evaluate, extract, figures, models, report, stats
+from stages import activations, evaluate, extract, figures, models, report, stats, sweep
 from stages.config import load_params
 from stages.store import ArtifactError
 from tests.conftest import ROOT, default_params
@@ -33,6 +33,7 @@ def project(tmp_path_factory, tiny_dirs):
     raw["evaluate"].update(n_samples=4, max_new_tokens=12, batch_size=6)
     raw["stats"].update(n_boot=200)
     raw["activations"].update(n_boot=200)
+    raw["sweep"].update(counts=[0, 10, 55], attention_samples=3, accuracy_samples=2, n_boot=200)
     raw["figures"].update(n_heads=2, original_positions=30, full_positions=80)
     raw["models"] = {
         "tiny-llama": {"display_name": "Tiny llama", "family": "llama",
@@ -50,6 +51,7 @@ def project(tmp_path_factory, tiny_dirs):
         evaluate.run(params, name, root=root)
         stats.run(params, name)
         activations.run(params, name)
+        sweep.run(params, name)
     figures.run(params)
     written = report.run(params)
     mp.undo()
@@ -118,7 +120,7 @@ def test_every_number_traces_back_to_its_artifact(project):
     sources = {n["src"] for n in nums}
     for name in params.models:  # every kind of input is quoted
         assert {f"artifacts/stats/{name}.h5", f"metrics/accuracy/{name}.json", f"artifacts/activations/{name}.h5",
-                f"metrics/timing/extract-{name}.json"} <= sources
+                f"artifacts/sweep/{name}.h5", f"metrics/timing/extract-{name}.json"} <= sources
     md = md_path.read_text(encoding="utf-8")
     for n in nums:
         value = recompute(root, n)
@@ -151,8 +153,23 @@ def test_sentences_agree_with_the_numbers(project):
     assert all(float(none) == 1 and float(mless) < 1 for none, mless in lam)  # no span: nothing moves to one
     agree = re.findall(r"agrees on all four measures .*? for (\d) of (\d) models", text)
     assert len(agree) == 2 and all(int(a) <= int(b) == len(params.models) for a, b in agree)  # glance + chart
+    # the span sweep: "grows at every step" only where the drop over heads rises from count to count
+    grows = re.search(r"The drop over all heads grows at every step of the count for (\d) of (\d) model/token series",
+                      text)
+    assert grows and int(grows[2]) == len(params.models)
+    with_falls = re.findall(r"the drop does not grow from ((?:\d+ to \d+(?:, )?)+)\.", text)
+    assert int(grows[1]) + len(with_falls) == len(params.models)
+    for name in params.models:
+        with h5py.File(root / f"artifacts/sweep/{name}.h5", "r") as f:
+            d = f["token_0/drop_heads_pct"][()]
+            acc = f["token_0/accuracy"][()]
+        counts = list(params.sweep.counts)
+        falls = [f"{counts[i]} to {counts[i + 1]}" for i in range(len(d) - 1) if not d[i + 1] > d[i]]
+        assert (", ".join(falls) in with_falls) if falls else True
+        peaks = [str(c) for c, a in zip(counts, acc) if a == acc.max()]
+        assert re.search(rf"accuracy peaks at counts? {', '.join(peaks)} \(", text), peaks
     for section in ("Overview", "Axes and legend", "Detailed analysis", "Key observations", "Interpretation"):
-        assert text.count(section) == 3 * len(params.models) + 4  # once per chart
+        assert text.count(section) == 3 * len(params.models) + 6  # once per chart
 
 
 def test_text_from_data_is_escaped_and_output_deterministic(project):
@@ -169,7 +186,7 @@ def test_text_from_data_is_escaped_and_output_deterministic(project):
 def test_markdown_links_resolve(project):
     root, params, (_, md_path) = project
     links = re.findall(r"\]\(([^)\s]+)\)", md_path.read_text(encoding="utf-8"))
-    assert len(links) == 3 * len(params.models) + 4
+    assert len(links) == 3 * len(params.models) + 6
     for link in links:
         assert (md_path.parent / link).is_file(), link
 
@@ -219,7 +236,7 @@ def test_html_opens_in_headless_chromium(project):
         page.screenshot(path=str(SHOT_DIR / "report-top.png"))
         browser.close()
     assert title.startswith("Meaningless tokens")
-    assert len(images) == 3 * len(params.models) + 4 and all(ok and w > 0 for ok, w in images), images
+    assert len(images) == 3 * len(params.models) + 6 and all(ok and w > 0 for ok, w in images), images
     assert errors == [] and dialogs == []
     assert all(u.startswith(("file:", "data:")) for u in requests), requests
     assert (SHOT_DIR / "report-top.png").stat().st_size > 10_000

@@ -168,6 +168,10 @@ def test_run_cache_restores_extraction_and_evaluation_without_loading_a_model(al
         assert f"Stage '{stage}' is cached - skipping run, checking out outputs" in out, out
         assert f"Running stage '{stage}'" not in out
     assert "python -m stages.extract" not in out and "python -m stages.evaluate" not in out
+    # not only the model stages: no stage has an output that keeps it out of the run-cache
+    restored = set(re.findall(r"Stage '([^']+)' is cached - skipping run", out))
+    assert restored >= GPU_STAGES | {f"stats@{M}", "figures", "report"}, out
+    assert "Running stage" not in out, out
     # the restored timing sidecars are alice's, byte for byte: these stages did not run here
     for f in (f"metrics/timing/extract-{M}.json", f"metrics/timing/evaluate-{M}.json"):
         assert (carol.path / f).read_bytes() == alice.exp_files[f]

@@ -4,7 +4,8 @@ import json
 import numpy as np
 import pytest
 
-from stages import activations, extract, figures, stats
+from stages import activations, charts, extract, figures, stats, sweep
+from stages.charts import span_accuracy
 from stages.charts.common import load_context
 from stages.config import ConfigError, load_params
 from stages.store import ArtifactError, read_h5
@@ -123,13 +124,24 @@ def test_figures_plot_the_statistics_and_are_byte_identical(tiny_stats, write_pa
     raw = params.model_dump()
     raw["figures"].update(original_positions=20, full_positions=40, n_heads=2)
     raw["activations"].update(n_boot=200)
+    raw["sweep"].update(counts=[0, 5, 55], attention_samples=2, n_boot=100)
     params = load_params(write_params(raw))
     act = activations.run(params, "tiny", out=tmp_path / "artifacts/activations/tiny.h5", timing=tmp_path / "t.json")
+    sw = sweep.run(params, "tiny")
     m = metrics_from_records(params.file.parent)
     plt = figures._setup()
     ctx = load_context(params)
     assert ctx.metrics["tiny"]["accuracy"] == m["accuracy"]
     drawn = dict(figures.draw_all(plt, ctx))
+    # the span sweep: drop and span mass against the count; no accuracy chart while the accuracy sweep is off
+    assert "span-accuracy" not in drawn
+    assert "sweep.accuracy_samples: 0" in charts.unavailable(span_accuracy, ctx)
+    left, right = drawn["span-sweep"].axes
+    with read_h5(sw, "sweep") as f:
+        np.testing.assert_array_equal(left.lines[0].get_xdata(), [0, 5, 55])
+        np.testing.assert_array_equal(left.lines[0].get_ydata(), f["token_0/drop_heads_pct"][()])
+        np.testing.assert_array_equal(left.lines[1].get_ydata(), f["token_0/drop_top_pct"][()])
+        np.testing.assert_array_equal(right.lines[0].get_ydata(), 100 * f["token_0/span_mass_heads"][()])
     with read_h5(out, "stats") as f:
         rank = f["mless/head_rank"][0]
         none, mless = f["none/original_avg"][()], f["mless/original_avg"][()]
@@ -143,9 +155,9 @@ def test_figures_plot_the_statistics_and_are_byte_identical(tiny_stats, write_pa
     np.testing.assert_array_equal(bottom.lines[0].get_ydata(), full[0, rank[0], :40])
     shaded = [p for p in bottom.patches if p.get_label() == "Meaningless tokens"]
     assert len(shaded) == 1 and shaded[0].get_x() == span[0] - 0.5
-    sweep = drawn["tiny-layer-sweep"]
-    assert [a.get_title() for a in sweep.axes] == [f"Tiny gemma3 Layer {k} Head {rank[0]}" for k in (1, 2, 3)]
-    np.testing.assert_array_equal(sweep.axes[2].lines[1].get_ydata(), mless[2, rank[0], :20])
+    layer_sweep = drawn["tiny-layer-sweep"]
+    assert [a.get_title() for a in layer_sweep.axes] == [f"Tiny gemma3 Layer {k} Head {rank[0]}" for k in (1, 2, 3)]
+    np.testing.assert_array_equal(layer_sweep.axes[2].lines[1].get_ydata(), mless[2, rank[0], :20])
     acc = drawn["accuracy"]
     assert [round(b.get_height(), 9) for b in acc.axes[0].patches[:1]] == [round(100 * m["accuracy"]["none"], 9)]
     # the activation histogram and its insets are the file's numbers
@@ -168,7 +180,7 @@ def test_figures_plot_the_statistics_and_are_byte_identical(tiny_stats, write_pa
 
     a = figures.run(params, tmp_path / "a")
     b = figures.run(params, tmp_path / "b")
-    assert [p.name for p in a] == [p.name for p in b] and len(a) == 2 * 7
+    assert [p.name for p in a] == [p.name for p in b] and len(a) == 2 * 8  # 7 charts and span-sweep (no span-accuracy: that sweep is off)
     for x, y in zip(a, b):
         assert x.read_bytes() == y.read_bytes(), x.name
     # the accuracy table `dvc plots` draws: one row per model and condition, the metrics' numbers

@@ -2,12 +2,20 @@
 section). `stages/figures.py` and `stages/report.py` only loop over these lists; to change a chart,
 open its module."""
 
-from stages.charts import accuracy, activation_shift, activations, conditions, cross_model, heads, layer_sweep
+from stages.charts import (accuracy, activation_shift, activations, conditions, cross_model, heads, layer_sweep,
+                           span_accuracy, span_sweep)
 
 PER_MODEL = (layer_sweep, heads, conditions)   # one chart per model: reports/figures/<model>-<KIND>.*
-STUDY = (cross_model, activations, activation_shift, accuracy)  # one chart across the models: <KIND>.*
+STUDY = (cross_model, activations, activation_shift, span_sweep, span_accuracy, accuracy)  # across models: <KIND>.*
 KINDS = PER_MODEL + STUDY
 
 
 def stem(kind, name: str | None) -> str:
     return f"{name}-{kind.KIND}" if kind.PER_MODEL else kind.KIND
+
+
+def unavailable(kind, ctx) -> str | None:
+    """Why a chart kind has nothing to draw in this run (e.g. an optional measurement is off), or None.
+    Such a chart is not drawn; its report section says why and how to get it."""
+    check = getattr(kind, "unavailable", None)
+    return check(ctx) if check else None

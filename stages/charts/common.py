@@ -67,6 +67,20 @@ def load_activations(path: Path) -> dict:
     return data
 
 
+def load_sweep(path: Path) -> dict:
+    """A sweep file (stages/sweep.py): per token group its per-count arrays, plus the grid."""
+    with read_h5(path, "sweep", ("token_0/drop_heads_pct", "token_0/span_mass_heads")) as f:
+        data = {"layer": int(f.attrs["layer"]), "counts": [int(c) for c in f.attrs["counts"]],
+                "reference_count": int(f.attrs["reference_count"]), "n_samples": int(f.attrs["n_samples"]),
+                "accuracy_samples": int(f.attrs["accuracy_samples"]), "tokens": [],
+                "correct_none": f["correct_none"][()] if "correct_none" in f else None}
+        for k in range(len(f.attrs["tokens"])):
+            g = f[f"token_{k}"]
+            data["tokens"].append({"token": str(g.attrs["token"]), "group": f"token_{k}",
+                                   **{ds: g[ds][()] for ds in g}})
+    return data
+
+
 @dataclass
 class Context:
     """Everything the charts read, loaded once per stage run; display names come from params, so a
@@ -77,6 +91,7 @@ class Context:
     _src: "Sources | None" = None
     _views: dict = field(default_factory=dict)
     _activations: dict | None = None
+    _sweep: dict | None = None
 
     @property
     def names(self) -> list[str]:
@@ -103,6 +118,15 @@ class Context:
 
             self._activations = {n: load_activations(self.params.resolve(str(activations_path(n)))) for n in self.names}
         return self._activations
+
+    @property
+    def sweep(self) -> dict[str, dict]:
+        """{model: sweep file}, read when a chart first asks for it."""
+        if self._sweep is None:
+            from stages.sweep import paths
+
+            self._sweep = {n: load_sweep(self.params.resolve(str(paths(n)["out"]))) for n in self.names}
+        return self._sweep
 
     def view(self, name: str) -> "ModelView":
         if name not in self._views:
@@ -208,7 +232,8 @@ class Text:
 
 _INDEX = re.compile(r"^(?P<ds>[^\[]+)(?:\[(?P<idx>[^\]]*)\])?$")
 # the artifact kind of each folder a number can come from
-H5_KINDS = {"artifacts/stats/": "stats", "artifacts/eval/": "eval", "artifacts/activations/": "activations"}
+H5_KINDS = {"artifacts/stats/": "stats", "artifacts/eval/": "eval", "artifacts/activations/": "activations",
+            "artifacts/sweep/": "sweep"}
 
 
 def parse_index(text: str | None) -> tuple:

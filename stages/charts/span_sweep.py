@@ -1,0 +1,131 @@
+"""span-sweep: the attention side of the dose-response. For each model and span character, Layer 1's drop of
+attention on original tokens (mean over heads, and over the top heads) and the attention mass the span takes,
+against the number of repetitions (stages/sweep.py), with bootstrap 95 % bands."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from stages.charts.common import Chart, Context, Num, Text, interval, label
+
+KIND = "span-sweep"
+PER_MODEL = False
+MARKERS = "osD^vP*X"
+
+
+def model_colors(names: list[str]) -> dict[str, str]:
+    import matplotlib
+
+    cmap = matplotlib.colormaps["tab10"]
+    return {n: matplotlib.colors.to_hex(cmap(k % 10)) for k, n in enumerate(names)}
+
+
+def token_label(token: str) -> str:
+    return f"'{token}'"
+
+
+def draw(plt, ctx: Context, name: None = None):
+    colors = model_colors(ctx.names)
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.3))
+    for n in ctx.names:
+        sw = ctx.sweep[n]
+        x = np.array(sw["counts"])
+        for k, t in enumerate(sw["tokens"]):
+            tag = f"{ctx.disp(n)}" + (f", {token_label(t['token'])}" if len(sw["tokens"]) > 1 else "")
+            m = MARKERS[k % len(MARKERS)]
+            a1.plot(x, t["drop_heads_pct"], color=colors[n], marker=m, ms=4, lw=1.5, label=f"{tag}: all heads")
+            a1.fill_between(x, t["drop_heads_pct_ci"][:, 0], t["drop_heads_pct_ci"][:, 1], color=colors[n], alpha=0.15, lw=0)
+            a1.plot(x, t["drop_top_pct"], color=colors[n], marker=m, ms=4, lw=1.2, ls="--",
+                    label=f"{tag}: top {len(t['top_heads'])} heads")
+            a1.fill_between(x, t["drop_top_pct_ci"][:, 0], t["drop_top_pct_ci"][:, 1], color=colors[n], alpha=0.08, lw=0)
+            a2.plot(x, 100 * t["span_mass_heads"], color=colors[n], marker=m, ms=4, lw=1.5, label=tag)
+            a2.fill_between(x, 100 * t["span_mass_heads_ci"][:, 0], 100 * t["span_mass_heads_ci"][:, 1],
+                            color=colors[n], alpha=0.15, lw=0)
+    layer = ctx.sweep[ctx.names[0]]["layer"]
+    a1.set_title(f"{label(layer)}: drop of attention on original tokens", fontsize=10)
+    a1.set_ylabel("drop vs none, % of the none mean")
+    a2.set_title(f"{label(layer)}: attention original queries give to the span", fontsize=10)
+    a2.set_ylabel("span mass, % of each query's attention")
+    for ax in (a1, a2):
+        ax.set_xlabel("Meaningless characters inserted (repetitions of the span token)")
+        ax.set_xticks(sorted({c for n in ctx.names for c in ctx.sweep[n]["counts"]}))
+        ax.axhline(0, color="#444", lw=0.7)
+        ax.grid(alpha=0.3, lw=0.5)
+    a1.legend(fontsize=7.5, loc="upper left")
+    a2.legend(fontsize=7.5, loc="upper left")
+    fig.suptitle("Span length: attention shift against the number of meaningless characters", fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+def series(ctx: Context, name: str, k: int, ds: str, fmt: str, scale: float = 1.0) -> list[Num]:
+    src = f"artifacts/sweep/{name}.h5"
+    return [ctx.src.h5(src, f"token_{k}/{ds}[{i}]", fmt=fmt, scale=scale) for i in range(len(ctx.sweep[name]["counts"]))]
+
+
+def monotone(values: list[Num]) -> tuple[bool, list[int]]:
+    """Whether the values rise at every step; the steps (indices i: i -> i + 1) where they do not."""
+    falls = [i for i in range(len(values) - 1) if not values[i + 1].value > values[i].value]
+    return not falls, falls
+
+
+def explain(ctx: Context, name: None = None) -> Chart:
+    rows, grow, falls_at = [], [], []
+    for n in ctx.names:
+        sw = ctx.sweep[n]
+        counts = sw["counts"]
+        src = f"artifacts/sweep/{n}.h5"
+        for k, t in enumerate(sw["tokens"]):
+            drop = series(ctx, n, k, "drop_heads_pct", "+.1f")
+            lo = [ctx.src.h5(src, f"token_{k}/drop_heads_pct_ci[{i},0]", fmt="+.1f") for i in range(len(counts))]
+            hi = [ctx.src.h5(src, f"token_{k}/drop_heads_pct_ci[{i},1]", fmt="+.1f") for i in range(len(counts))]
+            top = series(ctx, n, k, "drop_top_pct", "+.1f")
+            mass = series(ctx, n, k, "span_mass_heads", ".1f", 100)
+            toks = series(ctx, n, k, "span_tokens", "d")
+            who = f"{ctx.disp(n)}, token {token_label(t['token'])}"
+            parts = [f"{who}: span length in tokens per count "]
+            parts += sum(([f"{c} → ", toks[i], ", " if i < len(counts) - 1 else "; "] for i, c in enumerate(counts)), [])
+            parts += ["drop over all heads "]
+            parts += sum(([f"{c}: ", drop[i], " % ", interval(lo[i], hi[i]), ", " if i < len(counts) - 1 else "; "]
+                          for i, c in enumerate(counts)), [])
+            heads = ", ".join(str(int(h)) for h in t["top_heads"])
+            parts += [f"over the top heads ({heads}, chosen at count {sw['reference_count']}) "]
+            parts += sum(([f"{c}: ", top[i], " %", ", " if i < len(counts) - 1 else "; "] for i, c in enumerate(counts)), [])
+            parts += ["span mass "]
+            parts += sum(([f"{c}: ", mass[i], " %", ", " if i < len(counts) - 1 else "."] for i, c in enumerate(counts)), [])
+            rows.append(Text(*parts))
+            ok, falls = monotone(drop)
+            (grow if ok else falls_at).append((who, [(counts[i], counts[i + 1]) for i in falls]))
+    obs = []
+    total = len(grow) + len(falls_at)
+    obs.append(Text(f"The drop over all heads grows at every step of the count for {len(grow)} of {total} "
+                    f"model/token series" + (f" ({'; '.join(w for w, _ in grow)})" if grow else "") + "."))
+    for who, steps in falls_at:
+        obs.append(Text(f"{who}: the drop does not grow from " + ", ".join(f"{a} to {b}" for a, b in steps) + "."))
+    toks = [(ctx.disp(n), t["token"], t["span_tokens"], sw["counts"]) for n in ctx.names
+            for sw in [ctx.sweep[n]] for t in sw["tokens"]]
+    nonlinear = [f"{d} ('{tok}')" for d, tok, st, counts in toks
+                 if len({int(s) / c for s, c in zip(st, counts) if c}) > 1]
+    obs.append(Text("Every tokenizer turns n repetitions into a span of proportionally many tokens." if not nonlinear
+                    else f"Not proportional (a tokenizer merges repetitions): {', '.join(nonlinear)}; the spans are "
+                         "compared by their token counts above."))
+    n0 = ctx.sweep[ctx.names[0]]
+    return Chart(
+        KIND, "Span length: attention against the number of meaningless characters",
+        [Text("How the first layer's attention shift depends on the span's length: the same problems with 0 to "
+              f"{max(n0['counts'])} repetitions of the span token inserted between instruction and question "
+              f"({n0['n_samples']} problems per model; count 0 is the prompt without insertion). The paper varies "
+              "this count (0, 10, 25, 40, 55, 70) and uses 55.")],
+        [Text("x axis: number of repetitions of the span token (characters, not tokens; the text gives each "
+              "tokenizer's span length in tokens)."),
+         Text("Left, y axis: mean over problems of the drop of the attention an original token receives (mean over "
+              "original tokens, position 0 excluded as in the statistics), in percent of the none mean; solid: the "
+              "mean over all heads, dashed: over the top heads (largest drop at the reference count, the same heads "
+              "at every count); bands: bootstrap 95 % intervals over problems."),
+         Text("Right, y axis: the share of their attention that original queries after the span give to the span "
+              "(1 − λ), mean over heads, with its interval."),
+         Text("Layers are numbered from 1 (Layer 1 is index 0 in the files); heads from 0.")],
+        rows, obs,
+        [Text("The paper's account predicts that a longer span takes more attention (larger span mass, smaller λ) "
+              "and so lowers the original tokens' weights further: the drop should grow with the count, and count 0 "
+              "gives none by construction. A rise that flattens means each further character adds less.")])

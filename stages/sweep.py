@@ -1,0 +1,394 @@
+"""sweep@<model>: the effect against the span's length and character (the paper's dose-response).
+
+For every span token of `sweep.tokens` and count of `sweep.counts` (the paper's 0, 10, 25, 40, 55, 70)
+the `mless` prompt is rebuilt with that span (stages/prompts.py; count 0 is the `none` prompt) and,
+on `sweep.attention_samples` problems, layer `sweep.layer`'s attention is captured and reduced exactly
+as extraction does (stages/extract.py: `attention`, `reduce`) and summarized exactly as the statistics
+do (stages/stats.py: `sample_stats`), so the value at count 55 is the main pipeline's number:
+
+  drop[k, h]           mean over samples of orig_mean[none] - orig_mean[count k], head h (attention
+                       an original token receives, mean over original tokens; stats.query_set and
+                       stats.exclude_first apply), with bootstrap 95 % intervals; drop_pct in percent
+                       of the none mean
+  drop_heads[k]        the same for the mean over heads; drop_top[k] for the mean over the `sweep.top_heads`
+                       heads with the largest drop at `sweep.reference_count` (55, the paper's): one
+                       fixed head set for every count
+  span_mass[k, h]      attention original queries after the span give to it (0 at count 0); lambda =
+                       1 - span_mass, the mass they keep on original keys
+  span_tokens[k]       the span's length in this model's tokens (what a count of characters becomes)
+
+With `sweep.accuracy_samples` > 0, MATH-500 accuracy too: greedy generation as evaluation does
+(stages/evaluate.py: `generate`, `grade`, the resumable journal), count 0 once (= none), each other
+(token, count) against it with the paired difference, its bootstrap interval and McNemar p.
+
+Outputs: artifacts/sweep/<model>.h5, metrics/sweep/<model>.json (the summary `dvc metrics` and
+`dvc exp show` read), artifacts/plots/sweep/<model>.csv (for `dvc plots`), and the run's sidecar
+metrics/timing/sweep-<model>.json.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from stages import cli, models, progress
+from stages.capture import CaptureError, attention, compare
+from stages.config import ConfigError, Params, model_spec
+from stages.evaluate import Item, Journal, Record, generate, load_for_generation, paired, stop_ids
+from stages.extract import reduce
+from stages.grading import grade
+from stages.intervals import bootstrap_mean_ci, bootstrap_ratio_ci
+from stages.prompts import PromptBuilder, PromptError, load_math500, put_problems, select_problems
+from stages.stats import QUERY_VECTOR, sample_stats
+from stages.store import atomic_path, provenance, put, put_json_attr, write_h5, write_json_atomic, write_timing
+
+JOURNAL_VERSION = 1
+# the params keys this stage reads beyond `sweep` (dvc.yaml lists exactly these)
+MODEL_KEYS = ("family", "source", "template", "trust_remote_code", "heads")
+EVALUATE_KEYS = ("max_new_tokens", "batch_size", "stop_at_boxed")
+
+
+def paths(name: str) -> dict[str, Path]:
+    return {"out": Path("artifacts/sweep") / f"{name}.h5",
+            "metrics": Path("metrics/sweep") / f"{name}.json",
+            "table": Path("artifacts/plots/sweep") / f"{name}.csv",
+            "timing": Path("metrics/timing") / f"sweep-{name}.json",
+            "journal": Path("artifacts/sweep/.journal") / f"{name}.jsonl"}
+
+
+def span_params(params: Params, token: str, count: int) -> Params:
+    """params with the mless span set to `count` x `token` and only the none and mless conditions."""
+    mless = params.prompt.mless.model_copy(update={"token": token, "count": count})
+    prompt = params.prompt.model_copy(update={"mless": mless, "conditions": ["none", "mless"]})
+    return params.model_copy(update={"prompt": prompt})
+
+
+def builders(params: Params, name: str, tokenizer) -> dict[tuple[str, int], PromptBuilder]:
+    """A prompt builder per (token, count), checked before any model runs."""
+    template = model_spec(params, name).template or params.prompt.template
+    out = {}
+    for k, token in enumerate(params.sweep.tokens):
+        for count in params.sweep.counts:
+            try:
+                out[(token, count)] = PromptBuilder(span_params(params, token, count), tokenizer, template)
+            except PromptError as e:
+                raise ConfigError(f"{params.file}: models.{name}: {e}") from None
+    return out
+
+
+def repetition(builder: PromptBuilder, token: str) -> dict:
+    """How the tokenizer splits the span: tokens of one repetition, and whether n repetitions give n
+    times as many (a merge across repetitions, e.g. '//' as one token, breaks that)."""
+    one = len(builder.encode(f" {token}"))
+    count = builder.prompt.mless.count
+    return {"pieces_per_repetition": one, "span_tokens": builder.span_len,
+            "linear": builder.span_len == one * count}
+
+
+def _build(bs: dict, params: Params, name: str, problems) -> dict:
+    """(token, count) -> list of PromptIds of the mless prompt per problem; plus 'none'."""
+    out = {}
+    for (token, count), b in bs.items():
+        try:
+            out[(token, count)] = [b.build(p)["mless"] for p in problems]
+        except AssertionError as e:  # the span's tokens changed the original tokens: no alignment
+            raise ConfigError(f"{params.file}: sweep.tokens: '{token}' x {count} breaks the alignment of the "
+                              f"original tokens for model '{name}' ({e})") from None
+    first = next(iter(bs.values()))
+    out["none"] = [first.build(p)["none"] for p in problems]
+    return out
+
+
+# ---- attention -------------------------------------------------------------------------------------
+
+def attention_sweep(params: Params, name: str, model, prompts: dict, heads: list[int]) -> dict:
+    """Per (token, count): per-sample orig_mean [S, H] and span_mass [S, H]; and none's orig_mean."""
+    cfg, st = params.sweep, params.stats
+    first = 1 if st.exclude_first else 0
+    keys = ["none"] + [k for k in prompts if k != "none" and k[1] > 0]
+    total = sum(len(prompts[k]) for k in keys)
+    bar = progress.bar(total=total, desc=f"sweep {name}", unit="prompt")
+    per = {}
+    for key in keys:
+        orig, span = [], []
+        for pr in prompts[key]:
+            probs = attention(model, pr.input_ids, [cfg.layer])[cfg.layer][heads].cpu().numpy()[None]  # [1, H, T, T]
+            v = reduce(probs, pr.span, pr.original_pos)
+            o, _, m = sample_stats(v[QUERY_VECTOR[st.query_set]], v["recv_all"], v["mass_span"],
+                                   np.asarray(pr.original_pos), pr.span, st.query_set)
+            orig.append(o[0, :, first:].mean(axis=1))
+            span.append(m[0])
+            bar.update()
+        per[key] = (np.stack(orig), np.stack(span))
+    bar.close()
+    for key in prompts:  # count 0: the none prompt itself
+        if key != "none" and key[1] == 0:
+            per[key] = (per["none"][0], np.zeros_like(per["none"][1]))
+    return per
+
+
+def summarize_attention(params: Params, per: dict) -> dict:
+    """Drops and span mass per token and count, with intervals; the top heads fixed at the reference count."""
+    cfg = params.sweep
+    base = per["none"][0]  # [S, H]
+    ref = params.sweep.reference_count
+    out = {}
+    for token in cfg.tokens:
+        ref_drop = (base - per[(token, ref)][0]).mean(axis=0)
+        top = np.argsort(-ref_drop, kind="stable")[:cfg.top_heads]
+        rows = {}
+        for count in cfg.counts:
+            orig, span = per[(token, count)]
+            delta = base - orig                                            # [S, H]
+            r = {}
+            for tag, d, b in (("", delta, base), ("_heads", delta.mean(axis=1), base.mean(axis=1)),
+                              ("_top", delta[:, top].mean(axis=1), base[:, top].mean(axis=1))):
+                lo, hi = bootstrap_mean_ci(d, cfg.seed, n_boot=cfg.n_boot)
+                plo, phi = bootstrap_ratio_ci(d, b, cfg.seed, n_boot=cfg.n_boot)
+                r[f"drop{tag}"] = d.mean(axis=0)
+                r[f"drop{tag}_ci"] = np.stack([lo, hi])
+                r[f"drop{tag}_pct"] = 100 * d.mean(axis=0) / b.mean(axis=0)
+                r[f"drop{tag}_pct_ci"] = 100 * np.stack([plo, phi])
+            for tag, m in (("", span), ("_heads", span.mean(axis=1))):
+                lo, hi = bootstrap_mean_ci(m, cfg.seed, n_boot=cfg.n_boot)
+                r[f"span_mass{tag}"] = m.mean(axis=0)
+                r[f"span_mass{tag}_ci"] = np.stack([lo, hi])
+            rows[count] = r
+        out[token] = {"top_heads": top.astype(np.int32), "rows": rows}
+    return out
+
+
+# ---- accuracy --------------------------------------------------------------------------------------
+
+def accuracy_sweep(params: Params, name: str, prepared, problems, where: dict) -> tuple[dict, dict]:
+    """Per (token, count): per-problem correctness (count 0 is the none prompt, generated once);
+    and the generation settings. Journaled like evaluation: an interrupted run resumes."""
+    cfg, ev = params.sweep, params.evaluate
+    model, tokenizer, attn = load_for_generation(params, prepared)
+    prompts = _build(builders(params, name, tokenizer), params, name, problems)
+    cond = {key: f"{key[0]}x{key[1]}" for key in prompts if key != "none" and key[1] > 0}
+    items = [Item(p.index, "none", pr.input_ids) for p, pr in zip(problems, prompts["none"])]
+    items += [Item(p.index, c, pr.input_ids) for key, c in cond.items() for p, pr in zip(problems, prompts[key])]
+    context = prepared.facts["max_position_embeddings"]
+    longest = max(len(it.input_ids) for it in items)
+    if context and longest + ev.max_new_tokens > context:
+        raise ConfigError(f"{params.file}: sweep.counts: a prompt of {longest} tokens plus evaluate.max_new_tokens "
+                          f"{ev.max_new_tokens} exceeds the context of model '{name}' ({context})")
+    eos = stop_ids(model, tokenizer)
+    settings = {"max_new_tokens": ev.max_new_tokens, "batch_size": ev.batch_size, "stop_at_boxed": ev.stop_at_boxed,
+                "greedy": True, "eos_token_ids": eos, "attn_implementation": attn, "cache": "static",
+                "device": str(model.device), "dtype": params.runtime.dtype}
+    key = hashlib.sha256(json.dumps({"version": JOURNAL_VERSION, "weights": prepared.manifest().get("weights_sha256"),
+                                     "settings": settings, "items": [(it.index, it.condition, it.input_ids)
+                                                                     for it in items]}).encode()).hexdigest()
+    journal = Journal(where["journal"], key)
+    gold = {p.index: p.answer for p in problems}
+    ranked = sorted(items, key=lambda it: (len(it.input_ids), it.index, it.condition))
+    batches = [ranked[i:i + ev.batch_size] for i in range(0, len(ranked), ev.batch_size)]
+    todo = [b for b in batches if any((it.index, it.condition) not in journal.records for it in b)]
+    done = len(items) - sum(len(b) for b in todo)
+    bar = progress.bar(total=len(items), initial=done, desc=f"sweep accuracy {name}", unit="gen")
+    try:
+        for batch in todo:
+            t0 = time.perf_counter()
+            outs = generate(model, tokenizer, batch, ev.max_new_tokens, ev.stop_at_boxed, eos)
+            share = (time.perf_counter() - t0) / len(batch)
+            recs = []
+            for it, (text, n, reason) in zip(batch, outs):
+                g = grade(text, gold[it.index], tokenizer.decode(list(it.input_ids), skip_special_tokens=True))
+                recs.append(Record(it.index, it.condition, text, n, reason, g.extracted, g.correct,
+                                   g.paper_extracted, g.paper_correct, round(share, 4)))
+            journal.append(recs)
+            bar.update(len(batch))
+    except KeyboardInterrupt:
+        bar.close()
+        print(f"\n{name}: interrupted; {len(journal.records)} of {len(items)} generations kept in "
+              f"{where['journal']}; rerun to resume", file=sys.stderr)
+        raise
+    bar.close()
+    correct = {key: np.array([journal.records[(p.index, "none" if key == "none" or key[1] == 0 else cond[key])].correct
+                              for p in problems]) for key in prompts}
+    where["journal"].unlink(missing_ok=True)
+    return correct, settings
+
+
+# ---- the stage -------------------------------------------------------------------------------------
+
+def run(params: Params, name: str, root: Path | None = None) -> Path:
+    started = time.perf_counter()
+    spec = model_spec(params, name)
+    cfg = params.sweep
+    where = {k: (root / v if root else params.resolve(str(v))) for k, v in paths(name).items()}
+    problems, data_sha = load_math500(params)
+    chosen = select_problems(problems, cfg.attention_samples, cfg.seed)
+    prepared = models.prepare(params, name)
+    facts = prepared.facts
+    if cfg.layer >= facts["num_layers"]:
+        raise ConfigError(f"{params.file}: sweep.layer: {cfg.layer} out of range; model '{name}' has "
+                          f"{facts['num_layers']} layers (allowed 0..{facts['num_layers'] - 1})")
+    heads = list(range(facts["num_heads"])) if spec.heads == "all" else list(spec.heads)
+    # only the embeddings and layer 0..sweep.layer run (the capture stops after that layer's attention)
+    model, tokenizer = models.load(params, prepared, layers=[cfg.layer])
+    bs = builders(params, name, tokenizer)
+    prompts = _build(bs, params, name, chosen)
+    context = facts["max_position_embeddings"]
+    longest = max(len(pr.input_ids) for key in prompts for pr in prompts[key])
+    if context and longest > context:
+        raise ConfigError(f"{params.file}: sweep.counts: a prompt has {longest} tokens, more than the context of "
+                          f"model '{name}' ({context} positions)")
+    # the probe extraction runs: capture == the model's own eager attention on the longest span's prompt
+    try:
+        check = compare(model, prompts[(cfg.tokens[0], cfg.counts[-1])][0].input_ids, [cfg.layer],
+                        tolerance=models.probe_tolerance(params.runtime.dtype))
+    except CaptureError as e:
+        raise models.UnsupportedModel(f"{params.file}: sweep.layer: model_type '{facts['model_type']}': {e}") from None
+    tokenization = {t: {c: repetition(bs[(t, c)], t) for c in cfg.counts} for t in cfg.tokens}
+    for t, rows in tokenization.items():
+        if not all(r["linear"] for r in rows.values()):
+            print(f"{name}: note: '{t}' repeated n times is not n x {rows[cfg.counts[-1]]['pieces_per_repetition']} "
+                  f"tokens for this tokenizer (span tokens per count: "
+                  f"{ {c: r['span_tokens'] for c, r in rows.items()} }); spans are measured in tokens", file=sys.stderr)
+    t0 = time.perf_counter()
+    per = attention_sweep(params, name, model, prompts, heads)
+    attention_seconds = time.perf_counter() - t0
+    summary = summarize_attention(params, per)
+    del model
+
+    acc_problems, correct, settings = [], {}, None
+    if cfg.accuracy_samples:
+        acc_problems = select_problems(problems, cfg.accuracy_samples, cfg.seed)
+        correct, settings = accuracy_sweep(params, name, prepared, acc_problems, where)
+    accuracy = {}
+    for token in cfg.tokens:
+        for count in cfg.counts:
+            if correct:  # each count against count 0 (the none prompt, generated whether or not 0 is listed)
+                treat = correct[(token, count)]
+                accuracy[(token, count)] = {"accuracy": float(treat.mean()), "correct": int(treat.sum()),
+                                            **(paired(treat, correct["none"], cfg.seed) if count else {})}
+
+    prov = {
+        **provenance("sweep"),
+        "model": {"name": name, **prepared.manifest()},
+        "layers_probe": check,
+        **bs[(cfg.tokens[0], cfg.counts[-1])].describe(span_params(params, cfg.tokens[0], cfg.counts[-1])),
+        # exactly the params keys dvc.yaml lists for this stage, so the file is a function of its declared inputs
+        "params": {"models": {name: spec.model_dump(include=set(MODEL_KEYS))},
+                   "prompt": {"instruction": params.prompt.instruction, "template": params.prompt.template,
+                              "mless": {"placement": params.prompt.mless.placement}},
+                   "sweep": cfg.model_dump(), "stats": params.stats.model_dump(include={"query_set", "exclude_first"}),
+                   "evaluate": params.evaluate.model_dump(include=set(EVALUATE_KEYS)),
+                   "dataset": params.dataset.model_dump(),
+                   "runtime": params.runtime.model_dump(include={"device", "dtype"})},
+        "generation": settings,
+        "dataset_sha256": data_sha,
+    }
+    ref = params.sweep.reference_count
+    with write_h5(where["out"]) as f:
+        f.attrs["kind"] = "sweep"
+        f.attrs["model"] = name
+        f.attrs["layer"] = cfg.layer
+        f.attrs["heads"] = np.array(heads, dtype=np.int32)
+        f.attrs["counts"] = np.array(cfg.counts, dtype=np.int32)
+        f.attrs["tokens"] = list(cfg.tokens)
+        f.attrs["reference_count"] = ref
+        f.attrs["n_samples"] = len(chosen)
+        f.attrs["accuracy_samples"] = len(acc_problems)
+        f.attrs["indexing"] = "layers and heads are 0-based; charts say 'Layer 1' for index 0"
+        f.attrs["definitions"] = __doc__
+        put_json_attr(f, "provenance", prov)
+        put_problems(f, chosen)
+        if acc_problems:
+            put(f, "accuracy_problem_index", np.array([p.index for p in acc_problems], dtype=np.int32))
+        put(f, "orig_mean_none", per["none"][0], shape="[sample, head]")
+        for k, token in enumerate(cfg.tokens):
+            g = f.create_group(f"token_{k}")
+            g.attrs["token"] = token
+            g.attrs["span_text"] = [bs[(token, c)].mless_text for c in cfg.counts]
+            put(g, "top_heads", summary[token]["top_heads"], note=f"largest drop at count {ref}")
+            put(g, "span_tokens", np.array([tokenization[token][c]["span_tokens"] for c in cfg.counts], dtype=np.int32))
+            put(g, "pieces_per_repetition", np.int32(tokenization[token][cfg.counts[-1]]["pieces_per_repetition"]))
+            rows = summary[token]["rows"]
+            for field in rows[cfg.counts[0]]:
+                put(g, field, np.stack([rows[c][field] for c in cfg.counts]).astype(np.float64),
+                    shape="[count, ...]; intervals [count, low/high, ...]")
+            put(g, "orig_mean", np.stack([per[(token, c)][0] for c in cfg.counts]), shape="[count, sample, head]")
+            put(g, "span_mass_per_sample", np.stack([per[(token, c)][1] for c in cfg.counts]),
+                shape="[count, sample, head]")
+            if correct:
+                put(g, "correct", np.stack([correct[(token, c)] for c in cfg.counts]), shape="[count, problem]")
+                acc = [accuracy[(token, c)] for c in cfg.counts]
+                put(g, "accuracy", np.array([a["accuracy"] for a in acc]))
+                put(g, "accuracy_delta", np.array([a.get("delta", 0.0) for a in acc]), note="vs count 0 (none)")
+                put(g, "accuracy_delta_ci", np.array([[a.get("ci95_low", 0.0), a.get("ci95_high", 0.0)] for a in acc]),
+                    shape="[count, low/high]", note="paired bootstrap 95 % interval over problems")
+                put(g, "mcnemar_p", np.array([a.get("mcnemar_p", 1.0) for a in acc]), note="exact McNemar vs count 0")
+        if correct:
+            put(f, "correct_none", correct["none"], note="count 0: the none prompt, per accuracy problem")
+    metrics = metrics_summary(params, summary, tokenization, accuracy, len(chosen), len(acc_problems))
+    write_json_atomic(where["metrics"], metrics)
+    write_table(where["table"], params, summary, tokenization, accuracy)
+    write_timing(where["timing"], {"seconds": round(time.perf_counter() - started, 2),
+                                   "attention_seconds": round(attention_seconds, 2),
+                                   "attention_prompts": sum(len(prompts[k]) for k in prompts if k == "none" or k[1] > 0)})
+    print(f"{name}: span sweep of {len(cfg.tokens)} token(s) x {len(cfg.counts)} counts on {len(chosen)} problems"
+          + (f", accuracy on {len(acc_problems)}" if acc_problems else "") + f" -> {where['out']}")
+    return where["out"]
+
+
+def metrics_summary(params: Params, summary: dict, tokenization: dict, accuracy: dict, n: int, n_acc: int) -> dict:
+    cfg = params.sweep
+    out = {"layer": cfg.layer, "n_samples": n, "accuracy_samples": n_acc, "reference_count": params.sweep.reference_count,
+           "tokens": {}}
+    for token in cfg.tokens:
+        rows = summary[token]["rows"]
+        t = {"top_heads": [int(h) for h in summary[token]["top_heads"]], "counts": {}}
+        for c in cfg.counts:
+            r = rows[c]
+            row = {"span_tokens": tokenization[token][c]["span_tokens"],
+                   "drop_pct": round(float(r["drop_heads_pct"]), 4),
+                   "drop_pct_ci95": [round(float(x), 4) for x in r["drop_heads_pct_ci"]],
+                   "drop_top_pct": round(float(r["drop_top_pct"]), 4),
+                   "span_mass": round(float(r["span_mass_heads"]), 6),
+                   "lambda": round(1 - float(r["span_mass_heads"]), 6)}
+            if (token, c) in accuracy:
+                a = accuracy[(token, c)]
+                row["accuracy"] = a["accuracy"]
+                if "delta" in a:
+                    row["accuracy_delta"] = a["delta"]
+                    row["mcnemar_p"] = a["mcnemar_p"]
+            t["counts"][str(c)] = row
+        out["tokens"][token] = t
+    return out
+
+
+def write_table(path: Path, params: Params, summary: dict, tokenization: dict, accuracy: dict) -> None:
+    """One row per token and count, fixed columns, for dvc.yaml's `plots` (accuracy `nan` when off)."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["token", "count", "span_tokens", "drop_pct", "drop_pct_low", "drop_pct_high", "drop_top_pct",
+                "span_mass_pct", "lambda", "accuracy", "accuracy_delta"])
+    for token in params.sweep.tokens:
+        for c in params.sweep.counts:
+            r, a = summary[token]["rows"][c], accuracy.get((token, c), {})
+            w.writerow([token, c, tokenization[token][c]["span_tokens"], f"{r['drop_heads_pct']:.6g}",
+                        f"{r['drop_heads_pct_ci'][0]:.6g}", f"{r['drop_heads_pct_ci'][1]:.6g}",
+                        f"{r['drop_top_pct']:.6g}", f"{100 * r['span_mass_heads']:.6g}",
+                        f"{1 - r['span_mass_heads']:.6g}", f"{a['accuracy']:.6g}" if a else "nan",
+                        f"{a['delta']:.6g}" if "delta" in a else "nan"])
+    with atomic_path(path) as tmp:
+        tmp.write_text(buf.getvalue())
+
+
+def main(argv: list[str] | None = None) -> int:
+    return cli.main("sweep", __doc__, run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""sweep@<model>: the dose-response stage equals the main pipeline's statistics at the same count and
+samples, count 0 is the none prompt (no span mass, no drop), the accuracy sweep's bookkeeping, byte-identical
+reruns, and bad input."""
+
+import json
+
+import numpy as np
+import pytest
+
+from stages import extract, stats, sweep
+from stages.config import ConfigError, load_params
+from stages.store import read_h5
+from tests.test_extract import tiny_params
+
+
+def sweep_params(write_params, tiny_dirs, arch="llama", **cfg):
+    params = tiny_params(write_params, tiny_dirs, arch, n_samples=3)
+    raw = params.model_dump()
+    raw["prompt"]["conditions"] = ["none", "mless"]
+    raw["stats"]["n_boot"] = 200
+    raw["sweep"].update({"counts": [0, 10, 55], "attention_samples": 3, "seed": raw["extract"]["seed"],
+                         "n_boot": 200, "top_heads": 2, **cfg})
+    return load_params(write_params(raw))
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_the_value_at_count_55_is_the_main_pipelines_statistic_and_count_0_is_none(arch, tiny_dirs, write_params,
+                                                                                    cache_dir, tmp_path):
+    params = sweep_params(write_params, tiny_dirs, arch)
+    assert params.prompt.mless.count == 55 and params.stats.n_boot == params.sweep.n_boot
+    att = extract.run(params, "tiny", out=tmp_path / "att.h5", timing=tmp_path / "t1.json")
+    st = stats.run(params, "tiny", src=att, out=tmp_path / "st.h5", tables=tmp_path / "plots", timing=tmp_path / "t2.json")
+    out = sweep.run(params, "tiny", root=tmp_path)
+    with read_h5(st, "stats") as f, read_h5(out, "sweep") as g:
+        t = g["token_0"]
+        np.testing.assert_array_equal(g["problems/index"][()], f["problem_index"][()])  # the same samples
+        np.testing.assert_allclose(g["orig_mean_none"][()], f["none/orig_mean"][:, 0], rtol=1e-12)
+        k = list(g.attrs["counts"]).index(55)
+        for ds in ("drop", "drop_ci", "drop_pct", "drop_pct_ci", "span_mass", "span_mass_ci"):
+            np.testing.assert_allclose(t[ds][k], f[f"mless/{ds}"][()][..., 0, :], rtol=1e-9, atol=1e-15, err_msg=ds)
+        assert t["span_tokens"][k] == 55 * t["pieces_per_repetition"][()]
+        zero = list(g.attrs["counts"]).index(0)
+        assert t["span_tokens"][zero] == 0
+        for ds in ("drop", "drop_heads", "drop_top", "span_mass", "span_mass_heads", "drop_ci", "span_mass_ci"):
+            assert not np.any(t[ds][zero]), ds
+        # the top heads are the largest drops at the reference count, for every count
+        assert list(t["top_heads"][()]) == list(np.argsort(-t["drop"][k], kind="stable")[:2])
+        np.testing.assert_allclose(t["drop_top"][()], t["drop"][()][:, t["top_heads"][()]].mean(axis=1), rtol=1e-12)
+    m = json.loads((tmp_path / "metrics/sweep/tiny.json").read_text())
+    row = m["tokens"]["/"]["counts"]["55"]
+    assert row["span_mass"] == pytest.approx(float(np.mean(stats_span(st))), abs=1e-6)
+    assert m["tokens"]["/"]["counts"]["0"] == {"span_tokens": 0, "drop_pct": 0.0, "drop_pct_ci95": [0.0, 0.0],
+                                               "drop_top_pct": 0.0, "span_mass": 0.0, "lambda": 1.0}
+    table = (tmp_path / "artifacts/plots/sweep/tiny.csv").read_text().splitlines()
+    assert table[0].startswith("token,count,span_tokens,drop_pct") and len(table) == 4
+
+
+def stats_span(path):
+    with read_h5(path, "stats") as f:
+        return f["mless/span_mass"][0]
+
+
+def test_accuracy_sweep_rerun_is_byte_identical(tiny_dirs, write_params, cache_dir, tmp_path):
+    params = sweep_params(write_params, tiny_dirs, counts=[0, 10], reference_count=10, tokens=["/", "#"],
+                          accuracy_samples=2)
+    raw = params.model_dump()
+    raw["evaluate"].update(max_new_tokens=3, batch_size=3)
+    params = load_params(write_params(raw))
+    a = sweep.run(params, "tiny", root=tmp_path / "a")
+    b = sweep.run(params, "tiny", root=tmp_path / "b")
+    assert a.read_bytes() == b.read_bytes()
+    assert not (tmp_path / "a/artifacts/sweep/.journal/tiny.jsonl").exists()  # removed once the artifact is written
+    m = json.loads((tmp_path / "a/metrics/sweep/tiny.json").read_text())
+    assert m["accuracy_samples"] == 2 and set(m["tokens"]) == {"/", "#"}
+    with read_h5(a, "sweep") as f:
+        none = f["correct_none"][()]
+        for k, token in enumerate(("/", "#")):
+            g = f[f"token_{k}"]
+            assert g.attrs["token"] == token
+            np.testing.assert_array_equal(g["correct"][0], none)  # count 0 is the none prompt
+            np.testing.assert_allclose(g["accuracy"][()], g["correct"][()].mean(axis=1))
+            np.testing.assert_allclose(g["accuracy_delta"][()], g["accuracy"][()] - none.mean())
+            row = m["tokens"][token]["counts"]["10"]
+            assert row["accuracy"] == g["accuracy"][1] and 0 <= row["mcnemar_p"] <= 1
+            assert "accuracy_delta" not in m["tokens"][token]["counts"]["0"]
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"counts": [0, -5, 55]}, "sweep.counts.1: Input should be greater than or equal to 0"),
+    ({"tokens": ["/", " "]}, "sweep.tokens: Value error, token 1 is empty or whitespace"),
+    ({"tokens": [""]}, "sweep.tokens: Value error, token 0 is empty"),
+    ({"counts": [0, 10], "reference_count": 55}, "sweep: Value error, reference_count 55 is not one of counts [0, 10]"),
+    ({"bogus": 1}, "sweep: Value error, unknown key(s) ['bogus']"),
+])
+def test_bad_sweep_params_are_one_line_naming_the_key(change, message, write_params):
+    raw = load_params(write_params()).model_dump()
+    raw["sweep"].update(change)
+    with pytest.raises(ConfigError) as e:
+        load_params(write_params(raw))
+    assert message.replace("Value error, ", "") in str(e.value) and "params.yaml" in str(e.value)
+    assert len(str(e.value).splitlines()) == 1
+
+
+def test_a_layer_beyond_the_model_is_refused_before_any_work(tiny_dirs, write_params, cache_dir, tmp_path):
+    params = sweep_params(write_params, tiny_dirs, layer=9)
+    with pytest.raises(ConfigError, match=r"params.yaml: sweep.layer: 9 out of range; model 'tiny' has 4 layers"):
+        sweep.run(params, "tiny", root=tmp_path)
+    assert not (tmp_path / "artifacts").exists()
