@@ -28,8 +28,9 @@ from tests import tiny
 
 ROOT = tiny.ROOT
 # what the CPU run shrinks; everything else is the GPU profile's
-SMALL = {"extract": {"n_samples": 3, "showcase": 1}, "evaluate": {"n_samples": 2, "max_new_tokens": 4, "batch_size": 6},
-         "stats": {"n_boot": 50}, "activations": {"n_boot": 50, "showcase": 0}}
+# (a coarser activation histogram too: its chart takes most of the drawing time, and its bins are no figure param)
+SMALL = {"extract": {"n_samples": 2, "showcase": 1}, "evaluate": {"n_samples": 2, "max_new_tokens": 2, "batch_size": 6},
+         "stats": {"n_boot": 50}, "activations": {"n_boot": 50, "showcase": 0, "bins": 60}}
 
 
 def build_models(folder: Path) -> dict[str, Path]:
