@@ -141,6 +141,14 @@ def test_the_report_puts_the_paper_beside_this_run(dry):
     assert table[("Gemma-3-4b-it", "none")] == "—"
     page = html.read_text()
     assert page.count("<h4>The paper beside this run</h4>") == 6 and "the paper, % (approx.)" in page
+    # every number of the comparison tables, like every other, reads back from its artifact
+    from tests.test_report import parse, recompute
+    tables = re.findall(r'<table class="paper">.*?</table>', page, re.S)
+    assert len(tables) == 6 and all('class="num"' in t for t in tables)
+    nums = parse(html).nums
+    assert len(nums) > 100
+    for n in nums:
+        assert recompute(root, n) == pytest.approx(float(n["value"]), rel=1e-9, abs=1e-12), n
 
 
 def test_the_papers_literal_instruction_is_recorded(dry, tmp_path):
