@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-from stages.charts.common import (AXES_LAYERS, AXES_WEIGHT, HYPOTHESIS, PAPER_BAND, Chart, Context, Text,
-                                  attention_axes, curve, label, shade_span)
+from stages.charts.common import (AXES_LAYERS, AXES_WEIGHT, HYPOTHESIS, Chart, Context, Text, attention_axes,
+                                  curve, label, shade_span)
 
 KIND = "cross-model"
 PER_MODEL = False
@@ -20,7 +20,8 @@ def draw(plt, ctx: Context, name: None = None):
         curve(ax, st, "mless", "full", li, hi, cfg.full_positions, label="Meaningless tokens")
         if "mful" in st["conditions"]:
             curve(ax, st, "mful", "full", li, hi, cfg.full_positions, label="Random sentence")
-        shade_span(ax, st, "mless", cfg.full_positions, label=PAPER_BAND if paper else "Inserted span")
+        # the seed's legend is the two curves; its band is the mless line's own label, so it stays out of the legend
+        shade_span(ax, st, "mless", cfg.full_positions, label="_nolegend_" if paper else "Inserted span")
         ax.set_title(f"{ctx.disp(n)} {label(v.layer, h)}")
         attention_axes(ax, "Token position", cfg.full_positions, paper)
         ax.legend(loc="upper right")
