@@ -2,7 +2,7 @@
 
 Each chart kind is one module of `stages/charts/` (draw + explain); this stage only loops over them.
 
-Per model (layers 1-based on charts, heads 0-based as in the files):
+Per model (layers and heads numbered from 1 on charts, as in the paper; 0-based in files and params):
   <model>-layer-sweep   one head, `figures.sweep_layers` side by side, none vs mless over original positions
   <model>-heads         per head: none vs mless over original positions (top); mless over the full
                         prompt with the span shaded (bottom)
@@ -17,8 +17,11 @@ Across models:
 and the accuracy table `reports/accuracy.csv` (model, condition, label, accuracy, correct, n: one row per
 model and condition) that `dvc plots` draws.
 
-Heads: `figures.heads: auto` picks, per model, the heads of `figures.layer` with the largest drop of
-attention on original tokens under mless (stats head_rank); or name them per model.
+Which models, layers and heads: `figures.charts.<kind>` per chart kind (layer-sweep, heads, conditions,
+cross-model, accuracy), its missing keys from `figures.models`, `figures.layer` / `figures.sweep_layers` and
+`figures.heads`. Heads `auto`: per model, the `figures.n_heads` heads of the chart's (first) layer with the
+largest drop of attention on original tokens under mless (stats head_rank); or name them per model.
+`figures.labels: paper` uses the seed charts' titles, legends, axis title and x range (0..N).
 Files are byte-identical for equal data: no timestamps, fixed SVG ids.
 """
 
@@ -76,7 +79,8 @@ def write_accuracy_table(path: Path, metrics: dict) -> Path:
 
 def draw_all(plt, ctx: Context) -> list[tuple[str, object]]:
     """(stem, figure) of every chart kind: per model in model order, then the charts across models."""
-    drawn = [(charts.stem(k, n), k.draw(plt, ctx, n)) for n in ctx.names for k in charts.PER_MODEL]
+    drawn = [(charts.stem(k, n), k.draw(plt, ctx, n)) for n in ctx.names for k in charts.PER_MODEL
+             if n in ctx.chart_models(k.KIND)]
     return drawn + [(charts.stem(k, None), k.draw(plt, ctx, None)) for k in charts.STUDY
                     if charts.unavailable(k, ctx) is None]
 

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from stages import charts, cli, figures
+from stages.charts import paper
 from stages.charts.common import Sources, load_context, md_escape
 from stages.config import Params
 from stages.stats import stats_path
@@ -99,6 +100,18 @@ def provenance_rows(src: Sources, root: Path, name: str, disp: str) -> dict:
     }
 
 
+def instructions(root: Path, names: list[str]) -> list[dict]:
+    """The instruction each model's extraction used (from its attention file's provenance, via the statistics
+    file), and whether it is the paper code's literal text with doubled braces (`\\boxed{{}}`)."""
+    seen = {}
+    for name in names:
+        with read_h5(root / stats_path(name), "stats") as f:
+            text = json.loads(f.attrs["provenance"])["extract_provenance"].get("params", {}).get(
+                "prompt", {}).get("instruction", "?")
+        seen.setdefault(text, []).append(name)
+    return [{"text": t, "literal": "{{}}" in t, "models": ms} for t, ms in seen.items()]
+
+
 # ---- the stage -----------------------------------------------------------------------------------------
 
 def fence(text: str) -> str:
@@ -127,11 +140,22 @@ def run(params: Params, out: Path | None = None) -> list[Path]:
     ctx = load_context(params)
     names = ctx.names
     views = [ctx.view(n) for n in names]
-    per_model = [{"model": ctx.disp(n), "name": n, "charts": [k.explain(ctx, n) for k in charts.PER_MODEL]}
+    # per-model charts only for the models each kind shows (figures.charts.<kind>.models); a model with none left out
+    per_model = [{"model": ctx.disp(n), "name": n,
+                  "charts": [k.explain(ctx, n) for k in charts.PER_MODEL if n in ctx.chart_models(k.KIND)]}
                  for n in names]
     study = {k.KIND: k.explain(ctx, None) for k in charts.STUDY}
     for k in charts.STUDY:
         study[k.KIND].extra["unavailable"] = charts.unavailable(k, ctx)
+    # the paper beside this run: each seed chart's claims with this run's numbers (stages/charts/paper.py)
+    for m in per_model:
+        for chart, kind in zip(m["charts"], [k for k in charts.PER_MODEL if m["name"] in ctx.chart_models(k.KIND)]):
+            chart.extra["paper"] = paper.claims(ctx, kind.KIND, m["name"])
+    per_model = [m for m in per_model if m["charts"]]
+    for kind, chart in study.items():
+        chart.extra["paper"] = paper.claims(ctx, kind, None)
+    for row, n in zip(study["accuracy"].extra["table"], names):
+        row["seed"] = paper.accuracy_column(ctx, n)
     for chart in [c for m in per_model for c in m["charts"]] + list(study.values()):
         if chart.extra.get("unavailable"):
             continue
@@ -144,6 +168,8 @@ def run(params: Params, out: Path | None = None) -> list[Path]:
         "models": [{"name": v.name, "disp": v.disp, "heads": v.heads} for v in views],
         "query_set": sorted({ctx.stats[n]["query_set"] for n in names}),
         "layer": params.figures.layer,
+        "instructions": instructions(root, names),
+        "paper_models": [ctx.disp(n) for n in names if paper.paper_name(ctx, n)],
         "per_model": per_model, "cross": cross, "accuracy": acc, "table": acc.extra["table"],
         "activation_charts": [study["activations"], study["activation-shift"]],
         "span_charts": [study["span-sweep"], study["span-accuracy"]],

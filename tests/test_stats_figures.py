@@ -149,14 +149,14 @@ def test_figures_plot_the_statistics_and_are_byte_identical(tiny_stats, write_pa
         span = tuple(f["mless"].attrs["span"])
     heads = drawn["tiny-heads"]
     top, bottom = heads.axes[0], heads.axes[2]
-    assert top.get_title() == f"Tiny gemma3 Layer 1 Head {rank[0]}"
+    assert top.get_title() == f"Tiny gemma3 Layer 1 Head {rank[0] + 1}"  # heads counted from 1 on charts
     np.testing.assert_array_equal(top.lines[0].get_ydata(), none[0, rank[0], :20])
     np.testing.assert_array_equal(top.lines[1].get_ydata(), mless[0, rank[0], :20])
     np.testing.assert_array_equal(bottom.lines[0].get_ydata(), full[0, rank[0], :40])
     shaded = [p for p in bottom.patches if p.get_label() == "Meaningless tokens"]
     assert len(shaded) == 1 and shaded[0].get_x() == span[0] - 0.5
     layer_sweep = drawn["tiny-layer-sweep"]
-    assert [a.get_title() for a in layer_sweep.axes] == [f"Tiny gemma3 Layer {k} Head {rank[0]}" for k in (1, 2, 3)]
+    assert [a.get_title() for a in layer_sweep.axes] == [f"Tiny gemma3 Layer {k} Head {rank[0] + 1}" for k in (1, 2, 3)]
     np.testing.assert_array_equal(layer_sweep.axes[2].lines[1].get_ydata(), mless[2, rank[0], :20])
     acc = drawn["accuracy"]
     assert [round(b.get_height(), 9) for b in acc.axes[0].patches[:1]] == [round(100 * m["accuracy"]["none"], 9)]

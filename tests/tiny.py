@@ -78,3 +78,47 @@ def build(arch: str, out: Path, layers: int = 4, max_positions: int = 4096) -> P
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.save_pretrained(out, safe_serialization=True)
     return out
+
+
+# The paper's four models as tiny random stand-ins for the CPU dry run of the GPU profile (issue 20): each
+# has its real model's layer count, query heads, kv heads and config family (Gemma-3-4b-it is the
+# multimodal `gemma3` wrapper with its text model's 5 sliding : 1 full layer pattern and 1024-token window);
+# only the widths are small (head_dim 4-16), so the head and layer indices the profile names exist.
+PAPER_SHAPES = {  # name in profiles/gpu.yaml: (family, layers, query heads, kv heads, head_dim)
+    "qwen2_5-math-1_5b": ("qwen2", 28, 12, 2, 8),
+    "qwen2_5-math-7b": ("qwen2", 28, 28, 4, 4),
+    "llama3_1-8b-instruct": ("llama", 32, 32, 8, 4),
+    "gemma3-4b-it": ("gemma3", 34, 8, 4, 16),
+}
+
+
+def build_paper(name: str, out: Path) -> Path:
+    """Save a tiny random model shaped like the paper's model `name` (PAPER_SHAPES) into `out`."""
+    import torch
+    from transformers import (AutoModelForCausalLM, Gemma3Config, Gemma3ForConditionalGeneration, Gemma3TextConfig,
+                              LlamaConfig, Qwen2Config, SiglipVisionConfig)
+
+    family, layers, heads, kv, head_dim = PAPER_SHAPES[name]
+    tokenizer = train_tokenizer(out, add_bos=family == "gemma3")
+    hidden = heads * head_dim if family != "gemma3" else 64
+    common = dict(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden,
+                  num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv,
+                  max_position_embeddings=4096, bos_token_id=tokenizer.bos_token_id,
+                  eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(0)
+    if family == "gemma3":
+        text = Gemma3TextConfig(head_dim=head_dim, query_pre_attn_scalar=head_dim, sliding_window=1024,
+                                layer_types=[("full_attention" if (i + 1) % 6 == 0 else "sliding_attention")
+                                             for i in range(layers)], **common)
+        # a one-layer vision tower of 2x2 patches: the wrapper's shape, not its size (no image is ever fed)
+        vision = SiglipVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                    image_size=28, patch_size=14)
+        config = Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4,
+                              boi_token_index=len(tokenizer) - 1, eoi_token_index=len(tokenizer) - 1,
+                              image_token_index=len(tokenizer) + 1)
+        model = Gemma3ForConditionalGeneration(config).to(torch.float32)
+    else:
+        config = (Qwen2Config if family == "qwen2" else LlamaConfig)(**common)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.save_pretrained(out, safe_serialization=True)
+    return out

@@ -15,22 +15,21 @@ from pathlib import Path
 import numpy as np
 from markupsafe import Markup, escape
 
-from stages.config import ConfigError, Params
+from stages.config import ConfigError, Params, chart_selection, figure_models
 from stages.stats import stats_path
 from stages.store import ArtifactError, read_h5
 
 COLORS = {"none": "#1f77b4", "mless": "#d62728", "mful": "#2ca02c"}
 LABELS = {"none": "No insertion (none)", "mless": "Meaningless tokens (mless)", "mful": "Random sentence (mful)"}
+# `figures.labels: paper`: the seed charts' own texts (legends per chart kind, axis title, band label)
+PAPER_Y = "Average Attention Weight"
+PAPER_BAND = "Meaningless tokens"
 
 
 # ---- inputs ----------------------------------------------------------------------------------------------
 
 def selected_models(params: Params) -> list[str]:
-    chosen = list(params.models) if params.figures.models == "all" else params.figures.models
-    unknown = [m for m in chosen if m not in params.models]
-    if unknown:
-        raise ConfigError(f"{params.file}: figures.models: {unknown} not configured; models: {sorted(params.models)}")
-    return chosen
+    return figure_models(params)
 
 
 def load_stats(path: Path) -> dict:
@@ -128,10 +127,19 @@ class Context:
             self._sweep = {n: load_sweep(self.params.resolve(str(paths(n)["out"]))) for n in self.names}
         return self._sweep
 
-    def view(self, name: str) -> "ModelView":
-        if name not in self._views:
-            self._views[name] = ModelView(self, name)
-        return self._views[name]
+    @property
+    def paper_labels(self) -> bool:
+        return self.params.figures.labels == "paper"
+
+    def chart_models(self, kind: str) -> list[str]:
+        """The models chart `kind` shows (figures.charts.<kind>.models, else figures.models), loaded ones only."""
+        return [m for m in chart_selection(self.params, kind)[0] if m in self.stats]
+
+    def view(self, name: str, kind: str | None = None) -> "ModelView":
+        """One model's numbers at the layer and heads chart `kind` shows (None: the `figures` defaults)."""
+        if (name, kind) not in self._views:
+            self._views[(name, kind)] = ModelView(self, name, kind)
+        return self._views[(name, kind)]
 
 
 def load_context(params: Params) -> Context:
@@ -149,18 +157,30 @@ def layer_index(params: Params, name: str, st: dict, layer: int, key: str) -> in
     return st["layers"].index(layer)
 
 
-def choose_heads(params: Params, name: str, st: dict) -> list[int]:
-    """`figures.heads: auto`: the heads of `figures.layer` with the largest mless drop; or the named ones."""
-    cfg = params.figures
-    li = layer_index(params, name, st, cfg.layer, "figures.layer")
-    if cfg.heads == "auto":
-        return [st["heads"][k] for k in st["mless"]["head_rank"][li][: cfg.n_heads]]
-    chosen = cfg.heads.get(name)
+def chart_layers(params: Params, kind: str | None) -> tuple[list[int], str]:
+    """0-based layers chart `kind` shows and their params key (None: the per-head charts' default, figures.layer)."""
+    if kind is None:
+        return [params.figures.layer], "figures.layer"
+    layers = chart_selection(params, kind)[1]
+    given = kind in params.figures.charts and params.figures.charts[kind].layers is not None
+    return layers, (f"figures.charts.{kind}.layers" if given else
+                    "figures.sweep_layers" if kind == "layer-sweep" else "figures.layer")
+
+
+def choose_heads(params: Params, name: str, st: dict, kind: str | None = None) -> list[int]:
+    """The 0-based heads chart `kind` shows (None: the `figures` defaults). `auto`: the `figures.n_heads` heads of
+    the chart's (first) layer with the largest mless drop (stats head_rank); or the heads named per model."""
+    layers, lkey = chart_layers(params, kind)
+    li = layer_index(params, name, st, layers[0], lkey)
+    heads, key = (params.figures.heads, "figures.heads") if kind is None else chart_selection(params, kind)[2:]
+    if heads == "auto":
+        return [st["heads"][k] for k in st["mless"]["head_rank"][li][: params.figures.n_heads]]
+    chosen = heads.get(name)
     if chosen is None:
-        raise ConfigError(f"{params.file}: figures.heads.{name}: no heads named for this model (or use 'auto')")
+        raise ConfigError(f"{params.file}: {key}.{name}: no heads named for this model (or use 'auto')")
     bad = [h for h in chosen if h not in st["heads"]]
     if bad:
-        raise ConfigError(f"{params.file}: figures.heads.{name}: {bad} not among the extracted heads {st['heads']}")
+        raise ConfigError(f"{params.file}: {key}.{name}: {bad} not among the extracted heads {st['heads']}")
     return chosen
 
 
@@ -178,10 +198,11 @@ def shade_span(ax, st, cond, limit, label="Meaningless tokens"):
         ax.axvspan(start - 0.5, min(end, limit) - 0.5, color=COLORS[cond], alpha=0.12, label=label)
 
 
-def attention_axes(ax, xlabel, limit):
+def attention_axes(ax, xlabel, limit, paper: bool = False):
+    """Axis titles and x range; `paper` (figures.labels: paper): the seeds' y title and their x range 0..limit."""
     ax.set_xlabel(xlabel)
-    ax.set_ylabel("Average attention weight")
-    ax.set_xlim(-0.5, limit - 0.5)
+    ax.set_ylabel(PAPER_Y if paper else "Average attention weight")
+    ax.set_xlim(*((0, limit) if paper else (-0.5, limit - 0.5)))
     ax.grid(alpha=0.3, lw=0.5)
 
 
@@ -329,14 +350,15 @@ class Chart:
 class ModelView:
     """Numbers of one model's statistics file, at the layer and heads the charts show."""
 
-    def __init__(self, ctx: Context, name: str):
+    def __init__(self, ctx: Context, name: str, kind: str | None = None):
         params, st = ctx.params, ctx.stats[name]
         self.src, self.name, self.st = ctx.src, name, st
         self.file = str(stats_path(name))
         self.disp = ctx.disp(name)
-        self.heads = choose_heads(params, name, st)
-        self.layer = params.figures.layer
-        self.li = layer_index(params, name, st, self.layer, "figures.layer")
+        self.heads = choose_heads(params, name, st, kind)
+        self.layers, lkey = chart_layers(params, kind)
+        self.layer = self.layers[0]
+        self.li = layer_index(params, name, st, self.layer, lkey)
         self.P, self.F = params.figures.original_positions, params.figures.full_positions
         self.conds = st["conditions"]
         self.span = st["span"].get("mless", (-1, -1))
@@ -370,7 +392,13 @@ class ModelView:
 # ---- phrases several charts use ----------------------------------------------------------------------------
 
 def label(layer: int, head: int | None = None) -> str:
-    return f"Layer {layer + 1}" + (f" Head {head}" if head is not None else "")
+    """"Layer 1 Head 1" for 0-based layer 0, head 0: charts and report count both from 1, as the paper does."""
+    return f"Layer {layer + 1}" + (f" Head {head + 1}" if head is not None else "")
+
+
+def head_list(heads) -> str:
+    """0-based heads as the charts number them: "1, 2, 8"."""
+    return ", ".join(str(h + 1) for h in heads)
 
 
 def verdict_drop(pct: Num, lo: Num, hi: Num, where: str) -> Text:
@@ -392,4 +420,4 @@ AXES_ORIGINAL = ("x axis: original token position j, the token's index in the no
                  "the curves compare it with itself.")
 AXES_WEIGHT = ("y axis: average attention weight the token receives, averaged over its queries, then over "
                "problems (rows of attention sum to 1, so small values are normal for long prompts).")
-AXES_LAYERS = "Layers are numbered from 1 on charts and in this report (Layer 1 is index 0 in the files); heads from 0."
+AXES_LAYERS = "Layers and heads are numbered from 1 (see Conventions)."

@@ -1,40 +1,51 @@
-"""<model>-conditions: one head, none / mless / mful over original positions (left) and mless vs mful
-over the full prompt (right)."""
+"""<model>-conditions: one head (the first of figures.charts.conditions, else of figures.heads), none / mless / mful
+over original positions (left) and mless vs mful over the full prompt (right); the paper's "Average attention on
+Head 14" chart."""
 
 from __future__ import annotations
 
-from stages.charts.common import (AXES_LAYERS, AXES_ORIGINAL, AXES_WEIGHT, HYPOTHESIS, Chart, Context, Text,
-                                  attention_axes, choose_heads, curve, interval, label, layer_index, shade_span)
+from stages.charts.common import (AXES_LAYERS, AXES_ORIGINAL, AXES_WEIGHT, HYPOTHESIS, PAPER_BAND, Chart, Context,
+                                  Text, attention_axes, curve, interval, label, shade_span)
 
 KIND = "conditions"
 PER_MODEL = True
 
 
+# the seed's legend and title (figures.labels: paper)
+PAPER_LEGEND = {"none": "None", "mless": "Mless", "mful": "Mful"}
+
+
+def paper_title(head: int) -> str:
+    return f"Average attention on Head {head + 1}"
+
+
 def draw(plt, ctx: Context, name: str):
-    params, st, cfg = ctx.params, ctx.stats[name], ctx.params.figures
-    disp, heads = ctx.disp(name), choose_heads(params, name, st)
-    li = layer_index(params, name, st, cfg.layer, "figures.layer")
+    st, cfg, paper = ctx.stats[name], ctx.params.figures, ctx.paper_labels
+    v = ctx.view(name, KIND)
+    disp, li, head = v.disp, v.li, v.heads[0]
     P, F = cfg.original_positions, cfg.full_positions
-    h0 = st["heads"].index(heads[0])
-    fig, axes = plt.subplots(1, 2, figsize=(9.6, 3.6))
+    h0 = st["heads"].index(head)
+    fig, axes = plt.subplots(1, 2, figsize=(9.6, 3.6 if not paper else 3.9))
     for c in st["conditions"]:
-        curve(axes[0], st, c, "original", li, h0, P)
-    axes[0].set_title(f"{disp} Layer {cfg.layer + 1} Head {heads[0]}")
-    attention_axes(axes[0], "Original token position", P)
+        curve(axes[0], st, c, "original", li, h0, P, **({"label": PAPER_LEGEND[c]} if paper else {}))
+    axes[0].set_title(f"{disp} {label(v.layer, head)}" if not paper else f"{disp} {label(v.layer)}: original tokens")
+    attention_axes(axes[0], "Token position" if paper else "Original token position", P, paper)
     for c in ("mless", "mful"):
         if c in st["conditions"]:
-            curve(axes[1], st, c, "full", li, h0, F)
-    shade_span(axes[1], st, "mless", F, label="Inserted span")
-    axes[1].set_title(f"{disp} Layer {cfg.layer + 1} Head {heads[0]}: full prompt")
-    attention_axes(axes[1], "Token position", F)
+            curve(axes[1], st, c, "full", li, h0, F, **({"label": PAPER_LEGEND[c]} if paper else {}))
+    shade_span(axes[1], st, "mless", F, label=PAPER_BAND if paper else "Inserted span")
+    axes[1].set_title(f"{disp} {label(v.layer, head)}: full prompt" if not paper else f"{disp} {label(v.layer)}: full prompt")
+    attention_axes(axes[1], "Token position", F, paper)
     axes[0].legend(loc="upper right")
     axes[1].legend(loc="upper right")
+    if paper:
+        fig.suptitle(paper_title(head))
     fig.tight_layout()
     return fig
 
 
 def explain(ctx: Context, name: str) -> Chart:
-    v = ctx.view(name)
+    v = ctx.view(name, KIND)
     h = v.heads[0]
     li, hi = v.li, v.hi(h)
     means = {c: v.orig_mean(c, li, hi) for c in v.conds}

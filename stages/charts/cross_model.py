@@ -1,34 +1,36 @@
-"""cross-model: one panel per model, "Meaningless tokens" vs "Random sentence" over the full prompt at the
-first charted head of `figures.layer`."""
+"""cross-model: one panel per model (figures.charts.cross-model, else figures.models), "Meaningless tokens" vs
+"Random sentence" over the full prompt at the model's first head of the chart's layer."""
 
 from __future__ import annotations
 
 from stages.charts.common import (AXES_LAYERS, AXES_WEIGHT, HYPOTHESIS, Chart, Context, Text, attention_axes,
-                                  choose_heads, curve, label, layer_index, shade_span)
+                                  curve, label, shade_span)
 
 KIND = "cross-model"
 PER_MODEL = False
 
 
 def draw(plt, ctx: Context, name: None = None):
-    params, cfg = ctx.params, ctx.params.figures
-    fig, axes = plt.subplots(1, len(ctx.names), figsize=(4.2 * len(ctx.names), 3.4), squeeze=False)
-    for ax, (n, st) in zip(axes[0], ctx.stats.items()):
-        h = choose_heads(params, n, st)[0]
-        li, hi = layer_index(params, n, st, cfg.layer, "figures.layer"), st["heads"].index(h)
+    cfg, paper, names = ctx.params.figures, ctx.paper_labels, ctx.chart_models(KIND)
+    fig, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 3.4), squeeze=False)
+    for ax, n in zip(axes[0], names):
+        st, v = ctx.stats[n], ctx.view(n, KIND)
+        h = v.heads[0]
+        li, hi = v.li, st["heads"].index(h)
         curve(ax, st, "mless", "full", li, hi, cfg.full_positions, label="Meaningless tokens")
         if "mful" in st["conditions"]:
             curve(ax, st, "mful", "full", li, hi, cfg.full_positions, label="Random sentence")
-        shade_span(ax, st, "mless", cfg.full_positions, label="Inserted span")
-        ax.set_title(f"{ctx.disp(n)} Layer {cfg.layer + 1} Head {h}")
-        attention_axes(ax, "Token position", cfg.full_positions)
+        # the seed's legend is the two curves; its band is the mless line's own label, so it stays out of the legend
+        shade_span(ax, st, "mless", cfg.full_positions, label="_nolegend_" if paper else "Inserted span")
+        ax.set_title(f"{ctx.disp(n)} {label(v.layer, h)}")
+        attention_axes(ax, "Token position", cfg.full_positions, paper)
         ax.legend(loc="upper right")
     fig.tight_layout()
     return fig
 
 
 def explain(ctx: Context, name: None = None) -> Chart:
-    views = [ctx.view(n) for n in ctx.names]
+    views = [ctx.view(n, KIND) for n in ctx.chart_models(KIND)]
     rows, means = [], []
     for v in views:
         h = v.heads[0]

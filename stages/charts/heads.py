@@ -1,32 +1,35 @@
-"""<model>-heads: per head of `figures.layer`, none vs mless over original positions (top) and the full
-mless prompt with the span shaded (bottom)."""
+"""<model>-heads: per head of the chart's layer (figures.charts.heads, else figures.layer and figures.heads), none
+vs mless over original positions (top) and the full mless prompt with the span shaded (bottom)."""
 
 from __future__ import annotations
 
-from stages.charts.common import (AXES_LAYERS, AXES_ORIGINAL, AXES_WEIGHT, HYPOTHESIS, Chart, Context, Text,
-                                  attention_axes, choose_heads, curve, excludes_zero, interval, label,
-                                  layer_index, shade_span)
+from stages.charts.common import (AXES_LAYERS, AXES_ORIGINAL, AXES_WEIGHT, HYPOTHESIS, PAPER_BAND, Chart, Context,
+                                  Text, attention_axes, curve, excludes_zero, head_list, interval, label, shade_span)
 
 KIND = "heads"
 PER_MODEL = True
 
 
+# the seed's legend (figures.labels: paper)
+PAPER_LEGEND = {"none": "w/o meaningless tokens", "mless": "w/ meaningless tokens"}
+
+
 def draw(plt, ctx: Context, name: str):
-    params, st, cfg = ctx.params, ctx.stats[name], ctx.params.figures
-    disp, heads = ctx.disp(name), choose_heads(params, name, st)
-    li = layer_index(params, name, st, cfg.layer, "figures.layer")
+    st, cfg, paper = ctx.stats[name], ctx.params.figures, ctx.paper_labels
+    v = ctx.view(name, KIND)
+    disp, heads, li = v.disp, v.heads, v.li
     P, F = cfg.original_positions, cfg.full_positions
     fig, axes = plt.subplots(2, len(heads), figsize=(4.2 * len(heads), 6.4), squeeze=False)
     for k, h in enumerate(heads):
         hi = st["heads"].index(h)
         for c in ("none", "mless"):
-            curve(axes[0][k], st, c, "original", li, hi, P)
-        axes[0][k].set_title(f"{disp} Layer {cfg.layer + 1} Head {h}")
-        attention_axes(axes[0][k], "Original token position", P)
-        curve(axes[1][k], st, "mless", "full", li, hi, F)
-        shade_span(axes[1][k], st, "mless", F)
-        axes[1][k].set_title(f"Layer {cfg.layer + 1} Head {h}: full mless prompt")
-        attention_axes(axes[1][k], "Token position (mless prompt)", F)
+            curve(axes[0][k], st, c, "original", li, hi, P, **({"label": PAPER_LEGEND[c]} if paper else {}))
+        axes[0][k].set_title(f"{disp} {label(v.layer, h)}")
+        attention_axes(axes[0][k], "Original token position" if not paper else "Token position", P, paper)
+        curve(axes[1][k], st, "mless", "full", li, hi, F, **({"label": PAPER_LEGEND["mless"]} if paper else {}))
+        shade_span(axes[1][k], st, "mless", F, label=PAPER_BAND)
+        axes[1][k].set_title(f"{disp} {label(v.layer, h)}" if paper else f"{label(v.layer, h)}: full mless prompt")
+        attention_axes(axes[1][k], "Token position (mless prompt)" if not paper else "Token position", F, paper)
     axes[0][0].legend(loc="upper right")
     axes[1][0].legend(loc="upper right")
     fig.tight_layout()
@@ -34,7 +37,7 @@ def draw(plt, ctx: Context, name: str):
 
 
 def explain(ctx: Context, name: str) -> Chart:
-    v = ctx.view(name)
+    v = ctx.view(name, KIND)
     li = v.li
     s, e = v.span
     rows, drops, sig, collapse = [], [], 0, []
@@ -43,7 +46,7 @@ def explain(ctx: Context, name: str) -> Chart:
         mn, mm = v.orig_mean("none", li, hi), v.orig_mean("mless", li, hi)
         pct, lo, up = v.drop_pct("mless", li, hi)
         mass, mlo, mhi = v.span_mass("mless", li, hi)
-        parts = [f"Head {h}: original tokens receive ", mn, " (none) and ", mm, " (mless) on average, a drop of ",
+        parts = [f"Head {h + 1}: original tokens receive ", mn, " (none) and ", mm, " (mless) on average, a drop of ",
                  pct, " % ", interval(lo, up), "; the span takes ", mass, " % ", interval(mlo, mhi),
                  " of the original queries' attention."]
         if 0 <= s < e - 1 and e <= v.F:
@@ -56,21 +59,22 @@ def explain(ctx: Context, name: str) -> Chart:
         drops.append((h, pct))
         sig += excludes_zero(lo, up) and pct.value > 0
     top = max(drops, key=lambda d: d[1].value)
-    obs = [Text(f"Of the {len(v.heads)} heads shown, head {top[0]} has the largest drop in percent (",
+    obs = [Text(f"Of the {len(v.heads)} heads shown, head {top[0] + 1} has the largest drop in percent (",
                 top[1], f" %); {sig} of them have a drop whose interval lies above zero.")]
     if collapse:
         fell = [h for h, c in collapse if c]
         obs.append(Text(
             f"The span's attention collapses after its first token (the other span tokens receive less than half "
-            f"of what the first receives) in head{'s' if len(fell) > 1 else ''} {', '.join(map(str, fell))}." if fell else
+            f"of what the first receives) in head{'s' if len(fell) > 1 else ''} {head_list(fell)}." if fell else
             "In none of these heads does the span's attention collapse after its first token: it stays "
             "spread over the span.",
-            f" Heads where it stays spread: {', '.join(str(h) for h, c in collapse if not c)}." if fell and
+            f" Heads where it stays spread: {head_list(h for h, c in collapse if not c)}." if fell and
             len(fell) < len(collapse) else ""))
     return Chart(
-        f"{v.name}-heads", f"{v.disp}: {label(v.layer)}, heads {', '.join(map(str, v.heads))}",
-        [Text(f"{v.disp}, {label(v.layer)}, heads {', '.join(map(str, v.heads))} (the heads whose mean attention on "
-              "original tokens drops most under mless, in absolute terms, unless figures.heads names them). Top row: attention on original tokens, none vs mless. "
+        f"{v.name}-heads", f"{v.disp}: {label(v.layer)}, heads {head_list(v.heads)}",
+        [Text(f"{v.disp}, {label(v.layer)}, heads {head_list(v.heads)} (the heads whose mean attention on "
+              "original tokens drops most under mless, in absolute terms, unless figures.charts.heads or figures.heads "
+              "names them). Top row: attention on original tokens, none vs mless. "
               "Bottom row: what every position of the whole mless prompt receives, the meaningless span shaded.")],
         [Text("Top row: " + AXES_ORIGINAL), Text("Bottom row: x axis is the token position in the mless prompt, "
               f"the span covering positions {s} to {e - 1}."), Text(AXES_WEIGHT),

@@ -1,35 +1,41 @@
-"""<model>-layer-sweep: one head across `figures.sweep_layers`, none vs mless over original positions."""
+"""<model>-layer-sweep: one head across layers (figures.charts.layer-sweep, else figures.sweep_layers and the first
+head of figures.heads), none vs mless over original positions."""
 
 from __future__ import annotations
 
 from stages.charts.common import (AXES_LAYERS, AXES_ORIGINAL, AXES_WEIGHT, HYPOTHESIS, Chart, Context, Text,
-                                  attention_axes, choose_heads, curve, excludes_zero, interval, label, layer_index,
+                                  attention_axes, chart_layers, curve, excludes_zero, interval, label, layer_index,
                                   verdict_drop)
 
 KIND = "layer-sweep"
 PER_MODEL = True
 
 
+# the seed's legend (figures.labels: paper)
+PAPER_LEGEND = {"none": "None", "mless": "Mless"}
+
+
 def draw(plt, ctx: Context, name: str):
-    params, st = ctx.params, ctx.stats[name]
+    params, st, paper = ctx.params, ctx.stats[name], ctx.paper_labels
     P = params.figures.original_positions
-    head = choose_heads(params, name, st)[0]
+    head = ctx.view(name, KIND).heads[0]
     h0 = st["heads"].index(head)
-    sweep = [layer_index(params, name, st, layer, "figures.sweep_layers") for layer in params.figures.sweep_layers]
+    layers, key = chart_layers(params, KIND)
+    sweep = [layer_index(params, name, st, layer, key) for layer in layers]
     fig, axes = plt.subplots(1, len(sweep), figsize=(4.2 * len(sweep), 3.4), squeeze=False)
     for ax, lj in zip(axes[0], sweep):
         for c in ("none", "mless"):
-            curve(ax, st, c, "original", lj, h0, P)
-        ax.set_title(f"{ctx.disp(name)} Layer {st['layers'][lj] + 1} Head {head}")
-        attention_axes(ax, "Original token position", P)
+            curve(ax, st, c, "original", lj, h0, P, **({"label": PAPER_LEGEND[c]} if paper else {}))
+        ax.set_title(f"{ctx.disp(name)} {label(st['layers'][lj], head)}")
+        attention_axes(ax, "Token position" if paper else "Original token position", P, paper)
     axes[0][0].legend(loc="upper right")
     fig.tight_layout()
     return fig
 
 
 def explain(ctx: Context, name: str) -> Chart:
-    v = ctx.view(name)
-    sweep, qs = ctx.params.figures.sweep_layers, v.st["query_set"]
+    v = ctx.view(name, KIND)
+    sweep, qs = v.layers, v.st["query_set"]
     h = v.heads[0]
     hi = v.hi(h)
     n = v.src.h5(v.file, "@n_samples", fmt="d")
@@ -63,12 +69,12 @@ def explain(ctx: Context, name: str) -> Chart:
                         "the layers shown, ", "as the paper reports for the first layer." if strongest_first else
                         "unlike the paper, which reports the strongest change in the first layer."))
     return Chart(
-        f"{v.name}-{KIND}", f"{v.disp}: Head {h} across layers {layers}",
-        [Text(f"{v.disp}, head {h}, layers {layers}: the attention each original token receives without "
+        f"{v.name}-{KIND}", f"{v.disp}: Head {h + 1} across layers {layers}",
+        [Text(f"{v.disp}, head {h + 1}, layers {layers}: the attention each original token receives without "
               "insertion (none) and with 55 meaningless tokens (mless), averaged over the "
               f"{qs} queries and over ", n, " problems. The head is the one whose mean attention on "
               f"original tokens drops most in {label(v.layer)}, in absolute terms (or the first one named in "
-              "figures.heads).")],
+              "figures.charts.layer-sweep or figures.heads).")],
         [Text(AXES_ORIGINAL), Text(AXES_WEIGHT), Text("Blue: none; red: mless. " + AXES_LAYERS)],
         rows, obs,
         [Text(HYPOTHESIS), verdict_drop(first[1], first[2], first[3], label(first[0], h))])

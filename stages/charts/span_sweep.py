@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from stages.charts.common import Chart, Context, Num, Text, interval, label
+from stages.charts.common import AXES_LAYERS, Chart, Context, Num, Text, interval, label
 
 KIND = "span-sweep"
 PER_MODEL = False
@@ -88,7 +88,7 @@ def explain(ctx: Context, name: None = None) -> Chart:
             parts += ["drop over all heads "]
             parts += sum(([f"{c}: ", drop[i], " % ", interval(lo[i], hi[i]), ", " if i < len(counts) - 1 else "; "]
                           for i, c in enumerate(counts)), [])
-            heads = ", ".join(str(int(h)) for h in t["top_heads"])
+            heads = ", ".join(str(int(h) + 1) for h in t["top_heads"])
             parts += [f"over the top heads ({heads}, chosen at count {sw['reference_count']}) "]
             parts += sum(([f"{c}: ", top[i], " %", ", " if i < len(counts) - 1 else "; "] for i, c in enumerate(counts)), [])
             parts += ["span mass "]
@@ -124,7 +124,7 @@ def explain(ctx: Context, name: None = None) -> Chart:
               "at every count); bands: bootstrap 95 % intervals over problems."),
          Text("Right, y axis: the share of their attention that original queries after the span give to the span "
               "(1 − λ), mean over heads, with its interval."),
-         Text("Layers are numbered from 1 (Layer 1 is index 0 in the files); heads from 0.")],
+         Text(AXES_LAYERS)],
         rows, obs,
         [Text("The paper's account predicts that a longer span takes more attention (larger span mass, smaller λ) "
               "and so lowers the original tokens' weights further: the drop should grow with the count, and count 0 "
