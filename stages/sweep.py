@@ -283,7 +283,8 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
                    "prompt": {"instruction": params.prompt.instruction, "template": params.prompt.template,
                               "mless": {"placement": params.prompt.mless.placement}},
                    "sweep": cfg.model_dump(), "stats": params.stats.model_dump(include={"query_set", "exclude_first"}),
-                   "evaluate": params.evaluate.model_dump(include=set(EVALUATE_KEYS)),
+                   # read only when the accuracy sweep runs: otherwise not part of what made this file
+                   "evaluate": params.evaluate.model_dump(include=set(EVALUATE_KEYS)) if cfg.accuracy_samples else None,
                    "dataset": params.dataset.model_dump(),
                    "runtime": params.runtime.model_dump(include={"device", "dtype"})},
         "generation": settings,

@@ -41,7 +41,7 @@ def edited(**changes):
 
 @pytest.mark.parametrize("changes, expected", [
     ({"runtime__colour": "red"}, ["runtime: unknown key(s) ['colour']", "allowed keys: ['cache_dir'"]),
-    ({"prompt__mless__count": -3}, ["prompt.mless.count", "greater than 0", "(got -3)"]),
+    ({"prompt__mless__count": -3}, ["prompt.mless.count", "greater than or equal to 0", "(got -3)"]),
     ({"prompt__conditions": ["none", "noise"]}, ["prompt.conditions.1", "'none', 'mless' or 'mful'", "(got 'noise')"]),
     ({"prompt__conditions": ["mless", "mful"]}, ["prompt.conditions", "must include 'none'"]),
     ({"prompt__mless__placement": "after"}, ["prompt.mless.placement", "'between' or 'before_instruction'", "(got 'after')"]),
@@ -83,11 +83,11 @@ def test_unreadable_files(tmp_path):
 
 def test_cli_check_exits_nonzero_naming_the_key(tmp_path):
     path = tmp_path / "params.yaml"
-    path.write_text(yaml.safe_dump(edited(prompt__mless__count=0)))
+    path.write_text(yaml.safe_dump(edited(prompt__mless__count=-1)))
     proc = subprocess.run([sys.executable, "-m", "stages.config", "check", str(path)],
                           cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 2
-    assert "prompt.mless.count" in proc.stderr and "(got 0)" in proc.stderr
+    assert "prompt.mless.count" in proc.stderr and "(got -1)" in proc.stderr
 
 
 def test_use_profile_validates_then_copies(tmp_path):
