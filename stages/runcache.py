@@ -11,7 +11,7 @@ not exist neither locally nor on remote") and runs the stage after all. This com
 records as `dvc push --run-cache` does, then every file they name from the local cache, through DVC's
 own remote (any remote type). Afterwards, in another clone with the same params:
 
-    dvc repro --pull --allow-missing    # restores each stage from the run-cache: no model is loaded
+    dvc repro --pull    # restores each stage from the run-cache (or pulls its committed outputs): no model is loaded
 """
 
 from __future__ import annotations

@@ -160,7 +160,9 @@ def test_run_cache_restores_extraction_and_evaluation_without_loading_a_model(al
     alice.models.rename(hidden)  # any model load would now fail
     try:
         started = time.perf_counter()
-        proc = carol.dvc("repro", "--pull", "--allow-missing")
+        # not --allow-missing: that skips a stage whose inputs did not change (the sweep: it does not read the
+        # span count) without fetching its outputs, and the figures, which read them, would then fail
+        proc = carol.dvc("repro", "--pull")
         seconds = time.perf_counter() - started
     finally:
         hidden.rename(alice.models)
@@ -171,8 +173,9 @@ def test_run_cache_restores_extraction_and_evaluation_without_loading_a_model(al
     assert "python -m stages.extract" not in out and "python -m stages.evaluate" not in out
     # not only the model stages: no stage has an output that keeps it out of the run-cache
     restored = set(re.findall(r"Stage '([^']+)' is cached - skipping run", out))
-    assert restored >= GPU_STAGES | {f"stats@{M}", "figures", "report"}, out
+    assert restored >= GPU_STAGES | {f"stats@{M}", f"activations@{M}", "figures", "report"}, out
     assert "Running stage" not in out, out
+    assert (carol.path / f"artifacts/sweep/{M}.h5").read_bytes() == alice.exp_files[f"artifacts/sweep/{M}.h5"]
     # the restored timing sidecars are alice's, byte for byte: these stages did not run here
     for f in (f"metrics/timing/extract-{M}.json", f"metrics/timing/evaluate-{M}.json"):
         assert (carol.path / f).read_bytes() == alice.exp_files[f]
@@ -258,7 +261,7 @@ def test_plots_show_draws_offline_in_headless_chromium(alice, tmp_path):
     html = page_path.read_text()
     assert "cdn.jsdelivr.net" not in html and 'data-package="vega-embed"' in html
     n_plots = html.count("vegaEmbed('#")
-    assert n_plots == 3, proc.stdout
+    assert n_plots == 4, proc.stdout  # attention (original, full), span sweep, accuracy
     failed, requests, errors = [], [], []
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=chromium(),
