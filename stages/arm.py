@@ -10,7 +10,7 @@ edit into copied model files for three families). Two variants, as in that code:
   gemma (its Gemma 3 file)  every element with |a| <= the c-quantile of |a| moves (ties included), to
         u * top (top = the `percentage` quantile of |a|, 0..1) or -u * |min a|; k, pmin, pmax unused
 
-with u uniform on [0, 1), one draw per moved element, and 0 counted as positive.
+with u uniform on [0, 1), one draw per moved element in position order, and 0 counted as positive.
 
 Differences from the paper's code: DIFFERENCES below (the README and the report list the same).
 """
@@ -35,12 +35,12 @@ DIFFERENCES = (
     "three families; arm rows share a batch with the other conditions' rows, which the hook leaves untouched.",
     "Percentiles in float32 on the tensor's device (the paper's llama variant copies the activations to the "
     "CPU for np.percentile at every step, which also fails on bfloat16).",
-    "Ties in |a| at the llama variant's cut are broken by position (a stable sort), where the paper's "
-    "torch.topk leaves the choice to the kernel.",
+    "Ties in |a| at the llama variant's cut are broken by position (the first ones move), and the uniforms "
+    "are drawn in position order; the paper's torch.topk leaves both to the kernel.",
     "A tensor without negative activations gets |min a| = 0 (the paper's llama variant raises an error there: "
     "it reads `device` before assigning it).",
-    "The gemma variant draws one uniform per moved element in position order; the paper's draws one per "
-    "element of the tensor and uses those at the moved positions (same distribution, other numbers).",
+    "The gemma variant draws one uniform per moved element; the paper's draws one per element of the tensor "
+    "and uses those at the moved positions (same distribution, other numbers).",
     "arm.apply: prefill leaves decode steps alone; the paper's code edits the prompt and every decode step "
     "(arm.apply: all, the default).",
 )
@@ -175,21 +175,25 @@ def edit(v, s: ArmSettings, generator, identity: bool = False):
     flat = v.reshape(-1).float()
     n_all = flat.numel()
     absx = flat.abs()
-    negatives = flat[flat < 0]
-    neg = -negatives.min() if negatives.numel() else torch.zeros((), device=flat.device)
+    # |min a| over the negatives, 0 when there are none; order statistics by kthvalue and masks, never a
+    # full sort (a prompt's row holds tokens x channels elements: a sort of them costs more than the step)
+    neg = (-flat.min()).clamp_min(0)
     if s.variant == "llama":
-        ordered, order = torch.sort(absx, stable=True)   # ties at the cut: lower position first
-        med = ordered[(n_all - 1) // 2]                   # torch.median: the lower median
+        med = _kth(absx, (n_all - 1) // 2)                # torch.median: the lower median
         mad = _kth((absx - med).abs(), (n_all - 1) // 2).clamp_min(1e-12)
         eps = 1.4826 * mad * s.c
         share = (absx < eps).float().mean()
         frac = float(torch.clamp(s.k * share, min=s.pmin, max=s.pmax))
         n = max(1, int(round(frac * n_all)))
-        idx = order[:n]
+        cut = _kth(absx, n - 1)                           # the n-th smallest |a|
+        moved = absx < cut
+        ties = torch.nonzero(absx == cut).flatten()      # at the cut, the first ones by position
+        moved[ties[: n - int(moved.sum())]] = True
+        idx = torch.nonzero(moved).flatten()
         top = _quantile(flat, s.percentage / 100)
     else:
         tau = _quantile(absx, min(max(s.c, 0.0), 1.0))
-        idx = torch.nonzero(absx <= tau).flatten()        # ties included, in position order
+        idx = torch.nonzero(absx <= tau).flatten()        # ties included
         top = _quantile(absx, s.percentage)
     picked = flat[idx]
     u = torch.rand(idx.numel(), generator=generator, device=flat.device, dtype=torch.float32)

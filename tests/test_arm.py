@@ -29,7 +29,7 @@ def paper_llama(a, c, percentage, k, pmin, pmax, u):
     n = max(1, int(round(frac * x.size)))
     top = np.percentile(x, percentage)
     neg = abs(x[x < 0].min()) if (x < 0).any() else 0.0
-    idx = np.argsort(absx, kind="stable")[:n]
+    idx = np.sort(np.argsort(absx, kind="stable")[:n])  # ties at the cut by position; draws in position order
     s = np.sign(x[idx])
     s[s == 0] = 1
     uu = u(n)
@@ -132,9 +132,20 @@ def test_hook_edits_only_arm_rows_over_their_valid_positions():
 
 # ---- on tiny models of three families ------------------------------------------------------------------
 
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    """One model cache for this file's tests: each tiny model is prepared (converted and probed) once."""
+    mp = pytest.MonkeyPatch()
+    path = tmp_path_factory.mktemp("arm-model-cache")
+    mp.setenv("MLESS_CACHE", str(path))
+    yield path
+    mp.undo()
+
+
 def arm_params(write_params, tiny_dirs, arch, conditions=("none", "mless", "mful", "arm"), arm_cfg=None, model_arm=None,
                **evaluate_cfg):
     raw = load_params(write_params()).model_dump()
+    raw["runtime"]["threads"] = 1  # tiny models: one thread is fastest, and fair on a busy machine
     raw["prompt"]["conditions"] = list(conditions)
     raw["evaluate"].update(dict(n_samples=4, max_new_tokens=12, batch_size=8, stop_at_boxed=False) | evaluate_cfg)
     raw["arm"].update(arm_cfg or {})
