@@ -103,10 +103,10 @@ def resolve(params: Params, name: str, model_type: str) -> ArmSettings:
     base_c, base_p = paper or FALLBACK[variant]
     base_lo, base_hi = PMIN_PMAX.get(model_type, QWEN_PMIN_PMAX)
     tag = f"paper ({spec.source.repo_id})" if paper else f"fallback ({variant} variant)"
+    lo_tag = {"llama": "paper (Llama file)", "qwen2": "paper (Qwen2 file)"}.get(model_type, "fallback (Qwen2 file)")
     values, origin = {}, {}
     for key, base, base_tag in (("c", base_c, tag), ("percentage", base_p, tag), ("k", K, "paper (k = 1)"),
-                                ("pmin", base_lo, f"paper ({model_type} file)" if model_type in PMIN_PMAX else "paper (Qwen2 file)"),
-                                ("pmax", base_hi, f"paper ({model_type} file)" if model_type in PMIN_PMAX else "paper (Qwen2 file)")):
+                                ("pmin", base_lo, lo_tag), ("pmax", base_hi, lo_tag)):
         given = getattr(own, key)
         values[key] = float(base if given is None else given)
         origin[key] = base_tag if given is None else "params"
@@ -135,6 +135,10 @@ def layer0_mlp(model, params: Params, name: str):
         raise ConfigError(
             f"{params.file}: prompt.conditions: 'arm' needs a gated MLP with gate_proj, up_proj and act_fn in layer 0, "
             f"but model '{name}' has {type(mlp).__name__} (model_type {model.config.model_type!r})")
+    # the hook sits on the act_fn module: one instance shared by several layers would fire in all of them
+    if any(getattr(getattr(block, "mlp", None), "act_fn", None) is mlp.act_fn for block in model.get_decoder().layers[1:]):
+        raise ConfigError(f"{params.file}: prompt.conditions: 'arm' needs layer 0's own act_fn module, but model "
+                          f"'{name}' shares one act_fn instance between layers")
     return mlp
 
 
@@ -156,13 +160,22 @@ def _kth(v, k: int):
 def _quantile(v, q: float):
     """Linear-interpolation quantile (numpy's default, np.percentile's too) of a 1-D float32 tensor, without
     torch.quantile's limit of 2**24 elements."""
-    pos = q * (v.numel() - 1)
+    import torch
+
+    n_all = v.numel()
+    pos = q * (n_all - 1)
     lo = int(np.floor(pos))
-    hi = min(lo + 1, v.numel() - 1)
-    x_lo = _kth(v, lo)
+    hi = min(lo + 1, n_all - 1)
+    if n_all - lo <= max(64, n_all // 16):
+        # a high percentile (99.5 of a prompt's activations): one pass of topk over the tail, not two selections
+        tail = torch.topk(v, n_all - lo, largest=True, sorted=True).values
+        x_lo, x_hi = tail[-1], tail[-2] if hi > lo else tail[-1]
+    else:
+        x_lo = _kth(v, lo)
+        x_hi = _kth(v, hi) if hi > lo and pos > lo else x_lo
     if hi == lo or pos == lo:
         return x_lo
-    return x_lo + (_kth(v, hi) - x_lo) * (pos - lo)
+    return x_lo + (x_hi - x_lo) * (pos - lo)
 
 
 def edit(v, s: ArmSettings, generator, identity: bool = False):
@@ -180,15 +193,17 @@ def edit(v, s: ArmSettings, generator, identity: bool = False):
     neg = (-flat.min()).clamp_min(0)
     if s.variant == "llama":
         med = _kth(absx, (n_all - 1) // 2)                # torch.median: the lower median
-        mad = _kth((absx - med).abs(), (n_all - 1) // 2).clamp_min(1e-12)
+        mad = _kth((absx - med).abs_(), (n_all - 1) // 2).clamp_min(1e-12)
         eps = 1.4826 * mad * s.c
         share = (absx < eps).float().mean()
         frac = float(torch.clamp(s.k * share, min=s.pmin, max=s.pmax))
         n = max(1, int(round(frac * n_all)))
         cut = _kth(absx, n - 1)                           # the n-th smallest |a|
-        moved = absx < cut
-        ties = torch.nonzero(absx == cut).flatten()      # at the cut, the first ones by position
-        moved[ties[: n - int(moved.sum())]] = True
+        moved = absx <= cut
+        extra = int(moved.sum()) - n
+        if extra > 0:  # ties at the cut: the first ones by position move, the last `extra` stay
+            ties = torch.nonzero(absx == cut).flatten()
+            moved[ties[len(ties) - extra:]] = False
         idx = torch.nonzero(moved).flatten()
         top = _quantile(flat, s.percentage / 100)
     else:
@@ -204,6 +219,57 @@ def edit(v, s: ArmSettings, generator, identity: bool = False):
     out = v.reshape(-1).clone()
     out[idx] = new.to(v.dtype)
     return out.view_as(v)
+
+
+def edit_rows(v, s: ArmSettings, generators: list, identity: bool = False):
+    """`edit` of each row of `v` ([rows, ...], statistics per row over all its elements) in one set of batched
+    operations: a decode step's rows (every position real) cost about one row's operations, not one per row.
+    Equals `edit` row by row exactly (the same order statistics, the same float32 arithmetic, the same draws)."""
+    import torch
+
+    rows = v.shape[0]
+    flat = v.reshape(rows, -1).float()
+    n_all = flat.shape[1]
+    absx = flat.abs()
+    neg = (-flat.min(dim=1).values).clamp_min(0)
+    if s.variant == "llama":
+        half = (n_all - 1) // 2
+        med = torch.kthvalue(absx, half + 1, dim=1).values
+        mad = torch.kthvalue((absx - med[:, None]).abs_(), half + 1, dim=1).values.clamp_min(1e-12)
+        eps = 1.4826 * mad * s.c
+        share = (absx < eps[:, None]).float().mean(dim=1)
+        fracs = torch.clamp(s.k * share, min=s.pmin, max=s.pmax).tolist()
+        n = torch.tensor([max(1, int(round(f * n_all))) for f in fracs], device=v.device)
+        cut = torch.sort(absx, dim=1).values.gather(1, (n - 1)[:, None])
+        moved = absx <= cut
+        for r in torch.nonzero(moved.sum(dim=1) > n).flatten().tolist():  # ties at the cut (rare): as in `edit`
+            ties = torch.nonzero(absx[r] == cut[r]).flatten()
+            moved[r, ties[len(ties) - (int(moved[r].sum()) - int(n[r])):]] = False
+        top = _quantile_rows(flat, s.percentage / 100)
+    else:
+        moved = absx <= _quantile_rows(absx, min(max(s.c, 0.0), 1.0))[:, None]
+        top = _quantile_rows(absx, s.percentage)
+    counts = moved.sum(dim=1).tolist()
+    u = torch.zeros_like(flat)
+    u[moved] = torch.cat([torch.rand(k, generator=g, device=v.device, dtype=torch.float32)
+                          for k, g in zip(counts, generators)])
+    if identity:
+        return v.clone()
+    new = torch.where(flat >= 0, u * top[:, None], -u * neg[:, None])
+    return torch.where(moved, new, flat).to(v.dtype).view_as(v)
+
+
+def _quantile_rows(v, q: float):
+    """`_quantile` of each row of a 2-D float32 tensor."""
+    import torch
+
+    pos = q * (v.shape[1] - 1)
+    lo = int(np.floor(pos))
+    hi = min(lo + 1, v.shape[1] - 1)
+    x_lo = torch.kthvalue(v, lo + 1, dim=1).values
+    if hi == lo or pos == lo:
+        return x_lo
+    return x_lo + (torch.kthvalue(v, hi + 1, dim=1).values - x_lo) * (pos - lo)
 
 
 class ArmHook:
@@ -229,6 +295,20 @@ class ArmHook:
     def __call__(self, module, inputs, a):
         import torch
 
+        if a.device.type != "cpu":
+            return self._edit(a)
+        # one thread: the edit's operations are small, and on a busy CPU two threads wait for each other at
+        # every one of them (measured: 5x slower on 2 shared cores); the model's own operations keep theirs
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return self._edit(a)
+        finally:
+            torch.set_num_threads(threads)
+
+    def _edit(self, a):
+        import torch
+
         step, self.step = self.step, self.step + 1
         s = self.settings
         arm_rows = [r for r, p in enumerate(self.rows) if p is not None]
@@ -246,11 +326,15 @@ class ArmHook:
                 row_seed(s.seed, step, *(self.rows[r] for r in arm_rows)))
             out[arm_rows] = edit(a[arm_rows], s, g, self.identity)
             return out
-        for r in arm_rows:
-            g = torch.Generator(device=a.device).manual_seed(row_seed(s.seed, self.rows[r], step))
-            if valid is None:
-                out[r] = edit(a[r], s, g, self.identity)
+        gens = [torch.Generator(device=a.device).manual_seed(row_seed(s.seed, self.rows[r], step)) for r in arm_rows]
+        if valid is None:  # a decode step (or a prompt without padding): the rows in one batched edit
+            out[arm_rows] = edit_rows(a[arm_rows], s, gens, self.identity)
+            return out
+        for r, g in zip(arm_rows, gens):  # a padded prompt: each row over its own real tokens
+            keep = valid[r].to(device=a.device, dtype=torch.bool)
+            first = int(keep.int().argmax())
+            if bool(keep[first:].all()):  # left padding: the real tokens are one run at the end
+                out[r, first:] = edit(a[r, first:], s, g, self.identity)
             else:
-                keep = valid[r].to(device=a.device, dtype=torch.bool)
                 out[r, keep] = edit(a[r, keep], s, g, self.identity)
         return out

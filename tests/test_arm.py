@@ -91,6 +91,18 @@ def test_edit_equals_the_papers_pseudo_code(name, variant, c, percentage, pmin, 
         assert moved.sum() == (np.abs(a) <= cut).sum() > round(c * a.size)  # ties at the cut all move
 
 
+@pytest.mark.parametrize("variant,c,percentage", [("llama", 0.13, 99.5), ("llama", 2.0, 50.0), ("gemma", 0.25, 0.85)])
+def test_batched_rows_equal_the_edit_row_by_row(variant, c, percentage):
+    """edit_rows (a decode step's rows at once) is `edit` of each row, bit for bit, ties and all."""
+    t = fixed_tensors()
+    v = torch.from_numpy(np.concatenate([t["smooth"], t["ties"], t["positive"], t["silu"]])[:, None, :])
+    s = settings(variant, c, percentage, pmax=0.9 if c == 2.0 else 0.25)
+    gens = lambda: [torch.Generator().manual_seed(k) for k in range(len(v))]  # noqa: E731
+    rows = arm.edit_rows(v, s, gens())
+    assert torch.equal(rows, torch.stack([arm.edit(v[r], s, g) for r, g in enumerate(gens())]))
+    assert torch.equal(arm.edit_rows(v, s, gens(), identity=True), v)
+
+
 def test_hook_edits_only_arm_rows_over_their_valid_positions():
     """The hook on a [batch, T, I] tensor: arm rows get `edit` of their non-pad positions with the generator
     of (seed, problem index, step 0); pad positions and the other rows keep their values."""
