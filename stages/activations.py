@@ -1,4 +1,4 @@
-"""activations@<model>: the activation shift, layer 0's gated-MLP activations under none / mless / mful.
+"""activations@<model>: the activation shift, layer 0's gated-MLP activations under none / mless / mful (and arm).
 
 The paper's mechanism (notes/paper-method.md, section 1): the span scales the first layer's attention on
 original keys by lambda < 1 and adds the span's values, which moves the gate pre-activations
@@ -23,6 +23,10 @@ Token sets (SETS): `original`, every token of the none prompt at its place in ea
 `after_span`, the original tokens from the span's insertion point on: under causal attention the tokens
 before it see the same context in every condition, so their activations cannot change.
 Full a and z ([layer, token, channel], float16) for the first `activations.showcase` samples.
+
+`arm` (when configured): the none prompt with the ARM hook (stages/arm.py, the one evaluate uses, seeded by
+the problem index at step 0) on layer 0's act_fn, registered before the capturing hook, so `a` is the
+ARM-transformed tensor the MLP goes on with; z = gate_proj(x) is none's.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from stages import cli, models, progress
+from stages import arm, cli, models, progress
 from stages.config import ConfigError, Params, model_spec
 from stages.capture import StopForward, capturing, install_capture
 from stages.intervals import bootstrap_mean_ci
@@ -194,14 +198,17 @@ def run(params: Params, name: str, out: Path | None = None, timing: Path | None 
     if max(layers) >= n_layers:
         raise ConfigError(f"{params.file}: activations.layers: {[x for x in layers if x >= n_layers]} out of range; "
                           f"{name} has {n_layers} layers (allowed 0..{n_layers - 1})")
+    conditions = params.prompt.conditions
+    arm_settings = arm.resolve(params, name, arm.model_type(prepared.facts)) if "arm" in conditions else None
     # only the embeddings and layers 0..max(layers) are read from the checkpoint
     model, tokenizer = models.load(params, prepared, layers=layers)
     mlps = gated_mlps(model, name, params, layers)
+    # registered before forward()'s capturing hooks, which therefore see the edited a
+    arm_hook = arm.ArmHook(arm.layer0_mlp(model, params, name), arm_settings) if arm_settings else None
     install_capture(model)
     builder = builder_for(params, name, tokenizer)
     insertion = len(builder.prefix) + (0 if builder.before else len(builder.instruction))
     prompts = [builder.build(p) for p in chosen]
-    conditions = params.prompt.conditions
     edges = np.linspace(cfg.range[0], cfg.range[1], cfg.bins + 1)
 
     per = {c: {s: {m: [] for m in MEASURES} for s in SETS} for c in conditions}
@@ -212,6 +219,8 @@ def run(params: Params, name: str, out: Path | None = None, timing: Path | None 
     started = time.perf_counter()
     for k, pr in enumerate(progress.bar(prompts, desc=f"activations {name}", unit="problem")):
         for c in conditions:
+            if arm_hook is not None:
+                arm_hook.begin([chosen[k].index] if c == "arm" else [])
             attn, a, z = forward(model, mlps, layers, pr[c].input_ids)
             pos = np.array(pr[c].original_pos)
             rows = {"original": pos, "after_span": pos[insertion:]}
@@ -237,9 +246,11 @@ def run(params: Params, name: str, out: Path | None = None, timing: Path | None 
         **provenance("activations"),
         "model": {"name": name, **prepared.manifest()},
         **builder.describe(params),
+        **({"arm": {**arm_settings.describe(), "differences_from_paper": arm.DIFFERENCES}} if arm_settings else {}),
         "params": {"models": {name: spec.model_dump(exclude={"display_name"})}, "prompt": params.prompt.model_dump(),
                    "extract": params.extract.model_dump(include={"n_samples", "seed"}),
-                   "activations": cfg.model_dump(), "dataset": params.dataset.model_dump(),
+                   "activations": cfg.model_dump(), **({"arm": params.arm.model_dump()} if arm_settings else {}),
+                   "dataset": params.dataset.model_dump(),
                    "runtime": params.runtime.model_dump(include={"device", "dtype"})},
         "dataset_sha256": data_sha,
     }

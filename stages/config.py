@@ -31,7 +31,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PARAMS_FILE = Path("params.yaml")  # relative: DVC and the CLI run from the project root
 PROFILES_DIR = ROOT / "profiles"
 
-CONDITIONS = ("none", "mless", "mful")
+# arm: the `none` prompt with the paper's activation redistribution on layer 0's MLP (stages/arm.py)
+CONDITIONS = ("none", "mless", "mful", "arm")
 # A family is a model_type of transformers (`models.<name>.family`; null: the model's own). Some
 # families also accept these model_types (gemma-3-4b-it is the multimodal wrapper around gemma3_text).
 # Which model_types are supported is decided when a model is prepared: every decoder-only causal LM
@@ -101,6 +102,22 @@ Source = Annotated[
 ]
 
 
+class ModelArm(Strict):
+    """This model's ARM values; null: the paper's value for this model, else the variant's fallback (stages/arm.py)."""
+
+    c: float | None = Field(default=None, gt=0, description="llama variant: near-zero radius factor; gemma: share moved")
+    percentage: float | None = Field(default=None, ge=0, description="llama: percentile 0..100; gemma: quantile 0..1")
+    k: float | None = Field(default=None, gt=0, description="llama variant: share moved = clamp(k * S, pmin, pmax)")
+    pmin: float | None = Field(default=None, ge=0, le=1)
+    pmax: float | None = Field(default=None, ge=0, le=1)
+
+    @model_validator(mode="after")
+    def _order(self):
+        if self.pmin is not None and self.pmax is not None and self.pmin > self.pmax:
+            raise ValueError(f"pmin {self.pmin} is greater than pmax {self.pmax}")
+        return self
+
+
 class ModelSpec(Strict):
     display_name: str = Field(min_length=1, description="name used on charts and in the report")
     family: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_-]*$")] | None = Field(
@@ -110,6 +127,7 @@ class ModelSpec(Strict):
     template: Literal["raw", "chat"] | None = Field(default=None, description="null: prompt.template")
     layers: list[NonNegativeInt] = Field(default=[0, 1, 2], min_length=1, description="0-based layers analysed")
     heads: Literal["all"] | list[NonNegativeInt] = "all"
+    arm: ModelArm = ModelArm()
 
     @field_validator("layers", "heads")
     @classmethod
@@ -139,7 +157,9 @@ class MfulSpan(Strict):
 class Prompt(Strict):
     instruction: str = Field(min_length=1)
     template: Literal["raw", "chat"] = "raw"
-    conditions: list[Literal["none", "mless", "mful"]] = Field(default=list(CONDITIONS), min_length=1)
+    # the default leaves `arm` out (about a fifth more evaluation time); add it with
+    # dvc exp run -S 'prompt.conditions=[none,mless,mful,arm]' -S evaluate.batch_size=40 (README, "ARM")
+    conditions: list[Literal["none", "mless", "mful", "arm"]] = Field(default=list(CONDITIONS[:3]), min_length=1)
     mless: MlessSpan = MlessSpan()
     mful: MfulSpan = MfulSpan()
 
@@ -270,6 +290,17 @@ class ChartSelection(Strict):
         return v
 
 
+class Arm(Strict):
+    """The `arm` condition (stages/arm.py); per-model values are models.<name>.arm."""
+
+    variant: Literal["auto", "llama", "gemma"] = Field(
+        default="auto", description="auto: gemma for gemma model_types, llama (the Qwen2/Llama code) otherwise")
+    pool: Literal["row", "batch"] = Field(
+        default="row", description="row: each sequence's own non-pad positions; batch: the paper's pooling")
+    apply: Literal["all", "prefill"] = Field(default="all", description="all: prompt and every decode step (the paper)")
+    seed: NonNegativeInt = Field(default=0, description="with the problem index and step, seeds each row's draws")
+
+
 class Figures(Strict):
     models: Literal["all"] | list[str] = "all"
     layer: NonNegativeInt = Field(default=0, description="0-based layer of the per-head charts (Layer 1 on charts)")
@@ -317,6 +348,7 @@ class Params(Strict):
     stats: Stats = Stats()
     activations: Activations = Activations()
     sweep: Sweep = Sweep()
+    arm: Arm = Arm()
     figures: Figures = Figures()
     models: dict[ModelName, ModelSpec] = Field(min_length=1)
     _file: Path = PrivateAttr(default=PARAMS_FILE)

@@ -1,4 +1,8 @@
-"""evaluate@<model>: MATH-500 accuracy under the none / mless / mful prompts.
+"""evaluate@<model>: MATH-500 accuracy under the none / mless / mful prompts, and `arm`.
+
+`arm` is the none prompt with the paper's activation redistribution on layer 0's MLP (stages/arm.py):
+a forward hook edits only the arm rows of a batch (`arm.pool: row` keeps each row's statistics to its own
+tokens), so arm rows share batches, static cache and journal with the other conditions.
 
 Greedy generation (`do_sample=False`, set explicitly: instruct checkpoints would otherwise sample by
 their generation_config), batched with left padding and a KV cache, prompts sorted by length;
@@ -28,8 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
-from stages import cli, models, progress
-from stages.config import ConfigError, Params, model_spec
+from stages import arm, cli, models, progress
+from stages.config import CONDITIONS, ConfigError, Params, model_spec
 from stages.grading import grade, has_complete_box
 from stages.intervals import bootstrap_mean_ci, mcnemar_exact
 from stages.prompts import builder_for, load_math500, put_problems, select_problems
@@ -39,7 +43,7 @@ JOURNAL_VERSION = 1
 # the per-model params keys evaluation reads (dvc.yaml lists exactly these, so changing a model's
 # layers or heads, which only extraction reads, or its display_name, which only charts and the
 # report show, does not rerun its evaluation)
-MODEL_KEYS = ("family", "source", "template", "trust_remote_code")
+MODEL_KEYS = ("family", "source", "template", "trust_remote_code", "arm")
 
 
 @dataclass(frozen=True)
@@ -73,7 +77,7 @@ def paths(name: str) -> dict[str, Path]:
 def make_batches(items: list[Item], batch_size: int) -> list[list[Item]]:
     """Items sorted by prompt length (least padding), cut into fixed batches: a resumed run
     regenerates exactly the batches an uninterrupted run would."""
-    order = {c: k for k, c in enumerate(("none", "mless", "mful"))}
+    order = {c: k for k, c in enumerate(CONDITIONS)}
     ranked = sorted(items, key=lambda it: (len(it.input_ids), it.index, order[it.condition]))
     return [ranked[i:i + batch_size] for i in range(0, len(ranked), batch_size)]
 
@@ -119,8 +123,9 @@ def load_for_generation(params: Params, prepared) -> tuple:
 
 
 def generate(model, tokenizer, batch: list[Item], max_new_tokens: int, stop_at_boxed: bool,
-             eos: list[int]) -> list[tuple[str, int, str]]:
-    """Greedy continuations of a batch of prompts: [(text, n_tokens, stop reason)]."""
+             eos: list[int], arm_hook: arm.ArmHook | None = None) -> list[tuple[str, int, str]]:
+    """Greedy continuations of a batch of prompts: [(text, n_tokens, stop reason)]; `arm_hook` (installed on
+    the model) edits the rows whose condition is `arm`."""
     import torch
     from transformers import StaticCache, StoppingCriteriaList
 
@@ -135,6 +140,11 @@ def generate(model, tokenizer, batch: list[Item], max_new_tokens: int, stop_at_b
     # sized by this batch alone: generate's own static cache grows to the longest of all earlier
     # calls, which would make a batch's arithmetic depend on what ran before it (and on resuming)
     cache = StaticCache(config=model.config.get_text_config(decoder=True), max_cache_len=width + max_new_tokens)
+    rows = [it.index if it.condition == "arm" else None for it in batch]
+    if arm_hook is not None:
+        arm_hook.begin(rows, mask.bool())
+    elif any(r is not None for r in rows):
+        raise ValueError("a batch with arm rows needs the ARM hook (arm_hook)")
     with torch.no_grad():
         out = model.generate(
             input_ids=ids.to(model.device), attention_mask=mask.to(model.device),
@@ -142,6 +152,8 @@ def generate(model, tokenizer, batch: list[Item], max_new_tokens: int, stop_at_b
             num_beams=1, eos_token_id=eos, pad_token_id=pad, stopping_criteria=criteria, use_cache=True,
             past_key_values=cache,
         )
+    if arm_hook is not None:
+        arm_hook.begin([])  # disarmed: a later forward pass of this model is left alone
     results = []
     ends = set(eos) | {pad}
     for row in out[:, width:].tolist():
@@ -243,9 +255,12 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
     problems, data_sha = load_math500(params)
     chosen = select_problems(problems, cfg.n_samples, cfg.seed)
     prepared = models.prepare(params, name)
-    model, tokenizer, attn = load_for_generation(params, prepared)
-    builder = builder_for(params, name, tokenizer)
     conditions = params.prompt.conditions
+    # ARM's values are checked before the model is loaded (its variant needs only the model_type)
+    arm_settings = arm.resolve(params, name, arm.model_type(prepared.facts)) if "arm" in conditions else None
+    model, tokenizer, attn = load_for_generation(params, prepared)
+    arm_hook = arm.ArmHook(arm.layer0_mlp(model, params, name), arm_settings) if arm_settings else None
+    builder = builder_for(params, name, tokenizer)
     built = {p.index: builder.build(p) for p in chosen}
     items = [Item(p.index, c, built[p.index][c].input_ids) for p in chosen for c in conditions]
     longest = max(len(it.input_ids) for it in items)
@@ -257,7 +272,8 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
     settings = {"max_new_tokens": cfg.max_new_tokens, "batch_size": cfg.batch_size,
                 "stop_at_boxed": cfg.stop_at_boxed, "greedy": True, "eos_token_ids": eos,
                 "attn_implementation": attn, "cache": "static",
-                "device": str(model.device), "dtype": params.runtime.dtype}
+                "device": str(model.device), "dtype": params.runtime.dtype,
+                **({"arm": arm_settings.describe()} if arm_settings else {})}
     key = hashlib.sha256(json.dumps({
         "weights": prepared.manifest().get("weights_sha256"), "settings": settings,
         "items": [(it.index, it.condition, it.input_ids) for it in items]}).encode()).hexdigest()
@@ -276,7 +292,7 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
     try:
         for batch in todo:
             t0 = time.perf_counter()
-            outs = generate(model, tokenizer, batch, cfg.max_new_tokens, cfg.stop_at_boxed, eos)
+            outs = generate(model, tokenizer, batch, cfg.max_new_tokens, cfg.stop_at_boxed, eos, arm_hook)
             share = (time.perf_counter() - t0) / len(batch)
             recs = []
             for it, (text, n, reason) in zip(batch, outs):
@@ -303,11 +319,13 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
         "model": {"name": name, **prepared.manifest()},
         **builder.describe(params),
         "generation": settings,
+        **({"arm": {**arm_settings.describe(), "differences_from_paper": arm.DIFFERENCES}} if arm_settings else {}),
         "grader": {"library": "math-verify", "paper_rule": "last \\boxed{} of prompt + output; right if equal "
                    "to the gold answer or a substring of it (an output without a box is scored by the "
                    "instruction's empty \\boxed{}, which counts as right)"},
         "params": {"models": {name: spec.model_dump(include=set(MODEL_KEYS))}, "prompt": params.prompt.model_dump(),
-                   "evaluate": cfg.model_dump(), "dataset": params.dataset.model_dump(),
+                   "evaluate": cfg.model_dump(), **({"arm": params.arm.model_dump()} if arm_settings else {}),
+                   "dataset": params.dataset.model_dump(),
                    "runtime": params.runtime.model_dump(include={"device", "dtype"})},
         "dataset_sha256": data_sha,
     }

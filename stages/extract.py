@@ -14,6 +14,10 @@ reduced vectors every statistic needs, in `artifacts/attention/<model>.h5`:
 
 Positions of one condition are concatenated over samples; `offsets` delimits the samples.
 Full [layer, head, T, T] matrices are kept for the first `extract.showcase` samples.
+
+The `arm` condition is not extracted (root attribute `skipped_conditions` says so when it is configured):
+its prompt is the `none` prompt and ARM edits layer 0's MLP, which runs after layer 0's attention, so its
+layer-0 attention is exactly none's, and it has no span whose attention these statistics measure.
 """
 
 from __future__ import annotations
@@ -29,6 +33,9 @@ from stages.capture import CaptureError, attention, compare, install_capture  # 
 from stages.config import ConfigError, Params, model_spec
 from stages.prompts import builder_for, load_math500, put_problems, select_problems
 from stages.store import provenance, put, put_json_attr, write_h5, write_prompt_timing
+
+# the conditions that differ in their prompt; `arm` (the none prompt, edited in layer 0's MLP) is skipped
+PROMPT_CONDITIONS = ("none", "mless", "mful")
 
 VECTORS = ("recv_all", "recv_original", "recv_last", "mass_span", "mass_first")
 QUERY_SETS = {
@@ -70,7 +77,8 @@ def run(params: Params, name: str, out: Path | None = None, timing: Path | None 
     model, tokenizer = models.load(params, prepared, layers=layers)
     builder = builder_for(params, name, tokenizer)
     prompts = [builder.build(p) for p in chosen]
-    conditions = params.prompt.conditions
+    conditions = [c for c in params.prompt.conditions if c in PROMPT_CONDITIONS]
+    skipped = [c for c in params.prompt.conditions if c not in PROMPT_CONDITIONS]
     longest = max(len(pr[c].input_ids) for pr in prompts for c in conditions)
     context = facts["max_position_embeddings"]
     if context and longest > context:
@@ -118,6 +126,10 @@ def run(params: Params, name: str, out: Path | None = None, timing: Path | None 
         f.attrs["layers"] = np.array(layers, dtype=np.int32)
         f.attrs["heads"] = np.array(heads, dtype=np.int32)
         f.attrs["conditions"] = list(conditions)
+        if skipped:
+            f.attrs["skipped_conditions"] = skipped
+            f.attrs["skipped_note"] = ("arm: the none prompt with layer 0's MLP edited; layer 0's attention runs before "
+                                       "that MLP, so it equals none's, and there is no span to measure attention on")
         f.attrs["num_kv_heads"] = facts["num_kv_heads"]
         f.attrs["heads_note"] = (f"heads are query heads (num_attention_heads={facts['num_heads']}); with grouped-query "
                                  f"attention query head h reads kv head h // {facts['num_heads'] // facts['num_kv_heads']}")
@@ -146,6 +158,8 @@ def run(params: Params, name: str, out: Path | None = None, timing: Path | None 
             s[f"{k:03d}"].attrs["problem_index"] = chosen[k].index
     n_prompts = len(prompts) * len(conditions)
     write_prompt_timing(timing or params.resolve(f"metrics/timing/extract-{name}.json"), seconds, n_prompts, out)
+    if skipped:
+        print(f"{name}: conditions {skipped} not extracted (the none prompt; layer-0 attention equals none's)")
     print(f"{name}: {len(prompts)} problems x {len(conditions)} conditions in {seconds:.1f} s "
           f"({1000 * seconds / n_prompts:.0f} ms per prompt) -> {out} ({out.stat().st_size / 2**20:.1f} MiB)")
     return out

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from stages import charts, cli
 from stages.charts.common import Context, load_context
-from stages.config import Params
+from stages.config import CONDITIONS, Params
 from stages.store import atomic_path
 
 OUT_DIR = Path("reports/figures")
@@ -69,7 +69,7 @@ def write_accuracy_table(path: Path, metrics: dict) -> Path:
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(["model", "condition", "label", "accuracy", "correct", "n"])
     for name, m in metrics.items():
-        for c in ("none", "mless", "mful"):
+        for c in CONDITIONS:
             if c in m["accuracy"]:
                 w.writerow([name, c, f"{name} / {c}", f"{m['accuracy'][c]:.6g}", m["correct"][c], m["n_problems"]])
     with atomic_path(path) as tmp:

@@ -97,7 +97,7 @@ def _sentences(text: str) -> list[str]:
 
 
 class PromptBuilder:
-    """Token ids of the `none` / `mless` / `mful` prompts for one tokenizer.
+    """Token ids of the `none` / `mless` / `mful` prompts (and `arm`: the `none` ids) for one tokenizer.
 
     Segments are tokenized separately (`add_special_tokens=False`) and concatenated, with the
     tokenizer's own special prefix/suffix (raw template) or the chat template's text around the
@@ -174,7 +174,8 @@ class PromptBuilder:
         none_ids = self.prefix + self.instruction + question + self.suffix
         out = {}
         for cond in self.prompt.conditions:
-            span = [] if cond == "none" else self.mless if cond == "mless" else self.mful_ids(problem)
+            # arm is the none prompt: ARM edits layer 0's MLP activations instead (stages/arm.py)
+            span = self.mless if cond == "mless" else self.mful_ids(problem) if cond == "mful" else []
             head = self.prefix if self.before else self.prefix + self.instruction
             tail = (self.instruction if self.before else []) + question + self.suffix
             ids = head + span + tail

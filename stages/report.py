@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from stages import charts, cli, figures
+from stages import arm, charts, cli, figures
 from stages.charts import paper
 from stages.charts.common import Sources, load_context, md_escape
 from stages.config import Params
@@ -112,6 +112,18 @@ def instructions(root: Path, names: list[str]) -> list[dict]:
     return [{"text": t, "literal": "{{}}" in t, "models": ms} for t, ms in seen.items()]
 
 
+def arm_section(root: Path, names: list[str], disp) -> dict | None:
+    """The ARM settings each evaluation ran with (its provenance) and the differences from the paper's code;
+    None when no model was evaluated under `arm`."""
+    rows = []
+    for name in names:
+        with read_h5(root / eval_path(name), "eval") as f:
+            prov = json.loads(f.attrs["provenance"]).get("arm")
+        if prov:
+            rows.append({"model": disp(name), "file": eval_path(name).as_posix(), **prov})
+    return {"models": rows, "differences": arm.DIFFERENCES} if rows else None
+
+
 # ---- the stage -----------------------------------------------------------------------------------------
 
 def fence(text: str) -> str:
@@ -173,8 +185,9 @@ def run(params: Params, out: Path | None = None) -> list[Path]:
         "per_model": per_model, "cross": cross, "accuracy": acc, "table": acc.extra["table"],
         "activation_charts": [study["activations"], study["activation-shift"]],
         "span_charts": [study["span-sweep"], study["span-accuracy"]],
-        "glance": cross.observations + study["activations"].interpretation[1:2] + acc.observations[-1:]
-        + acc.interpretation[-1:],
+        "glance": cross.observations + study["activations"].interpretation[1:2] + acc.extra["glance"]
+        + acc.extra["arm_glance"],
+        "arm": arm_section(root, names, ctx.disp),
         "examples": [example(params, root, n, ctx.disp(n)) for n in names],
         "provenance": [provenance_rows(ctx.src, root, n, ctx.disp(n)) for n in names],
         "fig_rel": Path(os.path.relpath(fig_dir, out)).as_posix(),

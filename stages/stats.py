@@ -39,8 +39,8 @@ from pathlib import Path
 import numpy as np
 
 from stages import cli
-from stages.config import CONDITIONS, Params, model_spec
-from stages.extract import VECTORS, attention_path
+from stages.config import Params, model_spec
+from stages.extract import PROMPT_CONDITIONS, VECTORS, attention_path
 from stages.intervals import bootstrap_mean_ci, bootstrap_ratio_ci
 from stages.store import (ArtifactError, atomic_path, provenance, put, put_json_attr, read_h5, write_h5,
                           write_timing)
@@ -186,10 +186,10 @@ def write_plot_table(path: Path, kind: str, results: dict, layers) -> None:
     avg = {c: results[c][f"{kind}_avg"][0, head] for c in conditions}
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow(["position", *CONDITIONS, "layer", "head"])
+    w.writerow(["position", *PROMPT_CONDITIONS, "layer", "head"])
     for p in range(max(len(v) for v in avg.values())):
         cells = ["nan" if c not in avg or p >= len(avg[c]) or np.isnan(avg[c][p]) else f"{avg[c][p]:.6g}"
-                 for c in CONDITIONS]
+                 for c in PROMPT_CONDITIONS]
         w.writerow([p, *cells, int(layers[0]), head])
     with atomic_path(path) as tmp:
         tmp.write_text(buf.getvalue())

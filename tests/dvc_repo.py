@@ -47,7 +47,8 @@ def tiny_params(models: dict[str, tuple[str, Path]]) -> dict:
     raw["models"] = {
         name: {"display_name": f"Tiny {family}", "template": None, "family": family,
                "source": {"kind": "local_dir", "path": str(path)}, "layers": [0, 1, 2], "heads": "all",
-               "trust_remote_code": False}
+               "trust_remote_code": False,
+               "arm": {"c": None, "percentage": None, "k": None, "pmin": None, "pmax": None}}
         for name, (family, path) in models.items()
     }
     return raw

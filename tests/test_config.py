@@ -42,7 +42,7 @@ def edited(**changes):
 @pytest.mark.parametrize("changes, expected", [
     ({"runtime__colour": "red"}, ["runtime: unknown key(s) ['colour']", "allowed keys: ['cache_dir'"]),
     ({"prompt__mless__count": -3}, ["prompt.mless.count", "greater than or equal to 0", "(got -3)"]),
-    ({"prompt__conditions": ["none", "noise"]}, ["prompt.conditions.1", "'none', 'mless' or 'mful'", "(got 'noise')"]),
+    ({"prompt__conditions": ["none", "noise"]}, ["prompt.conditions.1", "'none', 'mless', 'mful' or 'arm'", "(got 'noise')"]),
     ({"prompt__conditions": ["mless", "mful"]}, ["prompt.conditions", "must include 'none'"]),
     ({"prompt__mless__placement": "after"}, ["prompt.mless.placement", "'between' or 'before_instruction'", "(got 'after')"]),
     ({"models__smollm2-135m__family": "Mistral 7B"}, ["models.smollm2-135m.family", "should match pattern", "(got 'Mistral 7B')"]),

@@ -29,6 +29,7 @@ def project(tmp_path_factory, tiny_dirs):
     shutil.copytree(ROOT / "data", root / "data")
     shutil.copytree(ROOT / "stages" / "texts", root / "stages" / "texts")
     raw = default_params()
+    raw["prompt"]["conditions"] = ["none", "mless", "mful", "arm"]  # all four (the default leaves arm out)
     raw["extract"].update(n_samples=5, showcase=1)
     raw["evaluate"].update(n_samples=4, max_new_tokens=12, batch_size=6)
     raw["stats"].update(n_boot=200)
@@ -181,6 +182,25 @@ def test_text_from_data_is_escaped_and_output_deterministic(project):
     assert "\\<script\\>" in md_path.read_text(encoding="utf-8")
     before = html_path.read_bytes(), md_path.read_bytes()
     assert tuple(p.read_bytes() for p in report.run(params)) == before
+
+
+def test_arm_is_the_fourth_bar_and_has_its_section(project):
+    from stages import arm
+
+    root, params, (html_path, md_path) = project
+    md = md_path.read_text(encoding="utf-8")
+    text = html.unescape(re.sub(r"<[^>]+>", "", html_path.read_text(encoding="utf-8")))
+    for page in (md, text):
+        assert len(re.findall(r"arm − none: [+-][\d.]+ points", page)) == len(params.models)  # accuracy chart
+        assert "ARM (arm: the none prompt, Layer 1's MLP activations redistributed) raises accuracy for" in page
+    assert all(d in text for d in arm.DIFFERENCES)
+    section = md.split("\n## ARM\n")[1].split("\n## ")[0]
+    assert section.count("\n- ") == len(arm.DIFFERENCES)
+    table = re.findall(r"^\| (Tiny [^|]+?) \| (llama|gemma) \| ([\d.]+) \| ([\d.]+) \|", md, re.M)
+    assert [(v, c, pct) for _, v, c, pct in table] == [("llama", "0.13", "99.5"), ("gemma", "0.25", "0.85")]
+    assert re.findall(r"^\| Tiny llama \| arm \| ", md, re.M)  # the accuracy table's fourth row
+    with h5py.File(root / "artifacts/attention/tiny-llama.h5", "r") as f:
+        assert list(f.attrs["conditions"]) == ["none", "mless", "mful"] and list(f.attrs["skipped_conditions"]) == ["arm"]
 
 
 def test_markdown_links_resolve(project):

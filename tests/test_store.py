@@ -59,3 +59,26 @@ def test_the_git_commit_goes_to_the_runs_sidecar(tmp_path):
     import json
 
     assert json.loads((tmp_path / "metrics/timing/x.json").read_text()) == {"seconds": 1.5, **info}
+
+
+def test_every_stage_declares_the_code_it_imports():
+    """A stage's artifacts record the hashes of the code files it lists (provenance, dvc.lock): each module of
+    `stages/` that its command imports, directly or not, must be among them, or a change to it would neither
+    rerun the stage nor show in its provenance."""
+    import subprocess
+    import sys
+
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    missing = {}
+    for name, spec in stages.items():
+        spec = spec.get("do", spec)
+        module = spec["cmd"].split()[2]  # python -m stages.<module> ...
+        declared = [d for d in spec["deps"] if d.startswith("stages/")]
+        probe = (f"import sys, {module}; print('\\n'.join(sorted(m.__file__ for k, m in sys.modules.items() "
+                 f"if k.startswith('stages.') and getattr(m, '__file__', None))))")
+        out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+        # not the params schema, the command line or the progress bars: they never change an output's bytes
+        imported = {os.path.relpath(p, ROOT) for p in out.split() if not p.endswith("__init__.py")} - {
+            "stages/config.py", "stages/cli.py", "stages/progress.py"}
+        missing[name] = [p for p in sorted(imported) if not any(p == d or p.startswith(d.rstrip("/") + "/") for d in declared)]
+    assert not any(missing.values()), {k: v for k, v in missing.items() if v}

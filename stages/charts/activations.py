@@ -1,13 +1,15 @@
 """activations: the paper's activation figure. One panel per model: the histogram of the first measured
 layer's MLP activations a = act_fn(gate_proj(x)) over the original tokens, none vs mless (mful as a third
-line), log y so the near-zero peak and the tails both show, with four small bar insets (sparsity, L1, L2,
-Gini: the mean over problems per condition and its bootstrap 95 % interval)."""
+line; with `arm` configured, the ARM-transformed activations from the same hook as a fourth), log y so the
+near-zero peak and the tails both show, with four small bar insets (sparsity, L1, L2, Gini: the mean over
+problems per condition and its bootstrap 95 % interval)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from stages.charts.common import (COLORS, LABELS, Chart, Context, Num, Text, excludes_zero, interval, label)
+from stages.charts.common import (COLORS, LABELS, Chart, Context, Num, Text, colour_key, excludes_zero, interval,
+                                   label)
 
 KIND = "activations"
 PER_MODEL = False
@@ -153,16 +155,25 @@ def explain(ctx: Context, name: None = None) -> Chart:
         interp.append(Text(f"The meaningful span confirms the same measures as the meaningless one for {len(alike)} of "
                            f"{len(pairs)} models" + (f" ({', '.join(alike)})" if alike else "") +
                            "; where the two differ, the shift is not just an effect of inserting tokens."))
+    arms = [n for (n, c) in confirmed if c == "arm"]
+    if arms:
+        alike = [ctx.disp(n) for n in arms if len(confirmed[(n, "arm")]) == len(CLAIM)]
+        interp.append(Text("ARM (arm) edits these activations directly, so its measures show what the edit does by "
+                           f"construction: all four move the paper's way for {len(alike)} of {len(arms)} models"
+                           + (f" ({', '.join(alike)})" if alike else "") + "; compare their size with mless's."))
+    conds = views(ctx)[0].conds if ctx.names else ["none", "mless", "mful"]
     return Chart(
         KIND, f"Activation shift: {label(views(ctx)[0].layer)} MLP activations",
         [Text("For each model, the distribution of a = act_fn(gate_proj(x)) in the first measured layer's MLP (the "
               f"tensor ARM edits), pooled over {SET_NAMES[ctx.params.figures.activation_set]} "
               "(figures.activation_set) and all channels of every problem, without "
-              "insertion (none), with meaningless tokens (mless) and with a meaningful span (mful). The insets give "
+              "insertion (none), with meaningless tokens (mless) and with a meaningful span (mful)"
+              + (", and with the paper's ARM applied to them (arm, the none prompt)" if "arm" in conds else "")
+              + ". The insets give "
               "four summaries of the same activations per problem, averaged over problems.")],
         [Text("x axis: activation value on fixed bins (activations.range, activations.bins); values outside the "
               "range are counted apart in the file. y axis: count, log scale."),
-         Text("Insets (blue none, red mless, green mful): Sparsity = share of |a| below eps = 1.4826 · MAD(|a|) · "
+         Text(f"Insets ({colour_key(conds)}): Sparsity = share of |a| below eps = 1.4826 · MAD(|a|) · "
               "activations.mad_c, the paper's robust radius; L1 = mean |a|; L2 = root mean square of a; Gini of |a|. "
               "Bars start at 0; whiskers are bootstrap 95 % intervals over problems."),
          Text("Layers are numbered from 1 (Layer 1 is index 0 in the files).")],

@@ -19,8 +19,17 @@ from stages.config import ConfigError, Params, chart_selection, figure_models
 from stages.stats import stats_path
 from stages.store import ArtifactError, read_h5
 
-COLORS = {"none": "#1f77b4", "mless": "#d62728", "mful": "#2ca02c"}
-LABELS = {"none": "No insertion (none)", "mless": "Meaningless tokens (mless)", "mful": "Random sentence (mful)"}
+COLORS = {"none": "#1f77b4", "mless": "#d62728", "mful": "#2ca02c", "arm": "#9467bd"}
+LABELS = {"none": "No insertion (none)", "mless": "Meaningless tokens (mless)", "mful": "Random sentence (mful)",
+          "arm": "ARM on Layer 1's MLP (arm)"}
+COLOR_NAMES = {"none": "blue", "mless": "red", "mful": "green", "arm": "purple"}
+
+
+def colour_key(conds) -> str:
+    """'blue none, red mless, ...' for the conditions a chart shows."""
+    return ", ".join(f"{COLOR_NAMES[c]} {c}" for c in conds)
+
+
 # `figures.labels: paper`: the seed charts' own texts (legends per chart kind, axis title, band label)
 PAPER_Y = "Average Attention Weight"
 PAPER_BAND = "Meaningless tokens"
