@@ -215,6 +215,55 @@ class Journal:
             self.records[(rec.index, rec.condition)] = rec
 
 
+# ---- journaled generation (evaluate and the sweep's accuracy) -------------------------------------
+
+def generation_settings(params: Params, model, eos: list[int], attn: str) -> dict:
+    """What a generation's outputs depend on beyond the prompts and weights (provenance and journal key)."""
+    cfg = params.evaluate
+    return {"max_new_tokens": cfg.max_new_tokens, "batch_size": cfg.batch_size,
+            "stop_at_boxed": cfg.stop_at_boxed, "greedy": True, "eos_token_ids": eos,
+            "attn_implementation": attn, "cache": "static",
+            "device": str(model.device), "dtype": params.runtime.dtype}
+
+
+def run_journaled(model, tokenizer, batches: list[list[Item]], journal: "Journal", gold: dict[int, str],
+                  eos: list[int], params: Params, desc: str, name: str, arm_hook: arm.ArmHook | None = None,
+                  conditions: list[str] | None = None) -> int:
+    """Generate and grade every batch the journal does not hold yet, appending each when it is done, so an
+    interrupted run resumes with the same batches; `conditions` adds a running score per condition to the bar.
+    Returns how many generations the journal already held."""
+    cfg = params.evaluate
+    total = sum(len(b) for b in batches)
+    todo = [b for b in batches if any((it.index, it.condition) not in journal.records for it in b)]
+    done = total - sum(len(b) for b in todo)
+    if done:
+        print(f"{name}: resuming from {journal.path} ({done} of {total} generations done)", file=sys.stderr)
+    bar = progress.bar(total=total, initial=done, desc=desc, unit="gen")
+    try:
+        for batch in todo:
+            t0 = time.perf_counter()
+            outs = generate(model, tokenizer, batch, cfg.max_new_tokens, cfg.stop_at_boxed, eos, arm_hook)
+            share = (time.perf_counter() - t0) / len(batch)
+            recs = []
+            for it, (text, n, reason) in zip(batch, outs):
+                g = grade(text, gold[it.index], tokenizer.decode(list(it.input_ids), skip_special_tokens=True))
+                recs.append(Record(it.index, it.condition, text, n, reason, g.extracted, g.correct,
+                                   g.paper_extracted, g.paper_correct, round(share, 4)))
+            journal.append(recs)
+            bar.update(len(batch))
+            if conditions:
+                bar.set_postfix_str(" ".join(
+                    f"{c}={sum(r.correct for r in journal.records.values() if r.condition == c)}"
+                    f"/{sum(r.condition == c for r in journal.records.values())}" for c in conditions), refresh=False)
+    except KeyboardInterrupt:
+        bar.close()
+        print(f"\n{name}: interrupted; {len(journal.records)} of {total} generations kept in "
+              f"{journal.path}; rerun to resume", file=sys.stderr)
+        raise
+    bar.close()
+    return done
+
+
 # ---- metrics --------------------------------------------------------------------------------------
 
 def paired(treat: np.ndarray, base: np.ndarray, seed: int) -> dict:
@@ -269,47 +318,17 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
         raise ConfigError(f"{params.file}: evaluate.max_new_tokens: a prompt of {longest} tokens plus "
                           f"{cfg.max_new_tokens} new tokens exceeds the context of model '{name}' ({context})")
     eos = stop_ids(model, tokenizer)
-    settings = {"max_new_tokens": cfg.max_new_tokens, "batch_size": cfg.batch_size,
-                "stop_at_boxed": cfg.stop_at_boxed, "greedy": True, "eos_token_ids": eos,
-                "attn_implementation": attn, "cache": "static",
-                "device": str(model.device), "dtype": params.runtime.dtype,
+    settings = {**generation_settings(params, model, eos, attn),
                 **({"arm": arm_settings.describe()} if arm_settings else {})}
     key = hashlib.sha256(json.dumps({
         "weights": prepared.manifest().get("weights_sha256"), "settings": settings,
         "items": [(it.index, it.condition, it.input_ids) for it in items]}).encode()).hexdigest()
     journal = Journal(where["journal"], key)
     gold = {p.index: p.answer for p in chosen}
-    prompt_text = {(it.index, it.condition): tokenizer.decode(list(it.input_ids), skip_special_tokens=True)
-                   for it in items}
 
-    batches = make_batches(items, cfg.batch_size)
-    todo = [b for b in batches if any((it.index, it.condition) not in journal.records for it in b)]
-    done = len(items) - sum(len(b) for b in todo)
-    if done:
-        print(f"{name}: resuming from {where['journal']} ({done} of {len(items)} generations done)", file=sys.stderr)
-    bar = progress.bar(total=len(items), initial=done, desc=f"evaluate {name}", unit="gen")
     started = time.perf_counter()
-    try:
-        for batch in todo:
-            t0 = time.perf_counter()
-            outs = generate(model, tokenizer, batch, cfg.max_new_tokens, cfg.stop_at_boxed, eos, arm_hook)
-            share = (time.perf_counter() - t0) / len(batch)
-            recs = []
-            for it, (text, n, reason) in zip(batch, outs):
-                g = grade(text, gold[it.index], prompt_text[(it.index, it.condition)])
-                recs.append(Record(it.index, it.condition, text, n, reason, g.extracted, g.correct,
-                                   g.paper_extracted, g.paper_correct, round(share, 4)))
-            journal.append(recs)
-            bar.update(len(batch))
-            bar.set_postfix_str(" ".join(
-                f"{c}={sum(r.correct for r in journal.records.values() if r.condition == c)}"
-                f"/{sum(r.condition == c for r in journal.records.values())}" for c in conditions), refresh=False)
-    except KeyboardInterrupt:
-        bar.close()
-        print(f"\n{name}: interrupted; {len(journal.records)} of {len(items)} generations kept in "
-              f"{where['journal']}; rerun to resume", file=sys.stderr)
-        raise
-    bar.close()
+    done = run_journaled(model, tokenizer, make_batches(items, cfg.batch_size), journal, gold, eos, params,
+                  f"evaluate {name}", name, arm_hook, conditions)
     seconds = time.perf_counter() - started
 
     by_cond = {c: [journal.records[(p.index, c)] for p in chosen] for c in conditions}

@@ -41,9 +41,9 @@ import numpy as np
 from stages import cli, models, progress
 from stages.capture import CaptureError, attention, compare
 from stages.config import ConfigError, Params, model_spec
-from stages.evaluate import Item, Journal, Record, generate, load_for_generation, paired, stop_ids
+from stages.evaluate import (Item, Journal, generation_settings, load_for_generation, paired, run_journaled,
+                              stop_ids)
 from stages.extract import reduce
-from stages.grading import grade
 from stages.intervals import bootstrap_mean_ci, bootstrap_ratio_ci
 from stages.prompts import PromptBuilder, PromptError, load_math500, put_problems, select_problems
 from stages.stats import QUERY_VECTOR, sample_stats
@@ -170,7 +170,7 @@ def summarize_attention(params: Params, per: dict) -> dict:
 def accuracy_sweep(params: Params, name: str, prepared, problems, where: dict) -> tuple[dict, dict]:
     """Per (token, count): per-problem correctness (count 0 is the none prompt, generated once);
     and the generation settings. Journaled like evaluation: an interrupted run resumes."""
-    cfg, ev = params.sweep, params.evaluate
+    ev = params.evaluate
     model, tokenizer, attn = load_for_generation(params, prepared)
     prompts = _build(builders(params, name, tokenizer), params, name, problems)
     cond = {key: f"{key[0]}x{key[1]}" for key in prompts if key != "none" and key[1] > 0}
@@ -182,37 +182,15 @@ def accuracy_sweep(params: Params, name: str, prepared, problems, where: dict) -
         raise ConfigError(f"{params.file}: sweep.counts: a prompt of {longest} tokens plus evaluate.max_new_tokens "
                           f"{ev.max_new_tokens} exceeds the context of model '{name}' ({context})")
     eos = stop_ids(model, tokenizer)
-    settings = {"max_new_tokens": ev.max_new_tokens, "batch_size": ev.batch_size, "stop_at_boxed": ev.stop_at_boxed,
-                "greedy": True, "eos_token_ids": eos, "attn_implementation": attn, "cache": "static",
-                "device": str(model.device), "dtype": params.runtime.dtype}
+    settings = generation_settings(params, model, eos, attn)
     key = hashlib.sha256(json.dumps({"version": JOURNAL_VERSION, "weights": prepared.manifest().get("weights_sha256"),
                                      "settings": settings, "items": [(it.index, it.condition, it.input_ids)
                                                                      for it in items]}).encode()).hexdigest()
     journal = Journal(where["journal"], key)
-    gold = {p.index: p.answer for p in problems}
     ranked = sorted(items, key=lambda it: (len(it.input_ids), it.index, it.condition))
     batches = [ranked[i:i + ev.batch_size] for i in range(0, len(ranked), ev.batch_size)]
-    todo = [b for b in batches if any((it.index, it.condition) not in journal.records for it in b)]
-    done = len(items) - sum(len(b) for b in todo)
-    bar = progress.bar(total=len(items), initial=done, desc=f"sweep accuracy {name}", unit="gen")
-    try:
-        for batch in todo:
-            t0 = time.perf_counter()
-            outs = generate(model, tokenizer, batch, ev.max_new_tokens, ev.stop_at_boxed, eos)
-            share = (time.perf_counter() - t0) / len(batch)
-            recs = []
-            for it, (text, n, reason) in zip(batch, outs):
-                g = grade(text, gold[it.index], tokenizer.decode(list(it.input_ids), skip_special_tokens=True))
-                recs.append(Record(it.index, it.condition, text, n, reason, g.extracted, g.correct,
-                                   g.paper_extracted, g.paper_correct, round(share, 4)))
-            journal.append(recs)
-            bar.update(len(batch))
-    except KeyboardInterrupt:
-        bar.close()
-        print(f"\n{name}: interrupted; {len(journal.records)} of {len(items)} generations kept in "
-              f"{where['journal']}; rerun to resume", file=sys.stderr)
-        raise
-    bar.close()
+    run_journaled(model, tokenizer, batches, journal, {p.index: p.answer for p in problems}, eos, params,
+                  f"sweep accuracy {name}", name)
     correct = {key: np.array([journal.records[(p.index, "none" if key == "none" or key[1] == 0 else cond[key])].correct
                               for p in problems]) for key in prompts}
     where["journal"].unlink(missing_ok=True)
