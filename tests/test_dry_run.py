@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import yaml
 
-from stages import activations, charts, evaluate, extract, figures, models, report, stats, sweep
+from stages import charts, extract, figures
 from stages.charts.common import load_context
 from stages.config import ConfigError, check_model_facts, load_params
 from tests import dry_run, tiny
@@ -37,18 +37,7 @@ def dry(tmp_path_factory):
     dirs = dry_run.build_models(root / "models")
     (root / "params.yaml").write_text(yaml.safe_dump(dry_run.dry_run_params(dirs, absolute_paths=True)))
     params = load_params(root / "params.yaml")
-    mp = pytest.MonkeyPatch()
-    mp.setenv("MLESS_CACHE", str(root / "cache"))
-    for name in params.models:
-        models.run(params, name)
-        extract.run(params, name)
-        evaluate.run(params, name, root=root)
-        stats.run(params, name)
-        activations.run(params, name)
-        sweep.run(params, name)
-    written = figures.run(params)
-    html, md = report.run(params)
-    mp.undo()
+    written, (html, md) = tiny.run_pipeline(params, root)
     return root, params, dirs, written, html, md
 
 

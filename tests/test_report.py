@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 import yaml
 
-from stages import activations, evaluate, extract, figures, models, report, stats, sweep
+from stages import report
 from stages.config import load_params
 from stages.store import ArtifactError
+from tests import tiny
 from tests.conftest import ROOT, default_params
 
 EVIL = '<script>alert("x")</script> & <img src=x onerror=alert(1)>'
@@ -44,18 +45,7 @@ def project(tmp_path_factory, tiny_dirs):
     }
     (root / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     params = load_params(root / "params.yaml")
-    mp = pytest.MonkeyPatch()
-    mp.setenv("MLESS_CACHE", str(root / "cache"))
-    for name in params.models:
-        models.run(params, name)
-        extract.run(params, name)
-        evaluate.run(params, name, root=root)
-        stats.run(params, name)
-        activations.run(params, name)
-        sweep.run(params, name)
-    figures.run(params)
-    written = report.run(params)
-    mp.undo()
+    _, written = tiny.run_pipeline(params, root)
     return root, params, written
 
 

@@ -122,3 +122,28 @@ def build_paper(name: str, out: Path) -> Path:
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.save_pretrained(out, safe_serialization=True)
     return out
+
+
+def run_pipeline(params, root: Path) -> tuple[list[Path], list[Path]]:
+    """Every stage in-process, in dvc.yaml's order, for a project folder `root` with its params file and a
+    model cache of its own (MLESS_CACHE); (figure files, report files)."""
+    import os
+
+    from stages import activations, evaluate, extract, figures, models, report, stats, sweep
+
+    before = os.environ.get("MLESS_CACHE")
+    os.environ["MLESS_CACHE"] = str(root / "cache")
+    try:
+        for name in params.models:
+            models.run(params, name)
+            extract.run(params, name)
+            evaluate.run(params, name, root=root)
+            stats.run(params, name)
+            activations.run(params, name)
+            sweep.run(params, name)
+        return figures.run(params), report.run(params)
+    finally:
+        if before is None:
+            os.environ.pop("MLESS_CACHE", None)
+        else:
+            os.environ["MLESS_CACHE"] = before
