@@ -27,15 +27,13 @@ Files are byte-identical for equal data: no timestamps, fixed SVG ids.
 
 from __future__ import annotations
 
-import csv
-import io
 import sys
 from pathlib import Path
 
 from stages import charts, cli
 from stages.charts.common import Context, load_context
 from stages.config import CONDITIONS, Params
-from stages.store import atomic_path
+from stages.store import atomic_path, write_csv_atomic
 
 OUT_DIR = Path("reports/figures")
 ACCURACY_TABLE = Path("reports/accuracy.csv")
@@ -65,15 +63,9 @@ def save(fig, folder: Path, stem: str, dpi: int) -> list[Path]:
 
 def write_accuracy_table(path: Path, metrics: dict) -> Path:
     """One row per model and condition (math-verify accuracy as a fraction, as in metrics/accuracy)."""
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(["model", "condition", "label", "accuracy", "correct", "n"])
-    for name, m in metrics.items():
-        for c in CONDITIONS:
-            if c in m["accuracy"]:
-                w.writerow([name, c, f"{name} / {c}", f"{m['accuracy'][c]:.6g}", m["correct"][c], m["n_problems"]])
-    with atomic_path(path) as tmp:
-        tmp.write_text(buf.getvalue())
+    write_csv_atomic(path, ["model", "condition", "label", "accuracy", "correct", "n"],
+                     [[name, c, f"{name} / {c}", f"{m['accuracy'][c]:.6g}", m["correct"][c], m["n_problems"]]
+                      for name, m in metrics.items() for c in CONDITIONS if c in m["accuracy"]])
     return path
 
 

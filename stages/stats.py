@@ -29,8 +29,6 @@ prompts are shorter: plots leave those points out), layer, head (0-based), and t
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import sys
 import time
@@ -42,7 +40,7 @@ from stages import cli
 from stages.config import Params, model_spec
 from stages.extract import PROMPT_CONDITIONS, VECTORS, attention_path
 from stages.intervals import bootstrap_mean_ci, bootstrap_ratio_ci
-from stages.store import (ArtifactError, atomic_path, provenance, put, put_json_attr, read_h5, write_h5,
+from stages.store import (ArtifactError, provenance, put, put_json_attr, read_h5, write_csv_atomic, write_h5,
                           write_timing)
 
 QUERY_VECTOR = {"original": "recv_original", "all": "recv_all", "last": "recv_last"}
@@ -184,15 +182,12 @@ def write_plot_table(path: Path, kind: str, results: dict, layers) -> None:
     ref = "mless" if "mless" in results else conditions[-1]
     head = int(results[ref]["head_rank"][0, 0]) if "head_rank" in results[ref] else 0
     avg = {c: results[c][f"{kind}_avg"][0, head] for c in conditions}
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(["position", *PROMPT_CONDITIONS, "layer", "head"])
+    rows = []
     for p in range(max(len(v) for v in avg.values())):
         cells = ["nan" if c not in avg or p >= len(avg[c]) or np.isnan(avg[c][p]) else f"{avg[c][p]:.6g}"
                  for c in PROMPT_CONDITIONS]
-        w.writerow([p, *cells, int(layers[0]), head])
-    with atomic_path(path) as tmp:
-        tmp.write_text(buf.getvalue())
+        rows.append([p, *cells, int(layers[0]), head])
+    write_csv_atomic(path, ["position", *PROMPT_CONDITIONS, "layer", "head"], rows)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -50,6 +50,19 @@ def write_json_atomic(path: str | os.PathLike, data) -> None:
         tmp.write_text(json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
 
 
+def write_csv_atomic(path: str | os.PathLike, header: list[str], rows) -> None:
+    """A CSV table (the ones `dvc plots` draws), "\n" line ends whatever the platform."""
+    import csv
+    import io
+
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(header)
+    w.writerows(rows)
+    with atomic_path(path) as tmp:
+        tmp.write_text(buf.getvalue())
+
+
 # ---- HDF5 -------------------------------------------------------------------------------------
 
 FORMAT_VERSION = 1

@@ -28,9 +28,7 @@ metrics/timing/sweep-<model>.json.
 
 from __future__ import annotations
 
-import csv
 import hashlib
-import io
 import json
 import sys
 import time
@@ -47,7 +45,8 @@ from stages.extract import reduce
 from stages.intervals import bootstrap_mean_ci, bootstrap_ratio_ci
 from stages.prompts import PromptBuilder, PromptError, load_math500, put_problems, select_problems
 from stages.stats import QUERY_VECTOR, sample_stats
-from stages.store import atomic_path, provenance, put, put_json_attr, write_h5, write_json_atomic, write_timing
+from stages.store import (provenance, put, put_json_attr, write_csv_atomic, write_h5, write_json_atomic,
+                          write_timing)
 
 JOURNAL_VERSION = 1
 # the params keys this stage reads beyond `sweep` (dvc.yaml lists exactly these)
@@ -349,20 +348,17 @@ def metrics_summary(params: Params, summary: dict, tokenization: dict, accuracy:
 
 def write_table(path: Path, params: Params, summary: dict, tokenization: dict, accuracy: dict) -> None:
     """One row per token and count, fixed columns, for dvc.yaml's `plots` (accuracy `nan` when off)."""
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(["token", "count", "span_tokens", "drop_pct", "drop_pct_low", "drop_pct_high", "drop_top_pct",
-                "span_mass_pct", "lambda", "accuracy", "accuracy_delta"])
+    rows = []
     for token in params.sweep.tokens:
         for c in params.sweep.counts:
             r, a = summary[token]["rows"][c], accuracy.get((token, c), {})
-            w.writerow([token, c, tokenization[token][c]["span_tokens"], f"{r['drop_heads_pct']:.6g}",
-                        f"{r['drop_heads_pct_ci'][0]:.6g}", f"{r['drop_heads_pct_ci'][1]:.6g}",
-                        f"{r['drop_top_pct']:.6g}", f"{100 * r['span_mass_heads']:.6g}",
-                        f"{1 - r['span_mass_heads']:.6g}", f"{a['accuracy']:.6g}" if a else "nan",
-                        f"{a['delta']:.6g}" if "delta" in a else "nan"])
-    with atomic_path(path) as tmp:
-        tmp.write_text(buf.getvalue())
+            rows.append([token, c, tokenization[token][c]["span_tokens"], f"{r['drop_heads_pct']:.6g}",
+                         f"{r['drop_heads_pct_ci'][0]:.6g}", f"{r['drop_heads_pct_ci'][1]:.6g}",
+                         f"{r['drop_top_pct']:.6g}", f"{100 * r['span_mass_heads']:.6g}",
+                         f"{1 - r['span_mass_heads']:.6g}", f"{a['accuracy']:.6g}" if a else "nan",
+                         f"{a['delta']:.6g}" if "delta" in a else "nan"])
+    write_csv_atomic(path, ["token", "count", "span_tokens", "drop_pct", "drop_pct_low", "drop_pct_high",
+                            "drop_top_pct", "span_mass_pct", "lambda", "accuracy", "accuracy_delta"], rows)
 
 
 def main(argv: list[str] | None = None) -> int:
