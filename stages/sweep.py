@@ -39,8 +39,7 @@ import numpy as np
 from stages import cli, models, progress
 from stages.capture import CaptureError, attention, compare
 from stages.config import ConfigError, Params, model_spec
-from stages.evaluate import (Item, Journal, generation_settings, load_for_generation, paired, run_journaled,
-                              stop_ids)
+from stages.evaluate import Item, Journal, check_engine, open_engine, paired, run_journaled
 from stages.extract import reduce
 from stages.intervals import bootstrap_mean_ci, bootstrap_ratio_ci
 from stages.prompts import PromptBuilder, PromptError, load_math500, put_problems, select_problems
@@ -170,8 +169,9 @@ def accuracy_sweep(params: Params, name: str, prepared, problems, where: dict) -
     """Per (token, count): per-problem correctness (count 0 is the none prompt, generated once);
     and the generation settings. Journaled like evaluation: an interrupted run resumes."""
     ev = params.evaluate
-    model, tokenizer, attn = load_for_generation(params, prepared)
-    prompts = _build(builders(params, name, tokenizer), params, name, problems)
+    check_engine(params)
+    engine = open_engine(params, prepared)
+    prompts = _build(builders(params, name, engine.tokenizer), params, name, problems)
     cond = {key: f"{key[0]}x{key[1]}" for key in prompts if key != "none" and key[1] > 0}
     items = [Item(p.index, "none", pr.input_ids) for p, pr in zip(problems, prompts["none"])]
     items += [Item(p.index, c, pr.input_ids) for key, c in cond.items() for p, pr in zip(problems, prompts[key])]
@@ -180,15 +180,14 @@ def accuracy_sweep(params: Params, name: str, prepared, problems, where: dict) -
     if context and longest + ev.max_new_tokens > context:
         raise ConfigError(f"{params.file}: sweep.counts: a prompt of {longest} tokens plus evaluate.max_new_tokens "
                           f"{ev.max_new_tokens} exceeds the context of model '{name}' ({context})")
-    eos = stop_ids(model, tokenizer)
-    settings = generation_settings(params, model, eos, attn)
+    settings = engine.settings
     key = hashlib.sha256(json.dumps({"version": JOURNAL_VERSION, "weights": prepared.manifest().get("weights_sha256"),
                                      "settings": settings, "items": [(it.index, it.condition, it.input_ids)
                                                                      for it in items]}).encode()).hexdigest()
     journal = Journal(where["journal"], key)
     ranked = sorted(items, key=lambda it: (len(it.input_ids), it.index, it.condition))
     batches = [ranked[i:i + ev.batch_size] for i in range(0, len(ranked), ev.batch_size)]
-    run_journaled(model, tokenizer, batches, journal, {p.index: p.answer for p in problems}, eos, params,
+    run_journaled(engine, batches, journal, {p.index: p.answer for p in problems},
                   f"sweep accuracy {name}", name)
     correct = {key: np.array([journal.records[(p.index, "none" if key == "none" or key[1] == 0 else cond[key])].correct
                               for p in problems]) for key in prompts}

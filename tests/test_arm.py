@@ -171,7 +171,7 @@ def loaded(params, identity=False):
     model, tokenizer = models.load(params, prepared, attn_implementation=evaluate.ATTENTION)
     s = arm.resolve(params, "tiny", arm.model_type(prepared.facts))
     hook = arm.ArmHook(arm.layer0_mlp(model, params, "tiny"), s, identity=identity)
-    return model, tokenizer, hook, evaluate.stop_ids(model, tokenizer)
+    return model, tokenizer, hook, evaluate.stop_ids(model.generation_config, tokenizer)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])

