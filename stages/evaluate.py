@@ -290,6 +290,8 @@ class VllmEngine:
         cfg = self.params.evaluate
         items = {f"{it.index}:{it.condition}": it for b in batches for it in b if (it.index, it.condition) not in done}
         jobs = [(k, list(it.input_ids)) for k, it in items.items()]
+        if not jobs:  # every generation is journaled or merged from shards: no engine to start
+            return
         for job, ids, seconds in vllm_engine.generate(self.params, self.prepared.path, self.device, jobs, self.eos,
                                                        self.trust, self.stats):
             text, n, reason = vllm_engine.cut(self.tokenizer, ids, self.eos, cfg.max_new_tokens, cfg.stop_at_boxed)
@@ -330,8 +332,9 @@ def run_journaled(engine, batches: list[list[Item]], journal: "Journal", gold: d
         print(f"{name}: resuming from {journal.path} ({done} of {total} generations done)", file=sys.stderr)
     bar = progress.bar(total=total, initial=done, desc=desc, unit="gen")
     tok = engine.tokenizer
+    generations = engine.run(todo, set(journal.records))
     try:
-        for outs in engine.run(todo, set(journal.records)):
+        for outs in generations:
             recs = []
             for it, text, n, reason, seconds in outs:
                 g = grade(text, gold[it.index], tok.decode(list(it.input_ids), skip_special_tokens=True))
@@ -349,6 +352,8 @@ def run_journaled(engine, batches: list[list[Item]], journal: "Journal", gold: d
         print(f"\n{name}: interrupted; {len(journal.records)} of {total} generations kept in "
               f"{journal.path}; rerun to resume", file=sys.stderr)
         raise
+    finally:
+        generations.close()  # the vLLM engine's workers stop here, not when the generator is collected
     bar.close()
     return done
 

@@ -126,7 +126,9 @@ def generate(params: Params, model_dir: Path, device: str, jobs: list[tuple[str,
     `engine_start_seconds` (the slowest replica's)."""
     v = params.evaluate.vllm
     ev = params.evaluate
-    args = {**_engine_args(params, model_dir, device), "trust_remote_code": trust_remote_code}
+    # the context these prompts need, not the model's (Llama-3.1's 128k would reserve KV cache for nothing)
+    args = {**_engine_args(params, model_dir, device), "trust_remote_code": trust_remote_code,
+            "max_model_len": max(len(ids) for _, ids in jobs) + ev.max_new_tokens}
     replicas = min(v.data_parallel_size, len(jobs))
     workers = []
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),

@@ -57,3 +57,14 @@ def tiny_models_params(write_params, tiny_dirs):
         for arch, path in tiny_dirs.items()
     }
     return write_params(models=models)
+
+
+# lines a test wants in the run's closing summary (tests/test_vllm.py: how the two engines' texts compare)
+SUMMARY: list[str] = []
+
+
+def pytest_terminal_summary(terminalreporter):
+    if SUMMARY:
+        terminalreporter.section("engine comparison")
+        for line in SUMMARY:
+            terminalreporter.write_line(line)

