@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -135,6 +136,10 @@ def generate(params: Params, model_dir: Path, device: str, jobs: list[tuple[str,
            "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
     if settings(params, device)["batch_invariant"]:
         env["VLLM_BATCH_INVARIANT"] = "1"
+    try:  # the workers' logs (vLLM's and the engine start line) go to the stage's stderr
+        log = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # a notebook's stderr is no file
+        log = None
     try:
         for r in range(replicas):
             read_fd, write_fd = os.pipe()
@@ -143,9 +148,11 @@ def generate(params: Params, model_dir: Path, device: str, jobs: list[tuple[str,
                 visible = os.environ.get("CUDA_VISIBLE_DEVICES")
                 ids = visible.split(",") if visible else [str(i) for i in range(replicas * v.tensor_parallel_size)]
                 wenv["CUDA_VISIBLE_DEVICES"] = ",".join(ids[r * v.tensor_parallel_size:(r + 1) * v.tensor_parallel_size])
+            # a process group of its own: vLLM's engine-core and worker processes are stopped with it (a
+            # terminated worker would leave them running, each holding its share of the memory)
             proc = subprocess.Popen([sys.executable, "-m", "stages.vllm_engine", str(write_fd)], cwd=ROOT,
-                                    stdin=subprocess.PIPE, stdout=sys.stderr, stderr=sys.stderr, env=wenv,
-                                    pass_fds=(write_fd,), text=True)
+                                    stdin=subprocess.PIPE, stdout=log, stderr=log, env=wenv,
+                                    pass_fds=(write_fd,), text=True, start_new_session=True)
             os.close(write_fd)
             share = [j for k, j in enumerate(jobs) if k % replicas == r]
             proc.stdin.write(json.dumps({"engine": args, "jobs": share, "stop_token_ids": eos,
@@ -157,12 +164,26 @@ def generate(params: Params, model_dir: Path, device: str, jobs: list[tuple[str,
     finally:
         for proc, pipe in workers:
             pipe.close()
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+            stop(proc)
+
+
+def stop(proc: subprocess.Popen, grace: float = 30.0) -> None:
+    """Stop a worker and every process in its group (after a normal exit: whatever vLLM left behind)."""
+    def signal_group(sig) -> None:
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass  # the group is empty
+
+    if proc.poll() is None:
+        signal_group(signal.SIGTERM)  # vLLM's processes shut down on SIGTERM
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            pass
+        time.sleep(1)
+    signal_group(signal.SIGKILL)
+    proc.wait()
 
 
 def _collect(workers, expected: set[str], stats: dict) -> Iterator[tuple[str, list[int], float]]:

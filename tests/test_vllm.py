@@ -31,6 +31,17 @@ def read(path):
             json.loads(f.attrs["provenance"])
 
 
+def live_engine_processes() -> list[str]:
+    import psutil
+
+    found = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if ("VLLM::" in cmd or "stages.vllm_engine" in cmd) and p.info["status"] != psutil.STATUS_ZOMBIE:
+            found.append(f"{p.pid} {cmd[:80]}")
+    return found
+
+
 def engine_params(write_params, engine, **vllm):
     raw = load_params(write_params()).model_dump()
     raw["evaluate"]["engine"] = engine
@@ -60,6 +71,7 @@ def test_engines_agree_on_the_graded_results(model, runs, write_params, tmp_path
     vl, vl_prov, _ = evaluated(runs, write_params, tmp_path_factory, model, "vllm")
     assert vl_prov["generation"]["engine"] == "vllm" and vl_prov["generation"]["vllm"].startswith("vllm")
     assert hf_prov["generation"]["engine"] == "transformers"
+    assert live_engine_processes() == []
     pairs = same_grade = same_text = 0
     for c in hf:
         pairs += len(hf[c]["correct"])
@@ -93,6 +105,7 @@ def test_data_parallel_replicas_and_resume(runs, write_params, tmp_path_factory,
         evaluate.run(params, model, root=root)
     journal = root / f"artifacts/eval/.journal/{model}.jsonl"
     assert journal.read_text().count("\n") == 1 + 5
+    assert live_engine_processes() == []  # the workers and every process vLLM started under them are gone
     monkeypatch.setattr(evaluate.Journal, "append", real_append)
     capfd.readouterr()
     out = evaluate.run(params, model, root=root)
@@ -104,3 +117,4 @@ def test_data_parallel_replicas_and_resume(runs, write_params, tmp_path_factory,
     agree = sum(int(np.sum(one[c]["correct"] == two[c]["correct"])) for c in one) / sum(len(one[c]["correct"]) for c in one)
     assert agree >= 0.95
     assert not journal.exists()
+    assert live_engine_processes() == []
