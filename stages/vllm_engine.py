@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import time
+import importlib.util
 from importlib import metadata
 from pathlib import Path
 from typing import Iterator
@@ -47,6 +48,10 @@ def installed() -> tuple[str, str] | None:
     return None
 
 
+def has_module(name: str) -> bool:
+    return importlib.util.find_spec(name) is not None
+
+
 def check(params: Params, device: str) -> tuple[str, str]:
     """Everything that would make the engine fail, before a model is prepared: one line naming the key."""
     found = installed()
@@ -57,6 +62,9 @@ def check(params: Params, device: str) -> tuple[str, str]:
         raise ConfigError(f"{params.file}: prompt.conditions: 'arm' runs only on evaluate.engine 'transformers' "
                           f"(ARM is a hook on transformers' layer-0 MLP; vLLM runs its own model code)")
     v = params.evaluate.vllm
+    if v.distributed_executor_backend == "ray" and not has_module("ray"):
+        raise ConfigError(f"{params.file}: evaluate.vllm.distributed_executor_backend: 'ray' needs the ray package, "
+                          f"which this environment ({sys.executable}) lacks: pip install 'ray[default]'")
     wanted = v.tensor_parallel_size * v.data_parallel_size
     if device == "cpu":
         if v.tensor_parallel_size > 1:

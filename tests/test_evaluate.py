@@ -282,6 +282,9 @@ def test_vllm_engine_bad_input_names_the_key(tiny_dirs, write_params, cache_dir,
         evaluate.run(params_with(tensor_parallel_size=2), "smollm2-135m", root=tmp_path)
     with pytest.raises(ConfigError, match=r"prompt.conditions: 'arm' runs only on evaluate.engine 'transformers'"):
         evaluate.run(params_with(["none", "arm"]), "smollm2-135m", root=tmp_path)
+    monkeypatch.setattr(vllm_engine, "has_module", lambda name: name != "ray")
+    with pytest.raises(ConfigError, match=r"evaluate.vllm.distributed_executor_backend: 'ray' needs the ray package"):
+        evaluate.run(params_with(distributed_executor_backend="ray"), "smollm2-135m", root=tmp_path)
     import torch
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     with pytest.raises(ConfigError, match=r"evaluate.vllm.tensor_parallel_size: 2 x data_parallel_size 2 needs 4 GPUs; "
