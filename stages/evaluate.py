@@ -292,8 +292,8 @@ class VllmEngine:
         jobs = [(k, list(it.input_ids)) for k, it in items.items()]
         if not jobs:  # every generation is journaled or merged from shards: no engine to start
             return
-        for job, ids, seconds in vllm_engine.generate(self.params, self.prepared.path, self.device, jobs, self.eos,
-                                                       self.trust, self.stats):
+        for job, ids, seconds in vllm_engine.generate(self.params, self.prepared.path, self.device, self.settings,
+                                                       jobs, self.eos, self.trust, self.stats):
             text, n, reason = vllm_engine.cut(self.tokenizer, ids, self.eos, cfg.max_new_tokens, cfg.stop_at_boxed)
             yield [(items[job], text, n, reason, seconds)]
 

@@ -88,6 +88,7 @@ def settings(params: Params, device: str) -> dict:
     v = params.evaluate.vllm
     return {"engine": "vllm", "vllm": f"{dist}=={version}", "tensor_parallel_size": v.tensor_parallel_size,
             "data_parallel_size": v.data_parallel_size, "max_num_seqs": v.max_num_seqs,
+            # the CPU backend compiles nothing worth the start time for a short run
             "enforce_eager": v.enforce_eager or device == "cpu",
             # vLLM's batch-invariant kernels are CUDA (Triton) kernels
             "batch_invariant": v.batch_invariant and device != "cpu"}
@@ -113,14 +114,12 @@ def cut(tokenizer, token_ids: list[int], eos: list[int], max_new_tokens: int, st
 
 # ---- the stage's side ---------------------------------------------------------------------------------
 
-def _engine_args(params: Params, model_dir: Path, device: str) -> dict:
+def _engine_args(params: Params, model_dir: Path, engine: dict, trust_remote_code: bool) -> dict:
     v = params.evaluate.vllm
     args = {"model": str(model_dir), "tokenizer": str(model_dir), "dtype": params.runtime.dtype,
             "seed": params.evaluate.seed, "tensor_parallel_size": v.tensor_parallel_size,
-            "gpu_memory_utilization": v.gpu_memory_utilization,
-            # the CPU backend compiles nothing worth the start time for a short run
-            "enforce_eager": v.enforce_eager or device == "cpu",
-            "trust_remote_code": False, "max_logprobs": 0}
+            "gpu_memory_utilization": v.gpu_memory_utilization, "enforce_eager": engine["enforce_eager"],
+            "trust_remote_code": trust_remote_code, "max_logprobs": 0}
     if v.max_num_seqs:
         args["max_num_seqs"] = v.max_num_seqs
     if v.distributed_executor_backend != "auto":
@@ -128,21 +127,22 @@ def _engine_args(params: Params, model_dir: Path, device: str) -> dict:
     return args
 
 
-def generate(params: Params, model_dir: Path, device: str, jobs: list[tuple[str, list[int]]], eos: list[int],
-             trust_remote_code: bool = False, stats: dict | None = None) -> Iterator[tuple[str, list[int], float]]:
-    """Greedy generations of `jobs` [(id, prompt token ids)], yielded as (id, generated token ids, seconds since
-    the previous one finished or the first engine started) in the order they finish; `stats` receives
-    `engine_start_seconds` (the slowest replica's)."""
+def generate(params: Params, model_dir: Path, device: str, engine: dict, jobs: list[tuple[str, list[int]]],
+             eos: list[int], trust_remote_code: bool = False,
+             stats: dict | None = None) -> Iterator[tuple[str, list[int], float]]:
+    """Greedy generations of `jobs` [(id, prompt token ids)] with the engine `engine` (settings()) describes, yielded as
+    (id, generated token ids, seconds since the previous one finished or the first engine started) in the order
+    they finish; `stats` receives `engine_start_seconds` (the slowest replica's)."""
     v = params.evaluate.vllm
     ev = params.evaluate
     # the context these prompts need, not the model's (Llama-3.1's 128k would reserve KV cache for nothing)
-    args = {**_engine_args(params, model_dir, device), "trust_remote_code": trust_remote_code,
+    args = {**_engine_args(params, model_dir, engine, trust_remote_code),
             "max_model_len": max(len(ids) for _, ids in jobs) + ev.max_new_tokens}
     replicas = min(v.data_parallel_size, len(jobs))
     workers = []
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
            "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
-    if settings(params, device)["batch_invariant"]:
+    if engine["batch_invariant"]:
         env["VLLM_BATCH_INVARIANT"] = "1"
     try:  # the workers' logs (vLLM's and the engine start line) go to the stage's stderr
         log = sys.stderr.fileno()
