@@ -52,6 +52,13 @@ class ConfigError(StageError):
     """A params value is wrong; the message names file, key, value and what is allowed."""
 
 
+def sorted_unique(v: list) -> list:
+    """A list key whose items must differ (layers, counts), sorted."""
+    if len(set(v)) != len(v):
+        raise ValueError(f"duplicates in {v}")
+    return sorted(v)
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -135,9 +142,7 @@ class ModelSpec(Strict):
         if isinstance(v, list):
             if not v:
                 raise ValueError("must not be empty")
-            if len(set(v)) != len(v):
-                raise ValueError(f"duplicates in {v}")
-            return sorted(v)
+            return sorted_unique(v)
         return v
 
 
@@ -247,10 +252,8 @@ class Activations(Strict):
 
     @field_validator("layers")
     @classmethod
-    def _sorted_unique(cls, v):
-        if len(set(v)) != len(v):
-            raise ValueError(f"duplicates in {v}")
-        return sorted(v)
+    def _layers(cls, v):
+        return sorted_unique(v)
 
     @field_validator("range")
     @classmethod
@@ -277,9 +280,7 @@ class Sweep(Strict):
     @field_validator("counts")
     @classmethod
     def _counts(cls, v):
-        if len(set(v)) != len(v):
-            raise ValueError(f"duplicates in {v}")
-        return sorted(v)
+        return sorted_unique(v)
 
     @model_validator(mode="after")
     def _reference(self):
