@@ -14,7 +14,7 @@ export PYTHONDONTWRITEBYTECODE := 1
 # pip's notice that a newer pip exists is no news to a newcomer: the venv's own pip installs the locks.
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install install-vllm lock check-torch system-packages repro test test-vllm clean-venv
+.PHONY: install install-vllm lock check-torch system-packages repro test test-vllm test-gpu gpu-wheels clean-venv
 
 install: $(VENV)/.installed
 
@@ -87,6 +87,28 @@ test: install system-packages
 # The tests of the vLLM engine (tests/test_vllm.py) in the vLLM environment; `make test` skips them.
 test-vllm: install-vllm
 	PATH=$(abspath $(VLLM_VENV))/bin:$$PATH $(VLLM_VENV)/bin/python -m pytest $(PYTEST_ARGS) tests/test_vllm.py
+
+# The CUDA tier (tests/test_cuda.py, marker `cuda`) on a GPU machine whose python3 already holds CUDA torch:
+# nothing is installed from the locks there (such a machine may have no network). The packages its image
+# lacks or holds too old travel as wheels in .whl/ (made here by `make gpu-wheels`, at the versions of
+# locks/cuda.txt; a pure-Python sdist is built into a wheel here); no DVC: the tier runs the stages in-process.
+GPU_PYTHON ?= python3
+GPU_SITE   ?= /tmp/meaningless-tokens-gpu-site
+GPU_WHEELS := transformers tokenizers huggingface-hub safetensors httpx2 httpcore2 pydantic pydantic-core \
+              annotated-types typing-inspection math-verify latex2sympy2-extended antlr4-python3-runtime
+test-gpu:
+	if ls .whl/*.whl >/dev/null 2>&1; then $(GPU_PYTHON) -m pip install -q --no-index --no-deps --no-compile --upgrade --target $(GPU_SITE) .whl/*.whl; fi
+	PYTHONPATH=$(GPU_SITE):$(CURDIR) $(GPU_PYTHON) -m pytest -p no:cacheprovider -m cuda tests/test_cuda.py $(PYTEST_ARGS)
+
+gpu-wheels:
+	mkdir -p .whl
+	for name in $(GPU_WHEELS); do \
+	  pin=$$(grep -iE "^$$name==" locks/cuda.txt | cut -d' ' -f1); [ -n "$$pin" ] || { echo "error: $$name is not in locks/cuda.txt" >&2; exit 2; }; \
+	  $(PYTHON) -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl "$$pin" 2>/dev/null \
+	  || $(PYTHON) -m pip wheel --quiet --no-deps -w .whl "$$pin" || exit 1; \
+	done
+	du -sh .whl
 
 clean-venv:
 	rm -rf $(VENV) $(VLLM_VENV) $(LOCK_VENV)

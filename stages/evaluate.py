@@ -23,6 +23,7 @@ uninterrupted run's. Outputs:
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -125,6 +126,16 @@ def load_for_generation(params: Params, prepared) -> tuple:
     return (*models.load(params, prepared, attn_implementation="eager"), "eager")
 
 
+@functools.cache
+def _cache_kwarg() -> str:
+    """generate()'s name for a cache passed in: `cache` from the transformers releases that renamed it
+    (they warn on `past_key_values` at every run), `past_key_values` before (the vLLM environment's)."""
+    from transformers.utils import generic
+
+    return "cache" if hasattr(generic, "_rename_kwargs_for_bc") else "past_key_values"
+
+
+
 def generate(model, tokenizer, batch: list[Item], max_new_tokens: int, stop_at_boxed: bool,
              eos: list[int], arm_hook: arm.ArmHook | None = None) -> list[tuple[str, int, str]]:
     """Greedy continuations of a batch of prompts: [(text, n_tokens, stop reason)]; `arm_hook` (installed on
@@ -153,7 +164,7 @@ def generate(model, tokenizer, batch: list[Item], max_new_tokens: int, stop_at_b
             input_ids=ids.to(model.device), attention_mask=mask.to(model.device),
             max_new_tokens=max_new_tokens, do_sample=False, temperature=None, top_p=None, top_k=None,
             num_beams=1, eos_token_id=eos, pad_token_id=pad, stopping_criteria=criteria, use_cache=True,
-            past_key_values=cache,
+            **{_cache_kwarg(): cache},
         )
     if arm_hook is not None:
         arm_hook.begin([])  # disarmed: a later forward pass of this model is left alone

@@ -531,7 +531,11 @@ def fetch_hub(name: str, source, cache: Path, offline: bool) -> tuple[Path, str]
 # ---- entry points -----------------------------------------------------------------------------
 
 def prepare(params: Params, name: str) -> PreparedModel:
-    """Resolve model `name` to a local folder, converting GGUF once; checks layers/heads against it."""
+    """Resolve model `name` to a local folder, converting GGUF once; checks layers/heads against it.
+
+    runtime.device is checked first: a stage asked for CUDA on a machine without it stops before any
+    model is fetched, converted or loaded."""
+    torch_device(params)
     spec = model_spec(params, name)
     src = spec.source
     cache = cache_root(params)
