@@ -192,7 +192,7 @@ def run(params: Params, name: str, out: Path | None = None, timing: Path | None 
     chosen = select_problems(problems, params.extract.n_samples, params.extract.seed)
     if not chosen:
         raise ConfigError(f"{params.file}: extract.n_samples: the subset is empty")
-    prepared = models.prepare(params, name)
+    prepared = models.prepare(params, name, layers=cfg.layers)
     n_layers = prepared.facts["num_layers"]
     layers = list(cfg.layers)
     if max(layers) >= n_layers:

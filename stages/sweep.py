@@ -204,7 +204,7 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
     where = {k: (root / v if root else params.resolve(str(v))) for k, v in paths(name).items()}
     problems, data_sha = load_math500(params)
     chosen = select_problems(problems, cfg.attention_samples, cfg.seed)
-    prepared = models.prepare(params, name)
+    prepared = models.prepare(params, name, layers=[cfg.layer])
     facts = prepared.facts
     if cfg.layer >= facts["num_layers"]:
         raise ConfigError(f"{params.file}: sweep.layer: {cfg.layer} out of range; model '{name}' has "
@@ -240,7 +240,8 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
     acc_problems, correct, settings = [], {}, None
     if cfg.accuracy_samples:
         acc_problems = select_problems(problems, cfg.accuracy_samples, cfg.seed)
-        correct, settings = accuracy_sweep(params, name, prepared, acc_problems, where)
+        # generation runs the whole model: a GGUF source is converted in full (once) for it
+        correct, settings = accuracy_sweep(params, name, models.prepare(params, name), acc_problems, where)
     accuracy = {}
     for token in cfg.tokens:
         for count in cfg.counts:

@@ -370,3 +370,43 @@ def test_checkpoint_missing_a_needed_tensor_is_one_line(tiny_dirs, write_params,
     assert f"model 'tiny': checkpoint {path} lacks 1 tensor(s) the first 1 layers need: " in str(e.value)
     assert str(e.value).endswith("layers.0.self_attn.k_proj.weight")  # the base model's name for it
     assert not list((cache_dir / "probes").glob("*.json")) if (cache_dir / "probes").exists() else True
+
+
+# ---- layer-only conversion of GGUF sources ---------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,n_layers", [("smollm2-135m", 3), ("gemma3-270m", 6)])
+def test_layer_only_conversion_holds_exactly_the_full_conversions_tensors(name, n_layers, write_params, tmp_path,
+                                                                          monkeypatch):
+    """The first layers of a shipped GGUF, converted alone, against its full conversion: the same tensors
+    (bit for bit), config and tokenizer; no LM head, no later layer; the partial load reads it. Gemma's
+    first full-attention layer is its 6th: the probe needs it, so layers 0-2 convert 6 layers."""
+    from safetensors.torch import load_file
+
+    params = load_params(write_params())
+    full = models.prepare(params, name)  # the whole model, in the default cache (downloaded on first use)
+    gguf_path = models.cache_root(params) / "gguf" / f"{full.source['gguf_sha256']}.gguf"
+    monkeypatch.setenv("MLESS_CACHE", str(tmp_path))
+    (tmp_path / "gguf").mkdir()
+    os.symlink(gguf_path, tmp_path / "gguf" / gguf_path.name)
+    part = models.prepare(params, name, layers=[0, 1, 2])
+    assert part.path.name.endswith(f"-layers{n_layers}") and part.path.parent == tmp_path / "converted"
+    assert part.manifest() == full.manifest()  # weights_sha256 is the GGUF's, whichever layers were converted
+    want = {}
+    for f in sorted(full.path.glob("*.safetensors")):
+        want.update(load_file(f))
+    got = load_file(part.path / "model.safetensors")
+    later = [k for k in want if (m := models.LAYER_KEY.search(k)) and int(m.group(1)) >= n_layers]
+    assert set(got) == set(want) - set(later) - {"lm_head.weight"} and later
+    for key, tensor in got.items():
+        assert torch.equal(tensor, want[key]), key
+    for f in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"):
+        if (full.path / f).exists():
+            assert json.loads((part.path / f).read_text()) == json.loads((full.path / f).read_text()), f
+    # extraction's partial load reads it; the whole model is refused in one line naming the missing tensors
+    model, _ = models.load(params, part, layers=[0, 1, 2])
+    assert model.config.num_hidden_layers == 3
+    again = models.prepare(params, name, layers=[0])  # a smaller request reuses the conversion
+    assert again.path == part.path
+    with pytest.raises(models.ModelSourceError, match=r"lacks \d+ tensor\(s\) the model needs"):
+        models.load(params, part)
