@@ -410,3 +410,22 @@ def test_layer_only_conversion_holds_exactly_the_full_conversions_tensors(name, 
     assert again.path == part.path
     with pytest.raises(models.ModelSourceError, match=r"lacks \d+ tensor\(s\) the model needs"):
         models.load(params, part)
+
+
+def test_gguf_with_a_tensor_type_gguf_cannot_dequantize_is_refused_naming_it(tmp_path, write_params, cache_dir):
+    import gguf
+
+    path = tmp_path / "m.gguf"
+    w = gguf.GGUFWriter(str(path), arch="llama")
+    w.add_tensor("token_embd.weight", np.zeros((8, 4), dtype=np.float32))
+    w.add_tensor("blk.0.attn_q.weight", np.zeros((4, 4), dtype=np.int64))  # I64: no dequantization for it
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    spec = {"display_name": "f", "family": "llama", "source": {"kind": "gguf_file", "path": str(path)}}
+    params = params_with(write_params, "f", spec)
+    with pytest.raises(ModelSourceError, match=r"^model 'f': GGUF .*m\.gguf holds tensors of type I64, which gguf "
+                                               r"[\d.]+ cannot dequantize$"):
+        models.prepare(params, "f")
+    assert no_cache_entries(cache_dir)
