@@ -227,6 +227,8 @@ class Evaluate(Strict):
         default="transformers", description="transformers.generate (static batches) or vLLM (`make install-vllm`)")
     vllm: Vllm = Vllm()
     shard: Shard | None = Field(default=None, description="{index, count}: this job's part of the problems; null: all")
+    models: list[ModelName] | None = Field(
+        default=None, description="the models evaluated (dvc.yaml's evaluate stages, one per name); null: every model")
 
 
 class Stats(Strict):
@@ -385,6 +387,23 @@ class Params(Strict):
     models: dict[ModelName, ModelSpec] = Field(min_length=1)
     _file: Path = PrivateAttr(default=PARAMS_FILE)
 
+    @model_validator(mode="after")
+    def _evaluated(self):
+        chosen = self.evaluate.models
+        if chosen is not None:
+            unknown = [m for m in chosen if m not in self.models]
+            if unknown:
+                raise ValueError(f"evaluate.models: {unknown} not configured; models: {sorted(self.models)}")
+            if len(set(chosen)) != len(chosen):
+                raise ValueError(f"evaluate.models: {chosen} names a model twice")
+        return self
+
+    @property
+    def evaluated(self) -> list[str]:
+        """The models evaluation runs on (evaluate.models, else every model), in params order."""
+        chosen = self.evaluate.models
+        return [m for m in self.models if chosen is None or m in chosen]
+
     @property
     def file(self) -> Path:
         """The params file these values came from (named in every error)."""
@@ -405,6 +424,8 @@ def _format_error(path: Path, err: dict) -> str:
     msg = err["msg"].removeprefix("Value error, ")
     got = err.get("input")
     shown = "" if isinstance(got, dict) or err["type"] == "missing" else f" (got {got!r})"
+    if not loc and re.match(r"^[a-z_]+(\.[a-z_]+)*: ", msg):  # a check across sections names its own key
+        return f"{path}: {msg}"
     return f"{path}: {loc or '<root>'}: {msg}{shown}"
 
 
@@ -569,7 +590,10 @@ def main(argv: list[str] | None = None) -> int:
         else:
             path = getattr(args, "path", str(PARAMS_FILE))
             p = load_params(path)
-            print(f"{path}: ok (profile {p.profile}; models {', '.join(p.models)})")
+            if p.evaluate.models is None:  # in-process callers may leave it out; dvc.yaml's foreach cannot
+                raise ConfigError(f"{path}: evaluate.models: null; dvc.yaml runs one evaluate stage per model "
+                                  f"listed there: list them (e.g. {list(p.models)})")
+            print(f"{path}: ok (profile {p.profile}; models {', '.join(p.models)}; evaluated {', '.join(p.evaluated)})")
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -413,6 +413,9 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
         raise ConfigError(f"{params.file}: evaluate.shard: a shard writes a part, not the stage's outputs: run each "
                           f"with `python -m stages.evaluate --model {name} --shard I/N`, then `dvc repro` with "
                           f"evaluate.shard null merges the parts")
+    if name not in params.evaluated:
+        raise ConfigError(f"{params.file}: evaluate.models: model '{name}' is not among the models evaluated "
+                          f"{params.evaluated}; add it there to evaluate it")
     prepared = models.prepare(params, name)
     conditions = params.prompt.conditions
     # ARM's values are checked before the model is loaded (its variant needs only the model_type)
@@ -460,7 +463,7 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
                    "to the gold answer or a substring of it (an output without a box is scored by the "
                    "instruction's empty \\boxed{}, which counts as right)"},
         "params": {"models": {name: spec.model_dump(include=set(MODEL_KEYS))}, "prompt": params.prompt.model_dump(),
-                   "evaluate": cfg.model_dump(), **({"arm": params.arm.model_dump()} if arm_settings else {}),
+                   "evaluate": cfg.model_dump(exclude={"models"}), **({"arm": params.arm.model_dump()} if arm_settings else {}),
                    "dataset": params.dataset.model_dump(),
                    "runtime": params.runtime.model_dump(include={"device", "dtype"})},
         "dataset_sha256": data_sha,

@@ -67,12 +67,14 @@ def example(params: Params, root: Path, name: str, disp: str, limit: int = 700) 
             "differs": bool(correct[:, k].min() != correct[:, k].max())}
 
 
-def provenance_rows(src: Sources, root: Path, name: str, disp: str) -> dict:
+def provenance_rows(src: Sources, root: Path, name: str, disp: str, evaluated: bool = True) -> dict:
     manifest = src.json(f"artifacts/models/{name}.json")
     with read_h5(root / stats_path(name), "stats") as f:
         sp = json.loads(f.attrs["provenance"])
-    with read_h5(root / eval_path(name), "eval") as f:
-        ep = json.loads(f.attrs["provenance"])
+    ep = {}
+    if evaluated:
+        with read_h5(root / eval_path(name), "eval") as f:
+            ep = json.loads(f.attrs["provenance"])
     xp = sp["extract_provenance"]
     source = manifest.get("source", {})
     timing, commits = {}, {}
@@ -90,9 +92,9 @@ def provenance_rows(src: Sources, root: Path, name: str, disp: str) -> dict:
         "source_sha256": source.get("gguf_sha256") or source.get("sha256") or "",
         "weights_sha256": manifest.get("weights_sha256", ""),
         "dataset_sha256": xp.get("dataset_sha256", ""),
-        "dataset_same": xp.get("dataset_sha256") == ep.get("dataset_sha256"),
+        "dataset_same": not ep or xp.get("dataset_sha256") == ep.get("dataset_sha256"),
         "commits": commits,
-        "libraries": ", ".join(f"{k} {v}" for k, v in sorted(ep.get("libraries", {}).items())),
+        "libraries": ", ".join(f"{k} {v}" for k, v in sorted((ep or xp).get("libraries", {}).items())),
         "timing": timing,
         "params": json.dumps({"extract": xp.get("params", {}), "evaluate": ep.get("params", {}).get("evaluate"),
                               "generation": ep.get("generation"), "stats": sp.get("params", {}).get("stats")},
@@ -166,7 +168,8 @@ def run(params: Params, out: Path | None = None) -> list[Path]:
     per_model = [m for m in per_model if m["charts"]]
     for kind, chart in study.items():
         chart.extra["paper"] = paper.claims(ctx, kind, None)
-    for row, n in zip(study["accuracy"].extra["table"], names):
+    evaluated = [n for n in names if n in ctx.metrics]  # evaluate.models
+    for row, n in zip(study["accuracy"].extra["table"], evaluated):
         row["seed"] = paper.accuracy_column(ctx, n)
     for chart in [c for m in per_model for c in m["charts"]] + list(study.values()):
         if chart.extra.get("unavailable"):
@@ -187,9 +190,9 @@ def run(params: Params, out: Path | None = None) -> list[Path]:
         "span_charts": [study["span-sweep"], study["span-accuracy"]],
         "glance": cross.observations + study["activations"].interpretation[1:2] + acc.extra["glance"]
         + acc.extra["arm_glance"],
-        "arm": arm_section(root, names, ctx.disp),
-        "examples": [example(params, root, n, ctx.disp(n)) for n in names],
-        "provenance": [provenance_rows(ctx.src, root, n, ctx.disp(n)) for n in names],
+        "arm": arm_section(root, evaluated, ctx.disp),
+        "examples": [example(params, root, n, ctx.disp(n)) for n in evaluated],
+        "provenance": [provenance_rows(ctx.src, root, n, ctx.disp(n), n in ctx.metrics) for n in names],
         "fig_rel": Path(os.path.relpath(fig_dir, out)).as_posix(),
         "names": names,
         "span_counts": sorted({c for n in names for c in ctx.sweep[n]["counts"]}),

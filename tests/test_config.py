@@ -56,6 +56,8 @@ def edited(**changes):
     ({"dataset__sha256": "0" * 63}, ["dataset.sha256"]),
     ({"runtime__dtype": "int8"}, ["runtime.dtype", "(got 'int8')"]),
     ({"models": {}}, ["models", "at least 1 item"]),
+    ({"evaluate__models": ["smollm2-135m", "gpt-5"]}, ["params.yaml: evaluate.models: ['gpt-5'] not configured"]),
+    ({"evaluate__models": ["smollm2-135m", "smollm2-135m"]}, ["params.yaml: evaluate.models:", "names a model twice"]),
     ({"models": {"Bad.Name": default_params()["models"]["smollm2-135m"]}}, ["models.Bad.Name", "(got 'Bad.Name')"]),
 ])
 def test_bad_values_name_key_value_and_allowed(tmp_path, changes, expected):

@@ -19,7 +19,7 @@ PAPER_TITLE = "Results on Math-500"
 
 def draw(plt, ctx: Context, name: None = None):
     # the models figures.charts.accuracy names (else figures.models), in its order
-    metrics = {n: ctx.metrics[n] for n in ctx.chart_models(KIND)}
+    metrics = {n: ctx.metrics[n] for n in ctx.chart_models(KIND) if n in ctx.metrics}
     names = list(metrics)
     paper = ctx.paper_labels
     conds = [c for c in CONDITIONS if all(c in m["accuracy"] for m in metrics.values())]
@@ -43,7 +43,9 @@ def draw(plt, ctx: Context, name: None = None):
 
 
 def explain(ctx: Context, name: None = None) -> Chart:
-    src, names, disp = ctx.src, ctx.names, {n: ctx.disp(n) for n in ctx.names}
+    names = [n for n in ctx.names if n in ctx.metrics]  # the models evaluated (evaluate.models)
+    src, disp = ctx.src, {n: ctx.disp(n) for n in ctx.names}
+    skipped = [disp[n] for n in ctx.names if n not in ctx.metrics]
     rows, table, gains, arm_gains = [], [], [], []
     for name in names:
         f = f"metrics/accuracy/{name}.json"
@@ -112,7 +114,8 @@ def explain(ctx: Context, name: None = None) -> Chart:
         "accuracy", "MATH-500 accuracy by prompt condition",
         [Text("MATH-500 accuracy of each model under each condition, on ", n0, " problems per model, greedy "
               "decoding, graded by math-verify against the gold answer; the same problems under every condition.")
-         if n0 is not None else Text("MATH-500 accuracy.")],
+         if n0 is not None else Text("MATH-500 accuracy.")]
+        + ([Text(f" Not evaluated in this run (evaluate.models): {', '.join(skipped)}.")] if skipped else []),
         [Text(f"Bars: models; colours: conditions ({colour_key(conds_all)}); y axis: accuracy in percent; the "
               "label on each bar is correct / problems.")],
         rows, obs, interp, extra={"table": table, "glance": glance, "arm_glance": arm_glance})

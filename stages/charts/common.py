@@ -154,7 +154,8 @@ class Context:
 def load_context(params: Params) -> Context:
     names = selected_models(params)
     stats = {n: load_stats(params.resolve(str(stats_path(n)))) for n in names}
-    return Context(params, stats, {n: load_metrics(params, n) for n in names})
+    # accuracy only for the models evaluated (evaluate.models): the others have no evaluation to read
+    return Context(params, stats, {n: load_metrics(params, n) for n in names if n in params.evaluated})
 
 
 # ---- heads and layers ------------------------------------------------------------------------------------

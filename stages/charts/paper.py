@@ -118,7 +118,7 @@ def _accuracy(ctx: Context) -> list[dict]:
     rows = []
     for n in ctx.chart_models("accuracy"):
         paper = paper_name(ctx, n)
-        if paper not in ACCURACY:
+        if paper not in ACCURACY or n not in ctx.metrics:  # a model of the paper not evaluated here
             continue
         f = f"metrics/accuracy/{n}.json"
         if "mless-none" not in ctx.src.json(f):
