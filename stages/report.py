@@ -189,7 +189,7 @@ def run(params: Params, out: Path | None = None) -> list[Path]:
         "activation_charts": [study["activations"], study["activation-shift"]],
         "span_charts": [study["span-sweep"], study["span-accuracy"]],
         "glance": cross.observations + study["activations"].interpretation[1:2] + acc.extra["glance"]
-        + acc.extra["arm_glance"],
+        + acc.extra["arm_glance"] + paper.shape_notes(ctx),
         "arm": arm_section(root, evaluated, ctx.disp),
         "examples": [example(params, root, n, ctx.disp(n)) for n in evaluated],
         "provenance": [provenance_rows(ctx.src, root, n, ctx.disp(n), n in ctx.metrics) for n in names],

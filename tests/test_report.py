@@ -251,3 +251,24 @@ def test_html_opens_in_headless_chromium(project):
     assert errors == [] and dialogs == []
     assert all(u.startswith(("file:", "data:")) for u in requests), requests
     assert (SHOT_DIR / "report-top.png").stat().st_size > 10_000
+
+
+def test_a_model_of_a_paper_models_shape_is_described_with_traced_numbers(project, monkeypatch):
+    """The "at a glance" note for a model shaped exactly like one of the paper's (its manifest's facts): the
+    Layer 1 drop, λ and the activation shift, each number read back from its file."""
+    from stages.charts import paper
+    from stages.charts.common import load_context
+
+    root, params, _ = project
+    facts = json.loads((root / "artifacts/models/tiny-llama.json").read_text())["facts"]
+    monkeypatch.setitem(paper.SHAPES, "Qwen2.5-Math-1.5B", tuple(facts[k] for k in paper.SHAPE_KEYS))
+    notes = paper.shape_notes(load_context(params))
+    assert len(notes) == 1
+    p = NumParser()
+    p.feed(str(notes[0].__html__()))
+    text = html.unescape(re.sub(r"<[^>]+>", "", str(notes[0].__html__())))
+    assert text.startswith("Tiny llama has the shape of the paper's Qwen2.5-Math-1.5B (4 layers, 4 query / 2 kv heads")
+    assert "λ = " in text and "near-zero share" in text
+    assert len(p.nums) == 13  # 5 shape facts, the drop, λ, two differences with their intervals
+    for num in p.nums:
+        assert recompute(root, num) == pytest.approx(float(num["value"]), rel=1e-9, abs=1e-12), num

@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(vllm_engine.installed() is None,
                                  reason="vLLM is not installed: `make test-vllm` installs its CPU build and runs these")]
 
-MODELS = list(default_params()["models"])
+MODELS = list(default_params()["evaluate"]["models"])  # the models the default profile evaluates
 
 
 def read(path):

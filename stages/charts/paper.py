@@ -135,3 +135,40 @@ def _accuracy(ctx: Context) -> list[dict]:
 def accuracy_column(ctx: Context, name: str) -> dict[str, int] | None:
     """The paper's accuracies (percent) for the table's column, where the model is the paper's."""
     return ACCURACY.get(paper_name(ctx, name) or "")
+
+
+# The paper's models' shapes: (layers, query heads, kv heads, hidden size, vocabulary)
+SHAPES = {"Qwen2.5-Math-1.5B": (28, 12, 2, 1536, 151936), "Qwen2.5-Math-7B": (28, 28, 4, 3584, 152064),
+          "Llama-3.1-8B-Instruct": (32, 32, 8, 4096, 128256), "Gemma-3-4b-it": (34, 8, 4, 2560, 262208)}
+SHAPE_KEYS = ("num_layers", "num_heads", "num_kv_heads", "hidden_size", "vocab_size")
+
+
+def shape_notes(ctx: Context) -> list[Text]:
+    """For each model of exactly a paper model's shape (its manifest's facts): what it shows at Layer 1 under
+    mless, the paper's measures: the drop of attention on original tokens, λ, the activation shift."""
+    from stages.charts.activations import ActivationView
+
+    notes = []
+    for n in ctx.names:
+        f = f"artifacts/models/{n}.json"
+        facts = ctx.src.json(f)["facts"]
+        paper = next((p for p, s in SHAPES.items() if tuple(facts.get(k) for k in SHAPE_KEYS) == s), None)
+        if paper is None or "mless" not in ctx.stats[n]["conditions"]:
+            continue
+        shape = [ctx.src.js(f, f"facts.{k}", fmt="d") for k in SHAPE_KEYS]
+        v = ctx.view(n)
+        li = v.li
+        drop = v.n("mless", "drop_pct", f"{li},:", "mean", "+.1f")
+        parts = [f"{ctx.disp(n)} has the shape of the paper's {paper} (", shape[0], " layers, ", shape[1], " query / ",
+                 shape[2], " kv heads, hidden ", shape[3], ", vocabulary ", shape[4], f"). At {label(v.layer)} under "
+                 "mless its original tokens lose ", drop, " % of their attention on average over heads"]
+        if n in ctx.activations and "mless" in ctx.activations[n]["conditions"]:
+            a = ActivationView(ctx, n)
+            lam = a.n("mless/lambda_mean[0,:]", ".3f", "mean")
+            d, lo, hi, _ = a.diff("mless", "z_var")
+            nz, nlo, nhi, _ = a.diff("mless", "near_zero_robust")
+            parts += [f"; original queries after the span keep λ = ", lam, f" of their attention on original keys; "
+                      f"{label(a.layer)}'s gate pre-activation variance changes by ", d, " ", interval(lo, hi),
+                      " and the near-zero share of its activations by ", nz, " points ", interval(nlo, nhi)]
+        notes.append(Text(*parts, "."))
+    return notes
