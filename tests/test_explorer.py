@@ -119,6 +119,22 @@ def _wait_view(page, old):
     return _view(page)
 
 
+def check_loads(path, n_models: int) -> str:
+    """Open the page from disk in headless Chromium with the network off: it draws its first view with no
+    console error and no request off the disk (tests/test_dvc.py runs this on the `dvc repro` output)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser, page, errors, requests = _open(pw, path.as_uri())
+        view = _view(page)
+        options = page.locator("#model option").count()
+        cells = page.locator("#aligned .chip").count()
+        browser.close()
+    assert errors == [] and all(u.startswith(("file:", "data:", "blob:")) for u in requests), (errors, requests)
+    assert options == n_models and cells > 10 and view.startswith("model="), (options, cells, view)
+    return view
+
+
 @pytest.mark.skipif(not chromium(), reason="Debian chromium not installed (apt-get install chromium)")
 def test_page_in_headless_chromium(project):
     from playwright.sync_api import sync_playwright
