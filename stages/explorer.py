@@ -236,7 +236,8 @@ def run(params: Params, out: Path | None = None) -> Path:
     started = time.perf_counter()
     out = out or params.resolve(str(OUT))
     blobs: list[str] = []
-    entries = [collect(params, name, blobs) for name in params.models]
+    # a model with no showcase prompt (extract.showcase: 0) has nothing to show; the page says so when none has any
+    entries = [e for e in (collect(params, name, blobs) for name in params.models) if e["prompts"]]
     page = render(entries, blobs)
     with atomic_path(out) as tmp:
         tmp.write_text(page, encoding="utf-8")
