@@ -137,7 +137,7 @@ def marked_heads(params: Params, name: str, stats: dict) -> dict[str, dict[str, 
     return marks
 
 
-def activation_strips(path: Path, index: int, conds: dict, act: dict) -> dict | None:
+def activation_strips(path: Path, index: int, conds: dict) -> dict | None:
     """Per token of problem `index`'s prompts, under each condition of the activations file: the share of
     near-zero |a| (the paper's robust radius over the prompt's original tokens, and the fixed one) and the
     mean |a| (L1), for its first layer; None when the problem is not in its showcase."""
@@ -157,13 +157,12 @@ def activation_strips(path: Path, index: int, conds: dict, act: dict) -> dict | 
             if a.shape[0] != len(ref["tokens"]):
                 raise ArtifactError(f"{path}: showcase/{keys[0]}/{c}/a has {a.shape[0]} tokens, the attention file's "
                                     f"prompt {len(ref['tokens'])}; rerun both stages (dvc repro)")
-            orig = np.abs(a[np.array(ref["original"])]).astype(np.float64).ravel()
+            orig = a[np.array(ref["original"])].astype(np.float64).ravel()
             med = np.median(orig)
             eps_r = 1.4826 * float(np.median(np.abs(orig - med))) * prov["mad_c"]
             out["conds"][c] = {"nz_robust": _round((a < np.float32(eps_r)).mean(axis=1)),
                                "nz_fixed": _round((a < np.float32(prov["eps"])).mean(axis=1)),
                                "l1": _round(a.astype(np.float64).mean(axis=1)), "eps_robust": float(f"{eps_r:.5g}")}
-        act["files"].add(path.as_posix())
     return out
 
 
@@ -201,15 +200,15 @@ def collect(params: Params, name: str, blobs: list[str]) -> dict:
             prompts.append({"key": key, "index": problem, "level": int(f["problems/level"][k]),
                             "subject": _str(f["problems/subject"][k]),
                             "text": tok.decode(f["none"]["input_ids"][n0:n1]), "conds": conds})
-    act = {"files": set()}
     act_path = root / activations_path(name)
     for pr in prompts:
-        pr["act"] = activation_strips(act_path, pr["index"], pr["conds"], act) if act_path.is_file() else None
+        pr["act"] = activation_strips(act_path, pr["index"], pr["conds"]) if act_path.is_file() else None
     stats = root / stats_path(name)
     marks = marked_heads(params, name, load_stats(stats)) if name in figure_models(params) else {}
     return {"name": name, "disp": params.models[name].display_name, "layers": layers, "heads": heads,
             "conditions": conditions, "marks": marks, "prompts": prompts,
-            "sources": [attention_path(name).as_posix()] + ([activations_path(name).as_posix()] if act["files"] else [])}
+            "sources": [attention_path(name).as_posix()] + ([activations_path(name).as_posix()]
+                                                            if any(pr["act"] for pr in prompts) else [])}
 
 
 def script_json(data) -> str:

@@ -2,7 +2,7 @@
 the weight a hovered cell shows is the HDF5 value, choosing a head or a condition changes the view, an
 address restores its view, hostile model names and prompt text stay text."""
 
-import base64
+import json
 import re
 import shutil
 
@@ -77,6 +77,18 @@ def test_page_is_self_contained_escaped_and_deterministic(project):
     assert "alert(\\\"x\\\")\\u003c/script\\u003e" in text
     blobs = re.findall(r'<script type="application/octet-stream" id="blob(\d+)">([A-Za-z0-9+/=]+)</script>', text)
     assert len(blobs) == 2 * 2 * 3  # models x showcase prompts x conditions
+    # the activation strip: per token, mean |a| and the share of |a| below activations.eps, as in the file
+    data = json.loads(re.search(r'<script type="application/json" id="data">(.*?)</script>', text, re.S)[1])
+    model = next(m for m in data["models"] if m["name"] == "tiny-llama")
+    with h5py.File(root / "artifacts/activations/tiny-llama.h5", "r") as f:
+        for pr in model["prompts"]:
+            key = next(k for k in f["showcase"] if f["showcase"][k].attrs["problem_index"] == pr["index"])
+            for c in ("none", "mless"):
+                a = np.abs(f["showcase"][key][c]["a"][0].astype(np.float64))
+                assert len(pr["act"]["conds"][c]["l1"]) == len(pr["conds"][c]["tokens"]) == a.shape[0]
+                np.testing.assert_allclose(pr["act"]["conds"][c]["l1"], a.mean(axis=1), rtol=1e-4)
+                np.testing.assert_allclose(pr["act"]["conds"][c]["nz_fixed"], (a < params.activations.eps).mean(axis=1),
+                                           rtol=1e-4, atol=1e-9)
     before = page.read_bytes()
     assert explorer.run(params).read_bytes() == before
 
