@@ -25,7 +25,7 @@ import numpy as np
 
 from stages import arm, charts, cli, figures
 from stages.charts import paper
-from stages.charts.common import Sources, load_context, md_escape
+from stages.charts.common import Sources, label, load_context, md_escape
 from stages.config import Params
 from stages.stats import stats_path
 from stages.store import ArtifactError, atomic_path, read_h5
@@ -126,6 +126,17 @@ def arm_section(root: Path, names: list[str], disp) -> dict | None:
     return {"models": rows, "differences": arm.DIFFERENCES} if rows else None
 
 
+def explorer_links(ctx, kind: str, names: list[str]) -> list[dict]:
+    """Per model, the explorer's view (reports/explorer.html, stages/explorer.py) of the first head and layer
+    chart `kind` shows, under mless: a single prompt where the chart shows averages."""
+    links = []
+    for n in names:
+        v = ctx.view(n, kind)
+        links.append({"model": ctx.disp(n), "label": label(v.layer, v.heads[0]),
+                      "href": f"explorer.html#model={n}&layer={v.layer + 1}&head={v.heads[0] + 1}&cond=mless"})
+    return links
+
+
 # ---- the stage -----------------------------------------------------------------------------------------
 
 def fence(text: str) -> str:
@@ -165,6 +176,8 @@ def run(params: Params, out: Path | None = None) -> list[Path]:
     for m in per_model:
         for chart, kind in zip(m["charts"], [k for k in charts.PER_MODEL if m["name"] in ctx.chart_models(k.KIND)]):
             chart.extra["paper"] = paper.claims(ctx, kind.KIND, m["name"])
+            chart.extra["explore"] = explorer_links(ctx, kind.KIND, [m["name"]])
+    study["cross-model"].extra["explore"] = explorer_links(ctx, "cross-model", ctx.chart_models("cross-model"))
     per_model = [m for m in per_model if m["charts"]]
     for kind, chart in study.items():
         chart.extra["paper"] = paper.claims(ctx, kind, None)

@@ -19,6 +19,8 @@ import pytest
 import yaml
 
 from tests.dvc_repo import Repo, ran
+from tests.test_explorer import check_loads
+from tests.test_report import chromium
 
 pytestmark = pytest.mark.slow  # every test here runs (part of) the pipeline through dvc
 
@@ -78,6 +80,7 @@ def repo(tiny_dirs, tmp_path_factory) -> Repo:
     r.git("commit", "-q", "-m", "results")
     r.all = set(r.stages())
     r.report = {"report"} if "report" in r.all else set()  # the report stage, once dvc.yaml has it
+    r.explorer = {"explorer"} & r.all  # reports/explorer.html: reads figures params, attention, activations, stats
     r.other = Repo(base / "second", r.env)
     r.git("clone", "-q", str(r.path), str(r.other.path))
     r.background = Background(lambda: second_checkout(r.other))
@@ -118,6 +121,8 @@ def test_repro_runs_every_stage_once_then_status_is_clean_and_repro_does_nothing
     repo = clean
     assert repo.first_run == repo.all
     assert {f"{s}@{m}" for s in ("prepare", "extract", "evaluate", "stats") for m in (A, B)} | {"figures"} <= repo.all
+    if repo.explorer and chromium():  # the single-prompt page `dvc repro` wrote opens and draws, offline
+        check_loads(repo.path / "reports/explorer.html", n_models=2)
     proc = repo.dvc("repro")
     assert ran(proc) == set() and "Data and pipelines are up to date" in proc.stdout
     # new timestamps on every input and output, same bytes: nothing reruns
@@ -132,7 +137,7 @@ def test_figure_param_reruns_only_figures_and_report(clean):
     repo = clean
     repo.set_params(figures__dpi=41)
     assert params_diff(repo) == {"figures.dpi": {"old": 40, "new": 41}}
-    assert repo.repro() == {"figures"} | repo.report
+    assert repo.repro() == {"figures"} | repo.report | repo.explorer
     assert repo.status() == {}
     assert repo.repro() == set()
 
@@ -140,11 +145,11 @@ def test_figure_param_reruns_only_figures_and_report(clean):
 def test_activation_params_rerun_the_activation_stages_figures_and_report_only(clean):
     repo = clean
     repo.set_params(activations__bins=60)
-    assert repo.repro() == {f"activations@{A}", f"activations@{B}", "figures"} | repo.report
+    assert repo.repro() == {f"activations@{A}", f"activations@{B}", "figures"} | repo.report | repo.explorer
     assert repo.status() == {}
     # a figure-only param of the activation charts reruns no model stage either
     repo.set_params(figures__activation_set="after_span")
-    assert repo.repro() == {"figures"} | repo.report
+    assert repo.repro() == {"figures"} | repo.report | repo.explorer
 
 
 def test_sweep_params_rerun_the_sweep_stages_figures_and_report_only(clean):
@@ -162,7 +167,7 @@ def test_display_name_reruns_only_figures_and_report(clean):
     repo = clean
     repo.set_params(**{f"models__{A}__display_name": "Renamed model A"})
     assert params_diff(repo) == {f"models.{A}.display_name": {"old": "Tiny llama", "new": "Renamed model A"}}
-    assert repo.repro() == {"figures"} | repo.report
+    assert repo.repro() == {"figures"} | repo.report | repo.explorer
     assert repo.status() == {}
     for artifact in (f"artifacts/attention/{A}.h5", f"artifacts/eval/{A}.h5", f"artifacts/stats/{A}.h5",
                      f"artifacts/activations/{A}.h5"):
@@ -175,7 +180,7 @@ def test_one_models_extraction_param_reruns_its_branch_only_in_an_experiment(cle
     repo = clean
     proc = repo.dvc("exp", "run", "-n", "layers-a", "-S", f"models.{A}.layers=[0,1]")
     # not prepare@tiny-a (the manifest does not hold layers), not evaluate@tiny-a, nothing of tiny-b
-    assert ran(proc) == {f"extract@{A}", f"stats@{A}", "figures"} | repo.report
+    assert ran(proc) == {f"extract@{A}", f"stats@{A}", "figures"} | repo.report | repo.explorer
     assert repo.status() == {}
     assert params_diff(repo) == {f"models.{A}.layers": {"old": "[0, 1, 2]", "new": "[0, 1]"}}
 

@@ -197,9 +197,14 @@ def test_arm_is_the_fourth_bar_and_has_its_section(project):
 def test_markdown_links_resolve(project):
     root, params, (_, md_path) = project
     links = re.findall(r"\]\(([^)\s]+)\)", md_path.read_text(encoding="utf-8"))
+    explore = [link for link in links if link.startswith("explorer.html#")]  # the explorer stage's page, beside it
+    links = [link for link in links if link not in explore]
     assert len(links) == 3 * len(params.models) + 6
     for link in links:
         assert (md_path.parent / link).is_file(), link
+    # each attention chart (three per model, and cross-model) opens its first head in the explorer
+    assert len(explore) == 3 * len(params.models) + len(params.models)
+    assert all(re.fullmatch(r"explorer\.html#model=tiny-(llama|gemma)&layer=\d+&head=\d+&cond=mless", x) for x in explore)
 
 
 def test_missing_chart_or_metrics_is_named_and_nothing_is_written(project, tmp_path):

@@ -40,10 +40,13 @@ def test_provenance_records_the_code_the_stage_declares_by_content():
     for path, digest in prov["code_sha256"].items():
         assert digest == hashlib.sha256((ROOT / path).read_bytes()).hexdigest()
     assert "git_commit" not in prov and "git_dirty" not in prov
-    # a folder dep (the report's templates) counts every file in it
+    # a folder dep (the report's charts) counts every file in it; a file dep only itself (its templates, not
+    # the explorer's beside them)
     report = provenance("report")["code_sha256"]
+    assert {p for p in report if p.startswith("stages/charts/")} == {
+        f"stages/charts/{p.name}" for p in (ROOT / "stages/charts").iterdir() if p.is_file()}
     assert {p for p in report if p.startswith("stages/templates/")} == {
-        f"stages/templates/{p.name}" for p in (ROOT / "stages/templates").iterdir() if p.is_file()}
+        "stages/templates/report.html.j2", "stages/templates/report.md.j2"}
 
 
 def test_provenance_of_a_stage_dvc_yaml_does_not_define_names_the_file_and_key():

