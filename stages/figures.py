@@ -88,9 +88,8 @@ def run(params: Params, folder: Path | None = None, table: Path | None = None) -
     folder = folder or params.resolve(str(OUT_DIR))
     ctx = load_context(params)
     write_accuracy_table(table or params.resolve(str(ACCURACY_TABLE)), ctx.metrics)
-    ctx._likelihood_link = likelihood.link(ctx)  # always recomputed here; the report reads the file
-    write_json_atomic(params.resolve(str(likelihood.LINK)), ctx._likelihood_link)
     drawn = draw_all(plt, ctx)
+    write_json_atomic(params.resolve(str(likelihood.LINK)), ctx.likelihood_link)  # the numbers the report quotes
     folder.mkdir(parents=True, exist_ok=True)
     written = []
     for stem, fig in drawn:

@@ -150,13 +150,12 @@ class Context:
 
     @property
     def likelihood_link(self) -> dict:
-        """The per-problem links (reports/likelihood.json): the figures stage computes them (and sets this),
-        the report reads the file it wrote."""
+        """The likelihood's per-problem links, computed from the artifacts when first asked for; the figures stage
+        writes them to reports/likelihood.json, the file the report's numbers quote."""
         if self._likelihood_link is None:
-            from stages.charts.likelihood import LINK, link
+            from stages.charts.likelihood import link
 
-            path = self.root / LINK
-            self._likelihood_link = self.src.json(LINK.as_posix()) if path.is_file() else link(self)
+            self._likelihood_link = link(self)
         return self._likelihood_link
 
     @property

@@ -99,7 +99,10 @@ def shifts(root: Path, name: str) -> dict[str, dict[str, dict[int, float]]]:
 
 
 def flips(root: Path, name: str) -> tuple[dict[int, dict[str, bool]], list[str]]:
-    """{problem index: {condition: correct}} from the evaluation file."""
+    """{problem index: {condition: correct}} from the evaluation file; empty where there is none (no generated
+    accuracy to compare with)."""
+    if not (root / f"artifacts/eval/{name}.h5").is_file():
+        return {}, []
     with read_h5(root / f"artifacts/eval/{name}.h5", "eval", ("problems/index",)) as f:
         conds = [str(c) for c in f.attrs["conditions"]]
         correct = {c: f[f"{c}/correct"][()] for c in conds}
@@ -125,11 +128,14 @@ def link(ctx: Context) -> dict:
                     if len(common) >= 3:
                         r, lo, hi = spearman_ci(np.array([gain[i] for i in common]),
                                                 np.array([values[i] for i in common]), seed, n_boot)
-                        entry = {"n": len(common), "rho": round(r, 6), "ci95_low": round(lo, 6),
-                                 "ci95_high": round(hi, 6)}
+                        if np.isfinite([r, lo, hi]).all():  # a constant series has no rank correlation
+                            entry = {"n": len(common), "rho": round(r, 6), "ci95_low": round(lo, 6),
+                                     "ci95_high": round(hi, 6)}
                     m["contrasts"].setdefault(contrast, {}).setdefault(k, {})[key] = entry
             c = contrast.split("-")[0]
             common = [i for i in index if i in correct and c in correct[i]]
+            if not common:  # no generated accuracy for these problems and this condition
+                continue
             gain = dict(zip(index, res["solution"]["diff"]))
             groups = {"to_right": [i for i in common if correct[i][c] and not correct[i]["none"]],
                       "to_wrong": [i for i in common if not correct[i][c] and correct[i]["none"]],
