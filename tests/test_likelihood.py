@@ -13,6 +13,7 @@ from stages.config import ConfigError, load_params
 from stages.intervals import bootstrap_mean_ci, wilcoxon_p
 from stages.prompts import DatasetError, builder_for, load_math500, select_problems
 from stages.store import read_h5
+from tests.conftest import ROOT
 from tests.test_extract import ARCHS, tiny_params
 
 
@@ -183,7 +184,7 @@ def test_bad_input_is_refused_naming_the_key(tiny_dirs, write_params, cache_dir,
 def test_a_row_without_the_key_is_named_with_file_and_line(key, write_params, tmp_path):
     import hashlib
 
-    rows = (load_params(write_params()).resolve("data/math500/test.jsonl")).read_text().splitlines()
+    rows = (ROOT / "data/math500/test.jsonl").read_text().splitlines()
     bad = json.loads(rows[6])
     del bad[key]
     rows[6] = json.dumps(bad)
