@@ -216,8 +216,9 @@ def explain(ctx: Context, name: None = None) -> Chart:
     rows, verdicts, link_rows, proxy_rows = [], [], [], []
     for n in ctx.names:
         f, lk = path(n), ctx.likelihood[n]
-        parts = [f"{ctx.disp(n)} (", src.h5(f, "@n_samples", fmt="d"), " problems, the solution's first ",
-                 src.h5(f, "none/solution/tokens", "mean", fmt=".0f"), " tokens on average): "]
+        parts = [f"{ctx.disp(n)} (", src.h5(f, "@n_samples", fmt="d"), " problems, ",
+                 src.h5(f, "none/solution/tokens", "mean", fmt=".0f"), " scored tokens of the reference solution on "
+                 "average): "]
         for contrast in lk["contrasts"]:
             g = f"contrasts/{contrast}"
             sol = [src.h5(f, f"{g}/solution/mean[0]", fmt="+.4f"), src.h5(f, f"{g}/solution/ci[0,0]", fmt="+.4f"),
@@ -281,9 +282,14 @@ def explain(ctx: Context, name: None = None) -> Chart:
     agree = [(n, c) for n, c, a in proxy_rows if a["to_right"]["mean_gain"] is not None
              and a["to_wrong"]["mean_gain"] is not None and a["to_right"]["mean_gain"] > a["to_wrong"]["mean_gain"]]
     both = [(n, c) for n, c, a in proxy_rows if a["to_right"]["n"] and a["to_wrong"]["n"]]
-    obs.append(Text(f"Where generated answers flipped both ways, problems that flipped to right gained more likelihood "
-                    f"than those that flipped to wrong in {len(agree)} of {len(both)} model/contrast pairs (few flips: "
-                    "read this as a sanity check, not a test)."))
+    if both:
+        obs.append(Text(f"Where generated answers flipped both ways, problems that flipped to right gained more "
+                        f"likelihood than those that flipped to wrong in {len(agree)} of {len(both)} model/contrast "
+                        "pairs (few flips: read this as a sanity check, not a test)."))
+    elif proxy_rows:
+        obs.append(Text(f"No model/contrast pair has generated answers that flipped both ways on the problems both "
+                        f"stages measured ({len(proxy_rows)} pairs compared), so accuracy cannot check the proxy "
+                        "here; more evaluated problems (evaluate.n_samples) can."))
     n0 = ctx.likelihood[ctx.names[0]]
     return Chart(
         KIND, "Likelihood of the reference solution and the gold answer",
