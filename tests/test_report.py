@@ -249,7 +249,7 @@ def test_html_opens_in_headless_chromium(project):
         page.screenshot(path=str(SHOT_DIR / "report-top.png"))
         browser.close()
     assert title.startswith("Meaningless tokens")
-    assert len(images) == 3 * len(params.models) + 6 and all(ok and w > 0 for ok, w in images), images
+    assert len(images) == 3 * len(params.models) + 7 and all(ok and w > 0 for ok, w in images), images
     assert errors == [] and dialogs == []
     assert all(u.startswith(("file:", "data:")) for u in requests), requests
     assert (SHOT_DIR / "report-top.png").stat().st_size > 10_000
