@@ -40,7 +40,7 @@ import numpy as np
 from stages import arm, cli, models, progress
 from stages.config import ConfigError, Params, model_spec
 from stages.capture import StopForward, capturing, install_capture
-from stages.intervals import bootstrap_mean_ci
+from stages.intervals import bootstrap_mean_ci, wilcoxon_p
 from stages.prompts import builder_for, load_math500, put_problems, select_problems
 from stages.store import provenance, put, put_json_attr, write_h5, write_prompt_timing
 
@@ -153,16 +153,6 @@ def measures(a: np.ndarray, z: np.ndarray, mad_c: float, eps: float, edges: np.n
         if total > 0 else 0.0,
         "z_var": float(zz.var(axis=1).mean()),
     }, counts
-
-
-def wilcoxon_p(diff: np.ndarray) -> float:
-    """Two-sided Wilcoxon signed-rank p of paired differences; 1.0 when every difference is zero."""
-    from scipy.stats import wilcoxon
-
-    diff = np.asarray(diff, dtype=np.float64)
-    if not np.any(diff != 0):
-        return 1.0
-    return float(wilcoxon(diff, zero_method="wilcox", alternative="two-sided").pvalue)
 
 
 def summarize(per: dict, conditions: list[str], seed: int, n_boot: int) -> dict:

@@ -276,6 +276,8 @@ class Sweep(Strict):
     reference_count: NonNegativeInt = Field(default=55, description="the count whose drop picks the top heads (one of counts)")
     attention_samples: PositiveInt = Field(default=30, description="problems of the attention sweep (seeded, stratified)")
     accuracy_samples: NonNegativeInt = Field(default=0, description="problems of the accuracy sweep; 0 = attention only")
+    likelihood_samples: NonNegativeInt = Field(
+        default=0, description="problems of the likelihood sweep (stages/likelihood.py at every count); 0 = off")
     seed: int = Field(default=0, description="subset and bootstrap seed")
     n_boot: PositiveInt = 2000
 
@@ -298,6 +300,46 @@ class Sweep(Strict):
             raise ValueError(f"token {empty[0]} is empty or whitespace ({v[empty[0]]!r}); a span character must be visible")
         if len(set(v)) != len(v):
             raise ValueError(f"duplicates in {v}")
+        return v
+
+
+ANSWER_MARK = "<answer>"
+
+
+class Likelihood(Strict):
+    """likelihood@<model>: teacher-forced log-probabilities of the reference solution and the gold answer."""
+
+    n_samples: PositiveInt | None = Field(
+        default=40, description="problems (seeded, stratified by level as extract: equal seeds give nested subsets); "
+                                "null = all 500")
+    seed: int = Field(default=0, description="subset and bootstrap seed (extract.seed's default: the subsets overlap)")
+    conditions: list[Literal["none", "mless", "mful", "arm"]] = Field(
+        default=list(CONDITIONS), min_length=2, description="conditions scored (none and at least one other)")
+    solution_tokens: PositiveInt | None = Field(
+        default=None, description="the reference solution's first N tokens are scored; null = all of it")
+    separator: str = Field(default="\n\n", description="raw template: text between the question and the continuation "
+                                                        "(context, not scored); the chat template's turn separates")
+    answer_frame: str = Field(
+        default="The final answer is $\\boxed{<answer>}$.", min_length=1,
+        description="the answer continuation: text before <answer> is context, the gold answer and the rest are scored")
+    batch_tokens: PositiveInt = Field(default=4096, description="padded tokens per forward pass (batches by length)")
+    showcase: NonNegativeInt = Field(default=2, description="problems whose per-token log-probs are stored")
+    n_boot: PositiveInt = Field(default=2000, description="bootstrap resamples for the intervals")
+
+    @field_validator("conditions")
+    @classmethod
+    def _conditions(cls, v):
+        if len(set(v)) != len(v):
+            raise ValueError(f"duplicates in {v}")
+        if "none" not in v:
+            raise ValueError("must include 'none' (every contrast is against it)")
+        return [c for c in CONDITIONS if c in v]
+
+    @field_validator("answer_frame")
+    @classmethod
+    def _frame(cls, v):
+        if v.count(ANSWER_MARK) != 1:
+            raise ValueError(f"must hold {ANSWER_MARK} exactly once (where the gold answer goes), got {v!r}")
         return v
 
 
@@ -382,6 +424,7 @@ class Params(Strict):
     stats: Stats = Stats()
     activations: Activations = Activations()
     sweep: Sweep = Sweep()
+    likelihood: Likelihood = Likelihood()
     arm: Arm = Arm()
     figures: Figures = Figures()
     models: dict[ModelName, ModelSpec] = Field(min_length=1)

@@ -13,9 +13,13 @@ Across models:
   activation-shift      each activation measure's paired change under mless / mful, and lambda, per model
   span-sweep            Layer 1 drop and span mass against the number of span characters (stages/sweep.py)
   span-accuracy         accuracy against the number of span characters (only when the accuracy sweep ran)
+  likelihood            teacher-forced likelihood of the reference solution and the gold answer: paired
+                        differences, by level, and per problem against the Layer 1 attention shift
   accuracy              MATH-500 accuracy per model and condition (drawn only from evaluation metrics)
 and the accuracy table `reports/accuracy.csv` (model, condition, label, accuracy, correct, n: one row per
-model and condition) that `dvc plots` draws.
+model and condition) that `dvc plots` draws, and `reports/likelihood.json`: the likelihood's per-problem links
+to the attention and activation shifts and to the accuracy flips (stages/charts/likelihood.py), which the report
+quotes.
 
 Which models, layers and heads: `figures.charts.<kind>` per chart kind (layer-sweep, heads, conditions,
 cross-model, accuracy), its missing keys from `figures.models`, `figures.layer` / `figures.sweep_layers` and
@@ -33,7 +37,8 @@ from pathlib import Path
 from stages import charts, cli
 from stages.charts.common import Context, load_context
 from stages.config import CONDITIONS, Params
-from stages.store import atomic_path, write_csv_atomic
+from stages.charts import likelihood
+from stages.store import atomic_path, write_csv_atomic, write_json_atomic
 
 OUT_DIR = Path("reports/figures")
 ACCURACY_TABLE = Path("reports/accuracy.csv")
@@ -84,6 +89,7 @@ def run(params: Params, folder: Path | None = None, table: Path | None = None) -
     ctx = load_context(params)
     write_accuracy_table(table or params.resolve(str(ACCURACY_TABLE)), ctx.metrics)
     drawn = draw_all(plt, ctx)
+    write_json_atomic(params.resolve(str(likelihood.LINK)), ctx.likelihood_link)  # the numbers the report quotes
     folder.mkdir(parents=True, exist_ok=True)
     written = []
     for stem, fig in drawn:

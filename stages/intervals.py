@@ -1,4 +1,5 @@
-"""Uncertainty over samples: seeded percentile bootstrap intervals and the exact McNemar test."""
+"""Uncertainty over samples: seeded percentile bootstrap intervals, the exact McNemar test and the Wilcoxon
+signed-rank test."""
 
 from __future__ import annotations
 
@@ -51,3 +52,13 @@ def mcnemar_exact(b: int, c: int) -> float:
     from scipy.stats import binomtest  # imported here: scipy.stats costs a second at every stage start
 
     return float(binomtest(b, b + c, 0.5).pvalue)
+
+
+def wilcoxon_p(diff: np.ndarray) -> float:
+    """Two-sided Wilcoxon signed-rank p of paired differences; 1.0 when every difference is zero."""
+    from scipy.stats import wilcoxon
+
+    diff = np.asarray(diff, dtype=np.float64)
+    if not np.any(diff != 0):
+        return 1.0
+    return float(wilcoxon(diff, zero_method="wilcox", alternative="two-sided").pvalue)

@@ -1,7 +1,8 @@
 """report: reports/report.html and reports/report.md, every chart explained with numbers from the data.
 
 Inputs: the statistics (`artifacts/stats/<model>.h5`), evaluation (`artifacts/eval/<model>.h5`,
-`metrics/accuracy/<model>.json`), model manifests, timings and the charts in `reports/figures/`.
+`metrics/accuracy/<model>.json`), likelihood (`artifacts/likelihood/<model>.h5`, and the per-problem links the
+figures stage wrote to `reports/likelihood.json`), model manifests, timings and the charts in `reports/figures/`.
 Every number in the text is read from one of those files at render time and remembers where it came
 from: in the HTML each sits in `<span class="num" data-src=FILE data-key=KEY data-op=OP ...>`, so a
 reader (and the tests) can trace it back. Sentences are chosen from the numbers, so another run gives
@@ -201,8 +202,9 @@ def run(params: Params, out: Path | None = None) -> list[Path]:
         "per_model": per_model, "cross": cross, "accuracy": acc, "table": acc.extra["table"],
         "activation_charts": [study["activations"], study["activation-shift"]],
         "span_charts": [study["span-sweep"], study["span-accuracy"]],
+        "likelihood": study["likelihood"],
         "glance": cross.observations + study["activations"].interpretation[1:2] + acc.extra["glance"]
-        + acc.extra["arm_glance"] + paper.shape_notes(ctx),
+        + acc.extra["arm_glance"] + paper.shape_notes(ctx) + study["likelihood"].observations[:1],
         "arm": arm_section(root, evaluated, ctx.disp),
         "examples": [example(params, root, n, ctx.disp(n)) for n in evaluated],
         "provenance": [provenance_rows(ctx.src, root, n, ctx.disp(n), n in ctx.metrics) for n in names],

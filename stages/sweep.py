@@ -21,6 +21,11 @@ With `sweep.accuracy_samples` > 0, MATH-500 accuracy too: greedy generation as e
 (stages/evaluate.py: `generate`, `grade`, the resumable journal), count 0 once (= none), each other
 (token, count) against it with the paired difference, its bootstrap interval and McNemar p.
 
+With `sweep.likelihood_samples` > 0, the likelihood of the reference solution too (stages/likelihood.py: the
+same continuation, likelihood.solution_tokens and likelihood.separator, scored the same way on the whole model):
+per (token, count) the mean log-prob per token of each problem, and its paired difference to count 0 with a
+bootstrap interval and the Wilcoxon p: the dose-response with a continuous, paired outcome.
+
 Outputs: artifacts/sweep/<model>.h5, metrics/sweep/<model>.json (the summary `dvc metrics` and
 `dvc exp show` read), artifacts/plots/sweep/<model>.csv (for `dvc plots`), and the run's sidecar
 metrics/timing/sweep-<model>.json.
@@ -36,12 +41,12 @@ from pathlib import Path
 
 import numpy as np
 
-from stages import cli, models, progress
+from stages import cli, likelihood, models, progress
 from stages.capture import CaptureError, attention, compare
 from stages.config import ConfigError, Params, model_spec
 from stages.evaluate import Item, Journal, check_engine, open_engine, paired, run_journaled
 from stages.extract import reduce
-from stages.intervals import bootstrap_mean_ci, bootstrap_ratio_ci
+from stages.intervals import bootstrap_mean_ci, bootstrap_ratio_ci, wilcoxon_p
 from stages.prompts import PromptBuilder, PromptError, load_math500, put_problems, select_problems
 from stages.stats import QUERY_VECTOR, sample_stats
 from stages.store import (provenance, put, put_json_attr, write_csv_atomic, write_h5, write_json_atomic,
@@ -51,6 +56,7 @@ JOURNAL_VERSION = 1
 # the params keys this stage reads beyond `sweep` (dvc.yaml lists exactly these)
 MODEL_KEYS = ("family", "source", "template", "trust_remote_code", "heads")
 EVALUATE_KEYS = ("max_new_tokens", "batch_size", "stop_at_boxed")
+LIKELIHOOD_KEYS = ("solution_tokens", "separator", "batch_tokens")
 
 
 def paths(name: str) -> dict[str, Path]:
@@ -195,6 +201,36 @@ def accuracy_sweep(params: Params, name: str, prepared, problems, where: dict) -
     return correct, settings
 
 
+# ---- likelihood ------------------------------------------------------------------------------------
+
+def likelihood_sweep(params: Params, name: str, prepared, problems) -> dict:
+    """Per (token, count): each problem's mean log-prob per token of the reference solution (count 0: the none
+    prompt, scored once), from one load of the whole model."""
+    model, tokenizer, _ = likelihood.load(params, prepared)
+    bs = builders(params, name, tokenizer)
+    prompts = _build(bs, params, name, problems)
+    conts = likelihood.Continuations(params, next(iter(bs.values())))
+    keys = ["none"] + [k for k in prompts if k != "none" and k[1] > 0]
+    seqs, at = [], {}
+    for key in keys:
+        for p, pr in zip(problems, prompts[key]):
+            ctx, scored = conts.build(p)["solution"]
+            at[(key, p.index)] = len(seqs)
+            ids = list(pr.input_ids)
+            seqs.append(likelihood.Seq(p.index, "none" if key == "none" else "mless", "solution",
+                                       tuple(ids + ctx + scored), len(ids), len(ids) + len(ctx)))
+    context = prepared.facts["max_position_embeddings"]
+    longest = max(len(s.input_ids) for s in seqs)
+    if context and longest > context:
+        raise ConfigError(f"{params.file}: likelihood.solution_tokens: a sweep prompt plus its solution has {longest} "
+                          f"tokens, more than the context of model '{name}' ({context} positions)")
+    bar = progress.bar(total=len(seqs), desc=f"sweep likelihood {name}", unit="seq")
+    lps = likelihood.score(model, seqs, params.likelihood.batch_tokens, likelihood.pad_id(tokenizer), bar=bar)
+    bar.close()
+    mean = {key: np.array([lps[at[(key, p.index)]].mean() for p in problems]) for key in keys}
+    return {key: mean["none" if key == "none" or key[1] == 0 else key] for key in prompts}
+
+
 # ---- the stage -------------------------------------------------------------------------------------
 
 def run(params: Params, name: str, root: Path | None = None) -> Path:
@@ -242,6 +278,18 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
         acc_problems = select_problems(problems, cfg.accuracy_samples, cfg.seed)
         # generation runs the whole model: a GGUF source is converted in full (once) for it
         correct, settings = accuracy_sweep(params, name, models.prepare(params, name), acc_problems, where)
+    lik_problems, lik = [], {}
+    if cfg.likelihood_samples:
+        lik_problems = select_problems(problems, cfg.likelihood_samples, cfg.seed)
+        lik = likelihood_sweep(params, name, models.prepare(params, name), lik_problems)  # the whole model too
+    lik_rows = {}
+    for token in cfg.tokens:
+        for count in cfg.counts:
+            if lik:
+                d = lik[(token, count)] - lik["none"]
+                lo, hi = bootstrap_mean_ci(d, cfg.seed, n_boot=cfg.n_boot)
+                lik_rows[(token, count)] = {"delta": float(d.mean()), "ci": (float(lo), float(hi)),
+                                            "p": wilcoxon_p(d)}
     accuracy = {}
     for token in cfg.tokens:
         for count in cfg.counts:
@@ -262,6 +310,8 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
                    "sweep": cfg.model_dump(), "stats": params.stats.model_dump(include={"query_set", "exclude_first"}),
                    # read only when the accuracy sweep runs: otherwise not part of what made this file
                    "evaluate": params.evaluate.model_dump(include=set(EVALUATE_KEYS)) if cfg.accuracy_samples else None,
+                   "likelihood": params.likelihood.model_dump(include=set(LIKELIHOOD_KEYS))
+                   if cfg.likelihood_samples else None,
                    "dataset": params.dataset.model_dump(),
                    "runtime": params.runtime.model_dump(include={"device", "dtype"})},
         "generation": settings,
@@ -278,12 +328,16 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
         f.attrs["reference_count"] = ref
         f.attrs["n_samples"] = len(chosen)
         f.attrs["accuracy_samples"] = len(acc_problems)
+        f.attrs["likelihood_samples"] = len(lik_problems)
         f.attrs["indexing"] = "layers and heads are 0-based; charts say 'Layer 1' for index 0"
         f.attrs["definitions"] = __doc__
         put_json_attr(f, "provenance", prov)
         put_problems(f, chosen)
         if acc_problems:
             put(f, "accuracy_problem_index", np.array([p.index for p in acc_problems], dtype=np.int32))
+        if lik_problems:
+            put(f, "likelihood_problem_index", np.array([p.index for p in lik_problems], dtype=np.int32))
+            put(f, "likelihood_none", lik["none"], note="count 0: mean log-prob per token of the solution, per problem")
         put(f, "orig_mean_none", per["none"][0], shape="[sample, head]")
         for k, token in enumerate(cfg.tokens):
             g = f.create_group(f"token_{k}")
@@ -307,23 +361,34 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
                 put(g, "accuracy_delta_ci", np.array([[a.get("ci95_low", 0.0), a.get("ci95_high", 0.0)] for a in acc]),
                     shape="[count, low/high]", note="paired bootstrap 95 % interval over problems")
                 put(g, "mcnemar_p", np.array([a.get("mcnemar_p", 1.0) for a in acc]), note="exact McNemar vs count 0")
+            if lik:
+                put(g, "likelihood", np.stack([lik[(token, c)] for c in cfg.counts]), shape="[count, problem]",
+                    note="mean log-prob per token of the reference solution, nats/token")
+                rows_l = [lik_rows[(token, c)] for c in cfg.counts]
+                put(g, "likelihood_delta", np.array([r["delta"] for r in rows_l]), note="vs count 0 (none), nats/token")
+                put(g, "likelihood_delta_ci", np.array([r["ci"] for r in rows_l]), shape="[count, low/high]")
+                put(g, "likelihood_p", np.array([r["p"] for r in rows_l]), note="Wilcoxon signed-rank vs count 0")
         if correct:
             put(f, "correct_none", correct["none"], note="count 0: the none prompt, per accuracy problem")
-    metrics = metrics_summary(params, summary, tokenization, accuracy, len(chosen), len(acc_problems))
+    metrics = metrics_summary(params, summary, tokenization, accuracy, len(chosen), len(acc_problems), lik_rows,
+                              len(lik_problems))
     write_json_atomic(where["metrics"], metrics)
-    write_table(where["table"], params, summary, tokenization, accuracy)
+    write_table(where["table"], params, summary, tokenization, accuracy, lik_rows)
     write_timing(where["timing"], {"seconds": round(time.perf_counter() - started, 2),
                                    "attention_seconds": round(attention_seconds, 2),
                                    "attention_prompts": sum(len(prompts[k]) for k in prompts if k == "none" or k[1] > 0)})
     print(f"{name}: span sweep of {len(cfg.tokens)} token(s) x {len(cfg.counts)} counts on {len(chosen)} problems"
-          + (f", accuracy on {len(acc_problems)}" if acc_problems else "") + f" -> {where['out']}")
+          + (f", accuracy on {len(acc_problems)}" if acc_problems else "")
+          + (f", likelihood on {len(lik_problems)}" if lik_problems else "") + f" -> {where['out']}")
     return where["out"]
 
 
-def metrics_summary(params: Params, summary: dict, tokenization: dict, accuracy: dict, n: int, n_acc: int) -> dict:
+def metrics_summary(params: Params, summary: dict, tokenization: dict, accuracy: dict, n: int, n_acc: int,
+                    lik_rows: dict | None = None, n_lik: int = 0) -> dict:
     cfg = params.sweep
+    lik_rows = lik_rows or {}
     out = {"layer": cfg.layer, "n_samples": n, "accuracy_samples": n_acc, "reference_count": params.sweep.reference_count,
-           "tokens": {}}
+           "likelihood_samples": n_lik, "tokens": {}}
     for token in cfg.tokens:
         rows = summary[token]["rows"]
         t = {"top_heads": [int(h) for h in summary[token]["top_heads"]], "counts": {}}
@@ -341,24 +406,29 @@ def metrics_summary(params: Params, summary: dict, tokenization: dict, accuracy:
                 if "delta" in a:
                     row["accuracy_delta"] = a["delta"]
                     row["mcnemar_p"] = a["mcnemar_p"]
+            if (token, c) in lik_rows:
+                row["likelihood_delta"] = round(lik_rows[(token, c)]["delta"], 6)
             t["counts"][str(c)] = row
         out["tokens"][token] = t
     return out
 
 
-def write_table(path: Path, params: Params, summary: dict, tokenization: dict, accuracy: dict) -> None:
-    """One row per token and count, fixed columns, for dvc.yaml's `plots` (accuracy `nan` when off)."""
+def write_table(path: Path, params: Params, summary: dict, tokenization: dict, accuracy: dict,
+                lik_rows: dict | None = None) -> None:
+    """One row per token and count, fixed columns, for dvc.yaml's `plots` (accuracy, likelihood `nan` when off)."""
     rows = []
     for token in params.sweep.tokens:
         for c in params.sweep.counts:
             r, a = summary[token]["rows"][c], accuracy.get((token, c), {})
+            lk = (lik_rows or {}).get((token, c))
             rows.append([token, c, tokenization[token][c]["span_tokens"], f"{r['drop_heads_pct']:.6g}",
                          f"{r['drop_heads_pct_ci'][0]:.6g}", f"{r['drop_heads_pct_ci'][1]:.6g}",
                          f"{r['drop_top_pct']:.6g}", f"{100 * r['span_mass_heads']:.6g}",
                          f"{1 - r['span_mass_heads']:.6g}", f"{a['accuracy']:.6g}" if a else "nan",
-                         f"{a['delta']:.6g}" if "delta" in a else "nan"])
+                         f"{a['delta']:.6g}" if "delta" in a else "nan", f"{lk['delta']:.6g}" if lk else "nan"])
     write_csv_atomic(path, ["token", "count", "span_tokens", "drop_pct", "drop_pct_low", "drop_pct_high",
-                            "drop_top_pct", "span_mass_pct", "lambda", "accuracy", "accuracy_delta"], rows)
+                            "drop_top_pct", "span_mass_pct", "lambda", "accuracy", "accuracy_delta",
+                            "likelihood_delta"], rows)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,7 +31,8 @@ ROOT = tiny.ROOT
 # (a coarser activation histogram too: its chart takes most of the drawing time, and its bins are no figure param)
 SMALL = {"extract": {"n_samples": 2, "showcase": 1}, "evaluate": {"n_samples": 2, "max_new_tokens": 2, "batch_size": 6},
          "stats": {"n_boot": 50}, "activations": {"n_boot": 50, "showcase": 0, "bins": 60},
-         "sweep": {"attention_samples": 2, "accuracy_samples": 2, "n_boot": 50}}
+         "sweep": {"attention_samples": 2, "accuracy_samples": 2, "likelihood_samples": 2, "n_boot": 50},
+         "likelihood": {"n_samples": 3, "solution_tokens": 16, "n_boot": 50}}
 
 
 def build_models(folder: Path) -> dict[str, Path]:

@@ -43,6 +43,7 @@ def tiny_params(models: dict[str, tuple[str, Path]]) -> dict:
     raw["stats"].update(n_boot=50)
     raw["activations"].update(n_boot=50)
     raw["sweep"].update(counts=[0, 10, 55], attention_samples=3, n_boot=50)
+    raw["likelihood"].update(n_samples=3, solution_tokens=16, n_boot=50)
     raw["figures"].update(sweep_layers=[0, 1], n_heads=2, original_positions=40, full_positions=80, dpi=40)
     raw["models"] = {
         name: {"display_name": f"Tiny {family}", "template": None, "family": family,

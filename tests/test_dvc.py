@@ -162,6 +162,19 @@ def test_sweep_params_rerun_the_sweep_stages_figures_and_report_only(clean):
         assert list(got["tokens"]["/"]["counts"]) == ["0", "5", "55"]
 
 
+def test_likelihood_params_rerun_the_likelihood_stages_figures_and_report_only(clean):
+    repo = clean
+    repo.set_params(likelihood__n_samples=4)
+    assert params_diff(repo) == {"likelihood.n_samples": {"old": 3, "new": 4}}
+    assert repo.repro() == {f"likelihood@{A}", f"likelihood@{B}", "figures"} | repo.report
+    assert repo.status() == {}
+    for m in (A, B):
+        got = json.loads((repo.path / f"metrics/likelihood/{m}.json").read_text())
+        assert got["n_problems"] == 4 and set(got["contrasts"]) == {"mless-none"}
+    shown = json.loads(repo.dvc("metrics", "show", "--json").stdout)
+    assert any(f"metrics/likelihood/{A}.json" in json.dumps(v) for v in shown.values())
+
+
 def test_display_name_reruns_only_figures_and_report(clean):
     """A label costs no compute: not extract or evaluate (hours on a GPU), not stats, not prepare."""
     repo = clean
@@ -189,11 +202,11 @@ def test_evaluation_param_reruns_evaluations_and_their_readers_only(clean):
     repo = clean
     proc = repo.dvc("exp", "run", "-n", "tokens", "-S", "evaluate.max_new_tokens=4")
     got = ran(proc)
-    # no prepare, extract or stats; the sweep reruns (it reads the generation params, for its optional accuracy
-    # sweep) but, that sweep being off here, writes the same bytes; figures reruns only if the metrics changed
+    # no prepare, extract, stats or likelihood; the sweep reruns (it reads the generation params, for its optional
+    # accuracy sweep) but, that sweep being off here, writes the same bytes; figures reruns (it reads the per-problem
+    # grades for the likelihood's comparison with accuracy)
     accuracy_changed = repo.git("diff", "--quiet", "--", "metrics/accuracy", check=False).returncode != 0
-    assert got == ({f"evaluate@{A}", f"evaluate@{B}", f"sweep@{A}", f"sweep@{B}"} | repo.report
-                   | ({"figures"} if accuracy_changed else set()))
+    assert got == {f"evaluate@{A}", f"evaluate@{B}", f"sweep@{A}", f"sweep@{B}", "figures"} | repo.report
     assert repo.status() == {}
     diff = json.loads(repo.dvc("metrics", "diff", "--json").stdout)
     if accuracy_changed:  # with at most 4 new tokens instead of 8, fewer tokens are generated
@@ -229,8 +242,8 @@ def test_comparing_two_experiments(clean, tmp_path):
 # ---- plots --------------------------------------------------------------------------------------
 
 def plot_ids() -> set[str]:
-    return {f"artifacts/plots/{kind}/{m}.csv" for kind in ("original", "full", "sweep") for m in (A, B)} | {
-        "reports/accuracy.csv"}
+    return {f"artifacts/plots/{kind}/{m}.csv" for kind in ("original", "full", "sweep", "likelihood")
+            for m in (A, B)} | {"reports/accuracy.csv"}
 
 
 def test_plots_show_renders_the_attention_and_accuracy_tables(clean, tmp_path):
@@ -240,7 +253,8 @@ def test_plots_show_renders_the_attention_and_accuracy_tables(clean, tmp_path):
     for plot_id, [plot] in plots.items():
         rows = (repo.path / plot_id).read_text().splitlines()[1:]
         values = plot["content"]["data"]["values"]
-        fields = 1 if plot_id == "reports/accuracy.csv" else 3  # none, mless, mful; or drop, top drop, span mass
+        # one bar per row (accuracy, likelihood contrasts); or none, mless, mful; or drop, top drop, span mass
+        fields = 1 if plot_id == "reports/accuracy.csv" or "/likelihood/" in plot_id else 3
         assert len(values) == fields * len(rows) and plot["revisions"] == ["workspace"]
     acc = {(v["model"], v["condition"]): v for v in plots["reports/accuracy.csv"][0]["content"]["data"]["values"]}
     for m in (A, B):

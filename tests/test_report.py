@@ -35,7 +35,8 @@ def project(tmp_path_factory, tiny_dirs):
     raw["evaluate"].update(n_samples=4, max_new_tokens=12, batch_size=6)
     raw["stats"].update(n_boot=200)
     raw["activations"].update(n_boot=200)
-    raw["sweep"].update(counts=[0, 10, 55], attention_samples=3, accuracy_samples=2, n_boot=200)
+    raw["sweep"].update(counts=[0, 10, 55], attention_samples=3, accuracy_samples=2, likelihood_samples=3, n_boot=200)
+    raw["likelihood"].update(n_samples=5, conditions=["none", "mless", "mful", "arm"], solution_tokens=24, n_boot=200)
     raw["figures"].update(n_heads=2, original_positions=30, full_positions=80)
     raw["evaluate"]["models"] = ["tiny-llama", "tiny-gemma"]
     raw["models"] = {
@@ -112,7 +113,9 @@ def test_every_number_traces_back_to_its_artifact(project):
     sources = {n["src"] for n in nums}
     for name in params.models:  # every kind of input is quoted
         assert {f"artifacts/stats/{name}.h5", f"metrics/accuracy/{name}.json", f"artifacts/activations/{name}.h5",
-                f"artifacts/sweep/{name}.h5", f"metrics/timing/extract-{name}.json"} <= sources
+                f"artifacts/sweep/{name}.h5", f"metrics/timing/extract-{name}.json",
+                f"artifacts/likelihood/{name}.h5"} <= sources
+    assert "reports/likelihood.json" in sources
     md = md_path.read_text(encoding="utf-8")
     for n in nums:
         value = recompute(root, n)
@@ -161,7 +164,7 @@ def test_sentences_agree_with_the_numbers(project):
         peaks = [str(c) for c, a in zip(counts, acc) if a == acc.max()]
         assert re.search(rf"accuracy peaks at counts? {', '.join(peaks)} \(", text), peaks
     for section in ("Overview", "Axes and legend", "Detailed analysis", "Key observations", "Interpretation"):
-        assert text.count(section) == 3 * len(params.models) + 6  # once per chart
+        assert text.count(section) == 3 * len(params.models) + 7  # once per chart
 
 
 def test_text_from_data_is_escaped_and_output_deterministic(project):
@@ -199,7 +202,7 @@ def test_markdown_links_resolve(project):
     links = re.findall(r"\]\(([^)\s]+)\)", md_path.read_text(encoding="utf-8"))
     explore = [link for link in links if link.startswith("explorer.html#")]  # the explorer stage's page, beside it
     links = [link for link in links if link not in explore]
-    assert len(links) == 3 * len(params.models) + 6
+    assert len(links) == 3 * len(params.models) + 7
     for link in links:
         assert (md_path.parent / link).is_file(), link
     # each attention chart (three per model, and cross-model) opens its first head in the explorer
@@ -252,7 +255,7 @@ def test_html_opens_in_headless_chromium(project):
         page.screenshot(path=str(SHOT_DIR / "report-top.png"))
         browser.close()
     assert title.startswith("Meaningless tokens")
-    assert len(images) == 3 * len(params.models) + 6 and all(ok and w > 0 for ok, w in images), images
+    assert len(images) == 3 * len(params.models) + 7 and all(ok and w > 0 for ok, w in images), images
     assert errors == [] and dialogs == []
     assert all(u.startswith(("file:", "data:")) for u in requests), requests
     assert (SHOT_DIR / "report-top.png").stat().st_size > 10_000
@@ -277,3 +280,36 @@ def test_a_model_of_a_paper_models_shape_is_described_with_traced_numbers(projec
     assert len(p.nums) == 13  # 5 shape facts, the drop, λ, two differences with their intervals
     for num in p.nums:
         assert recompute(root, num) == pytest.approx(float(num["value"]), rel=1e-9, abs=1e-12), num
+
+
+def test_likelihood_section_is_a_proxy_and_its_links_recompute(project):
+    """The likelihood section says it is a proxy; reports/likelihood.json's rank correlations and accuracy flips
+    equal a recomputation from the artifacts with scipy (problems matched by index)."""
+    from scipy.stats import spearmanr
+
+    root, params, (html_path, _) = project
+    text = re.sub(r"<[^>]+>", "", html_path.read_text(encoding="utf-8"))
+    assert "Likelihood is a proxy" in text and "it cannot replace accuracy" in text
+    link = json.loads((root / "reports/likelihood.json").read_text())
+    for name in params.models:
+        with h5py.File(root / f"artifacts/likelihood/{name}.h5", "r") as f:
+            index = list(f["problems/index"][()])
+            gain = dict(zip(index, f["contrasts/mless-none/solution/diff"][()]))
+        with h5py.File(root / f"artifacts/stats/{name}.h5", "r") as f:
+            drop = dict(zip(f["problem_index"][()], (f["none/orig_mean"][()] - f["mless/orig_mean"][()])[:, 0].mean(-1)))
+        common = [i for i in index if i in drop]
+        entry = link["models"][name]["contrasts"]["mless-none"]["solution"]["attention_drop"]
+        assert entry["n"] == len(common) >= 3
+        assert entry["rho"] == pytest.approx(spearmanr([gain[i] for i in common], [drop[i] for i in common])[0], abs=1e-6)
+        assert entry["ci95_low"] <= entry["rho"] <= entry["ci95_high"]
+        assert "arm-none" in link["models"][name]["contrasts"]  # arm: its activation shift (no attention shift)
+        assert "attention_drop" not in link["models"][name]["contrasts"]["arm-none"]["solution"]
+        with h5py.File(root / f"artifacts/eval/{name}.h5", "r") as f:
+            ev = dict(zip(f["problems/index"][()], zip(f["none/correct"][()], f["mless/correct"][()])))
+        acc = link["models"][name]["accuracy"]["mless-none"]
+        both = [i for i in index if i in ev]
+        assert acc["n"] == len(both)
+        assert acc["to_right"]["n"] == sum(ev[i][1] and not ev[i][0] for i in both)
+        assert acc["unchanged"]["n"] == sum(ev[i][1] == ev[i][0] for i in both)
+        assert re.search(rf"{re.escape(params.models[name].display_name)}, mless-none: rank correlation of the solution "
+                         r"gain with attention drop ρ = [+-]\d", text) or "Tiny gemma" in params.models[name].display_name

@@ -4,7 +4,7 @@ import json
 import numpy as np
 import pytest
 
-from stages import activations, charts, extract, figures, stats, sweep
+from stages import activations, charts, extract, figures, likelihood, stats, sweep
 from stages.charts import span_accuracy
 from stages.charts.common import load_context
 from stages.config import ConfigError, load_params
@@ -125,9 +125,11 @@ def test_figures_plot_the_statistics_and_are_byte_identical(tiny_stats, write_pa
     raw["figures"].update(original_positions=20, full_positions=40, n_heads=2)
     raw["activations"].update(n_boot=200)
     raw["sweep"].update(counts=[0, 5, 55], attention_samples=2, n_boot=100)
+    raw["likelihood"].update(n_samples=5, solution_tokens=12, n_boot=100)
     params = load_params(write_params(raw))
     act = activations.run(params, "tiny", out=tmp_path / "artifacts/activations/tiny.h5", timing=tmp_path / "t.json")
     sw = sweep.run(params, "tiny")
+    lik = likelihood.run(params, "tiny")
     m = metrics_from_records(params.file.parent)
     plt = figures._setup()
     ctx = load_context(params)
@@ -178,9 +180,16 @@ def test_figures_plot_the_statistics_and_are_byte_identical(tiny_stats, write_pa
         assert [b.get_height() for b in shift.patches] == pytest.approx(
             [100 * f[c]["original/l1_diff"][0] / base for c in ("mless", "mful")])
 
+    # the likelihood chart: the forest plot's dot is the file's mean difference, its whiskers the interval
+    forest = drawn["likelihood"].axes[0]
+    with read_h5(lik, "likelihood") as f:
+        mean, ci = f["contrasts/mless-none/solution/mean"][0], f["contrasts/mless-none/solution/ci"][0]
+    dot = forest.lines[0].get_xdata()[0]
+    assert dot == mean and forest.collections[0].get_segments()[0][:, 0].tolist() == pytest.approx(list(ci))
     a = figures.run(params, tmp_path / "a")
     b = figures.run(params, tmp_path / "b")
-    assert [p.name for p in a] == [p.name for p in b] and len(a) == 2 * 8  # 7 charts and span-sweep (no span-accuracy: that sweep is off)
+    # 7 charts, span-sweep and likelihood (no span-accuracy: that sweep is off)
+    assert [p.name for p in a] == [p.name for p in b] and len(a) == 2 * 9
     for x, y in zip(a, b):
         assert x.read_bytes() == y.read_bytes(), x.name
     # the accuracy table `dvc plots` draws: one row per model and condition, the metrics' numbers

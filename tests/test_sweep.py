@@ -106,3 +106,28 @@ def test_a_layer_beyond_the_model_is_refused_before_any_work(tiny_dirs, write_pa
     with pytest.raises(ConfigError, match=r"params.yaml: sweep.layer: 9 out of range; model 'tiny' has 4 layers"):
         sweep.run(params, "tiny", root=tmp_path)
     assert not (tmp_path / "artifacts").exists()
+
+
+def test_likelihood_sweep_at_count_55_is_the_likelihood_stages_number(tiny_dirs, write_params, cache_dir, tmp_path):
+    """sweep.likelihood_samples: at count 55 the solution's mean log-prob per problem is the likelihood stage's
+    mless value on the same problems, at count 0 its none value (difference 0)."""
+    from stages import likelihood
+
+    params = sweep_params(write_params, tiny_dirs, "qwen2", counts=[0, 55], attention_samples=2, likelihood_samples=3)
+    raw = params.model_dump()
+    raw["likelihood"].update(n_samples=3, solution_tokens=20, n_boot=100)
+    params = load_params(write_params(raw))
+    out = sweep.run(params, "tiny", root=tmp_path)
+    lik = likelihood.run(params, "tiny", root=tmp_path)
+    with read_h5(out, "sweep") as g, read_h5(lik, "likelihood") as f:
+        assert g.attrs["likelihood_samples"] == 3
+        np.testing.assert_array_equal(g["likelihood_problem_index"][()], f["problems/index"][()])
+        t = g["token_0"]
+        np.testing.assert_allclose(t["likelihood"][1], f["mless/solution/mean"][()], atol=1e-5)
+        np.testing.assert_allclose(t["likelihood"][0], f["none/solution/mean"][()], atol=1e-5)
+        assert t["likelihood_delta"][0] == 0 and t["likelihood_p"][0] == 1.0
+        assert t["likelihood_delta"][1] == pytest.approx(np.mean(t["likelihood"][1] - t["likelihood"][0]))
+    m = json.loads((tmp_path / "metrics/sweep/tiny.json").read_text())
+    assert m["likelihood_samples"] == 3 and "likelihood_delta" in m["tokens"]["/"]["counts"]["55"]
+    table = (tmp_path / "artifacts/plots/sweep/tiny.csv").read_text().splitlines()
+    assert table[0].endswith(",likelihood_delta") and table[1].endswith(",0")

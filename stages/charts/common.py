@@ -80,7 +80,8 @@ def load_sweep(path: Path) -> dict:
     with read_h5(path, "sweep", ("token_0/drop_heads_pct", "token_0/span_mass_heads")) as f:
         data = {"layer": int(f.attrs["layer"]), "counts": [int(c) for c in f.attrs["counts"]],
                 "reference_count": int(f.attrs["reference_count"]), "n_samples": int(f.attrs["n_samples"]),
-                "accuracy_samples": int(f.attrs["accuracy_samples"]), "tokens": [],
+                "accuracy_samples": int(f.attrs["accuracy_samples"]),
+                "likelihood_samples": int(f.attrs.get("likelihood_samples", 0)), "tokens": [],
                 "correct_none": f["correct_none"][()] if "correct_none" in f else None}
         for k in range(len(f.attrs["tokens"])):
             g = f[f"token_{k}"]
@@ -100,6 +101,8 @@ class Context:
     _views: dict = field(default_factory=dict)
     _activations: dict | None = None
     _sweep: dict | None = None
+    _likelihood: dict | None = None
+    _likelihood_link: dict | None = None
 
     @property
     def names(self) -> list[str]:
@@ -135,6 +138,25 @@ class Context:
 
             self._sweep = {n: load_sweep(self.params.resolve(str(paths(n)["out"]))) for n in self.names}
         return self._sweep
+
+    @property
+    def likelihood(self) -> dict[str, dict]:
+        """{model: likelihood file}, read when a chart first asks for it."""
+        if self._likelihood is None:
+            from stages.charts.likelihood import load_likelihood, path
+
+            self._likelihood = {n: load_likelihood(self.params.resolve(path(n))) for n in self.names}
+        return self._likelihood
+
+    @property
+    def likelihood_link(self) -> dict:
+        """The likelihood's per-problem links, computed from the artifacts when first asked for; the figures stage
+        writes them to reports/likelihood.json, the file the report's numbers quote."""
+        if self._likelihood_link is None:
+            from stages.charts.likelihood import link
+
+            self._likelihood_link = link(self)
+        return self._likelihood_link
 
     @property
     def paper_labels(self) -> bool:
@@ -264,7 +286,7 @@ class Text:
 _INDEX = re.compile(r"^(?P<ds>[^\[]+)(?:\[(?P<idx>[^\]]*)\])?$")
 # the artifact kind of each folder a number can come from
 H5_KINDS = {"artifacts/stats/": "stats", "artifacts/eval/": "eval", "artifacts/activations/": "activations",
-            "artifacts/sweep/": "sweep"}
+            "artifacts/sweep/": "sweep", "artifacts/likelihood/": "likelihood"}
 
 
 def parse_index(text: str | None) -> tuple:

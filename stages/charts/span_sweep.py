@@ -1,6 +1,7 @@
 """span-sweep: the attention side of the dose-response. For each model and span character, Layer 1's drop of
 attention on original tokens (mean over heads, and over the top heads) and the attention mass the span takes,
-against the number of repetitions (stages/sweep.py), with bootstrap 95 % bands."""
+against the number of repetitions (stages/sweep.py), with bootstrap 95 % bands; with sweep.likelihood_samples > 0
+a third panel: the reference solution's likelihood gain over count 0."""
 
 from __future__ import annotations
 
@@ -26,7 +27,9 @@ def token_label(token: str) -> str:
 
 def draw(plt, ctx: Context, name: None = None):
     colors = model_colors(ctx.names)
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.3))
+    with_lik = [n for n in ctx.names if ctx.sweep[n]["likelihood_samples"]]
+    fig, axes = plt.subplots(1, 3 if with_lik else 2, figsize=(17 if with_lik else 12, 4.3))
+    a1, a2 = axes[:2]
     for n in ctx.names:
         sw = ctx.sweep[n]
         x = np.array(sw["counts"])
@@ -41,12 +44,26 @@ def draw(plt, ctx: Context, name: None = None):
             a2.plot(x, 100 * t["span_mass_heads"], color=colors[n], marker=m, ms=4, lw=1.5, label=tag)
             a2.fill_between(x, 100 * t["span_mass_heads_ci"][:, 0], 100 * t["span_mass_heads_ci"][:, 1],
                             color=colors[n], alpha=0.15, lw=0)
+    if with_lik:
+        a3 = axes[2]
+        for n in with_lik:
+            sw = ctx.sweep[n]
+            x = np.array(sw["counts"])
+            for k, t in enumerate(sw["tokens"]):
+                tag = f"{ctx.disp(n)}" + (f", {token_label(t['token'])}" if len(sw["tokens"]) > 1 else "")
+                a3.plot(x, t["likelihood_delta"], color=colors[n], marker=MARKERS[k % len(MARKERS)], ms=4, lw=1.5,
+                        label=f"{tag} ({sw['likelihood_samples']} problems)")
+                a3.fill_between(x, t["likelihood_delta_ci"][:, 0], t["likelihood_delta_ci"][:, 1], color=colors[n],
+                                alpha=0.15, lw=0)
+        a3.set_title("Reference solution: log-prob gain over count 0", fontsize=10)
+        a3.set_ylabel("mean paired difference, nats/token")
+        a3.legend(fontsize=7.5, loc="best")
     layer = ctx.sweep[ctx.names[0]]["layer"]
     a1.set_title(f"{label(layer)}: drop of attention on original tokens", fontsize=10)
     a1.set_ylabel("drop vs none, % of the none mean")
     a2.set_title(f"{label(layer)}: attention original queries give to the span", fontsize=10)
     a2.set_ylabel("span mass, % of each query's attention")
-    for ax in (a1, a2):
+    for ax in axes:
         ax.set_xlabel("Meaningless characters inserted (repetitions of the span token)")
         ax.set_xticks(sorted({c for n in ctx.names for c in ctx.sweep[n]["counts"]}))
         ax.axhline(0, color="#444", lw=0.7)
@@ -94,6 +111,15 @@ def explain(ctx: Context, name: None = None) -> Chart:
             parts += ["span mass "]
             parts += sum(([f"{c}: ", mass[i], " %", ", " if i < len(counts) - 1 else "."] for i, c in enumerate(counts)), [])
             rows.append(Text(*parts))
+            if sw["likelihood_samples"]:
+                lik = series(ctx, n, k, "likelihood_delta", "+.4f")
+                llo = [ctx.src.h5(src, f"token_{k}/likelihood_delta_ci[{i},0]", fmt="+.4f") for i in range(len(counts))]
+                lhi = [ctx.src.h5(src, f"token_{k}/likelihood_delta_ci[{i},1]", fmt="+.4f") for i in range(len(counts))]
+                parts = [f"{who}: reference solution's log-prob gain over count 0 ({sw['likelihood_samples']} problems, "
+                         "nats/token) "]
+                parts += sum(([f"{c}: ", lik[i], " ", interval(llo[i], lhi[i]), ", " if i < len(counts) - 1 else "."]
+                              for i, c in enumerate(counts) if c), [])
+                rows.append(Text(*parts))
             ok, falls = monotone(drop)
             (grow if ok else falls_at).append((who, [(counts[i], counts[i + 1]) for i in falls]))
     obs = []
@@ -124,6 +150,9 @@ def explain(ctx: Context, name: None = None) -> Chart:
               "at every count); bands: bootstrap 95 % intervals over problems."),
          Text("Right, y axis: the share of their attention that original queries after the span give to the span "
               "(1 − λ), mean over heads, with its interval."),
+         Text("Third panel (when sweep.likelihood_samples > 0): the mean paired difference of the reference "
+              "solution's log-prob per token to count 0, with its bootstrap interval (stages/likelihood.py's outcome "
+              "at every count)."),
          Text(AXES_LAYERS)],
         rows, obs,
         [Text("The paper's account predicts that a longer span takes more attention (larger span mass, smaller λ) "

@@ -1,0 +1,194 @@
+"""Benchmark: the likelihood stage's scoring vs the naive way, on the same sequences, in one run.
+
+    python benchmarks/bench_likelihood.py [--model gemma3-270m] [--n 6] [--solution-tokens 64] [--reps 2]
+    python benchmarks/bench_likelihood.py --tiny-vocab 262144     # a generated 2-layer Gemma 3 with that vocabulary
+
+The workload: `--n` problems (seeded, stratified, as the stage picks them) x the none and mless prompts x the two
+continuations (the reference solution's first `--solution-tokens` tokens; the gold answer in the frame), built
+by stages/likelihood.py. Arm `stage`: stages.likelihood.score, sequences batched by length up to
+likelihood.batch_tokens, the LM head only at the positions that predict a scored token, in chunks. Arm `naive`:
+one sequence at a time, the model's own forward with its full logits [T, vocab], log_softmax over every position,
+then the scored tokens gathered. Both arms run in the same process on the same loaded model (SDPA), alternated
+(stage, naive, naive, stage, ...); the best repetition of each counts. Peak memory: each arm once more in a fresh
+process (the model loaded and warmed up by one short sequence of that arm, which pages in the memory-mapped
+weights), then one pass: the growth of the RSS (sampled every 2 ms) over the warmed-up model's.
+
+Prints: max abs difference of the log-probs, tokens/s of each arm (all tokens of the sequences), the ratio, the
+peak memory of each arm and its ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import common
+
+
+def tiny_gemma(vocab: int, out: Path) -> Path:
+    """A 2-layer Gemma 3 text model with Gemma 3 270M's width (hidden 640) and a `vocab`-token vocabulary: the
+    real tokenizer is not needed to measure the LM head; token ids come from the project's tokenizer of the
+    tests, padded out to `vocab` ids."""
+    import torch
+    from transformers import AutoModelForCausalLM, Gemma3TextConfig
+
+    sys.path.insert(0, str(common.ROOT))
+    from tests.tiny import train_tokenizer
+
+    tok = train_tokenizer(out, add_bos=True)
+    config = Gemma3TextConfig(vocab_size=vocab, hidden_size=640, intermediate_size=2048, num_hidden_layers=2,
+                              num_attention_heads=4, num_key_value_heads=1, head_dim=256, sliding_window=512,
+                              query_pre_attn_scalar=256, layer_types=["sliding_attention", "full_attention"],
+                              max_position_embeddings=32768, bos_token_id=tok.bos_token_id,
+                              eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(out, safe_serialization=True)
+    return out
+
+
+def setup(args):
+    """(params, model, tokenizer, sequences, pad id, description)."""
+    from stages import likelihood, models
+    from stages.config import load_params
+    from stages.prompts import builder_for, load_math500, select_problems
+
+    params = common.load_params()
+    raw = params.model_dump()
+    raw["likelihood"].update(solution_tokens=args.solution_tokens, conditions=["none", "mless"])
+    name = args.model
+    if args.tiny_vocab:
+        name = "bench-tiny"
+        raw["models"] = {name: {"display_name": "bench", "family": "gemma3_text",
+                                "source": {"kind": "local_dir", "path": str(args.tiny_dir)}, "layers": [0, 1]}}
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", dir=common.ROOT, delete=False) as f:
+        json.dump(raw, f)
+    try:
+        params = load_params(f.name)
+    finally:
+        os.unlink(f.name)
+    prepared = models.prepare(params, name)
+    model, tok, attn = likelihood.load(params, prepared)
+    problems, _ = load_math500(params)
+    chosen = select_problems(problems, args.n, params.likelihood.seed)
+    sp = likelihood.scoring_params(params)
+    seqs = likelihood.build_sequences(sp, name, builder_for(sp, name, tok), chosen, None)
+    vocab = model.get_output_embeddings().weight.shape[0]
+    what = (f"{name} ({'generated, ' if args.tiny_vocab else ''}vocabulary {vocab}, {attn}), {len(chosen)} problems x "
+            f"2 conditions x 2 continuations = {len(seqs)} sequences, {sum(len(s.input_ids) for s in seqs)} tokens, "
+            f"{sum(len(s.scored) for s in seqs)} scored; batch_tokens {params.likelihood.batch_tokens}")
+    return params, model, tok, seqs, likelihood.pad_id(tok), what
+
+
+def naive(model, seqs):
+    import numpy as np
+    import torch
+
+    out = []
+    with torch.no_grad():
+        for s in seqs:
+            logits = model(input_ids=torch.tensor([s.input_ids]), use_cache=False).logits[0]
+            lp = torch.log_softmax(logits.float(), dim=-1)
+            pos = torch.arange(s.start - 1, len(s.input_ids) - 1)
+            out.append(lp[pos, torch.tensor(s.scored)].double().numpy())
+    return out, np.nan
+
+
+def staged(model, seqs, params, pad):
+    from stages import likelihood
+
+    return likelihood.score(model, seqs, params.likelihood.batch_tokens, pad), None
+
+
+def memory_child(args) -> None:
+    """One arm once, in this fresh process: print the growth of peak RSS over the loaded model, in MiB."""
+    import gc
+    import threading
+
+    params, model, tok, seqs, pad, _ = setup(args)
+    # a warm-up pass of this arm on the shortest sequence first: it pages in every weight (the safetensors are
+    # memory-mapped), so the growth measured below is the arm's working memory, not the weights it touches
+    short = [min(seqs, key=lambda s: len(s.input_ids))]
+    staged(model, short, params, pad) if args.memory == "stage" else naive(model, short)
+    gc.collect()
+    base = common.rss_mib()
+    peak, done = [base], threading.Event()
+
+    def sample():  # ru_maxrss would count the model load's own peak: sample the RSS during the pass instead
+        while not done.is_set():
+            peak[0] = max(peak[0], common.rss_mib())
+            time.sleep(0.002)
+
+    t = threading.Thread(target=sample, daemon=True)
+    t.start()
+    staged(model, seqs, params, pad) if args.memory == "stage" else naive(model, seqs)
+    done.set()
+    t.join()
+    print(json.dumps({"arm": args.memory, "peak_growth_mib": max(peak[0], common.rss_mib()) - base}))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="gemma3-270m")
+    ap.add_argument("--tiny-vocab", type=int, default=None, help="a generated 2-layer Gemma 3 with this vocabulary")
+    ap.add_argument("--tiny-dir", type=Path, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--n", type=int, default=6, help="problems")
+    ap.add_argument("--solution-tokens", type=int, default=64)
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--memory", choices=["stage", "naive"], help=argparse.SUPPRESS)
+    args = ap.parse_args()
+
+    import numpy as np
+    import torch
+
+    torch.set_num_threads(args.threads)
+    if args.memory:
+        return memory_child(args)
+    started = time.perf_counter()
+    tmp = None
+    if args.tiny_vocab and args.tiny_dir is None:
+        tmp = tempfile.TemporaryDirectory(prefix="bench-lik-")
+        args.tiny_dir = tiny_gemma(args.tiny_vocab, Path(tmp.name) / "model")
+    load = common.OtherLoad()
+    print(common.machine(args.threads))
+    params, model, tok, seqs, pad, what = setup(args)
+    print(f"workload: {what}")
+    tokens = sum(len(s.input_ids) for s in seqs)
+    staged(model, seqs[:2], params, pad)  # warm-up
+    best = {"stage": float("inf"), "naive": float("inf")}
+    results = {}
+    for rep in range(args.reps):
+        for arm in (("stage", "naive") if rep % 2 == 0 else ("naive", "stage")):
+            t0 = time.perf_counter()
+            results[arm] = staged(model, seqs, params, pad)[0] if arm == "stage" else naive(model, seqs)[0]
+            best[arm] = min(best[arm], time.perf_counter() - t0)
+    diff = max(float(np.max(np.abs(a - b))) for a, b in zip(results["stage"], results["naive"]))
+    del model
+    memory = {}
+    for arm in ("stage", "naive"):
+        cmd = [sys.executable, __file__, "--memory", arm, "--model", args.model, "--n", str(args.n),
+               "--solution-tokens", str(args.solution_tokens), "--threads", str(args.threads)]
+        if args.tiny_vocab:
+            cmd += ["--tiny-vocab", str(args.tiny_vocab), "--tiny-dir", str(args.tiny_dir)]
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=common.ROOT).stdout
+        memory[arm] = json.loads(out.strip().splitlines()[-1])["peak_growth_mib"]
+    common.table(["arm", "seconds (best)", "tokens/s", "peak memory growth, MiB"],
+                 [[arm, f"{best[arm]:.2f}", f"{tokens / best[arm]:.1f}", f"{memory[arm]:.0f}"]
+                  for arm in ("stage", "naive")])
+    print(f"max abs difference of the log-probs: {diff:.3g} nats")
+    print(str(load))
+    print(f"script time {time.perf_counter() - started:.0f} s")
+    print(f"ratio: {best['naive'] / best['stage']:.2f}x tokens/s, {memory['naive'] / max(memory['stage'], 1e-9):.2f}x "
+          "less peak memory (stage vs naive)")
+    if tmp is not None:
+        tmp.cleanup()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,323 @@
+"""likelihood: the teacher-forced outcome (stages/likelihood.py). A forest plot of the paired differences of each
+model and contrast (solution: mean log-prob per token; answer: the answer's log-prob) with bootstrap 95 %
+intervals, the solution's difference by MATH level, and each problem's gain against its Layer 1 attention shift
+with the rank correlation.
+
+The per-problem links (to the attention shift of `artifacts/stats/`, the activation shift of
+`artifacts/activations/` and the accuracy flips of `artifacts/eval/`) are computed by the figures stage and
+written to `reports/likelihood.json` (LINK), which the report quotes: every number traces to a file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from stages.charts.common import COLORS, Chart, Context, Text, excludes_zero, interval, label
+from stages.store import read_h5
+
+KIND = "likelihood"
+PER_MODEL = False
+LINK = Path("reports/likelihood.json")
+CONTRASTS = ("mless-none", "mful-none", "arm-none")
+# per-problem shift measures the gain is correlated with: (source, description)
+SHIFTS = {
+    "attention_drop": ("stats", "drop of the attention original tokens receive (orig_mean none − condition), mean over "
+                                "heads"),
+    "span_mass": ("stats", "attention mass original queries give to the span, mean over heads"),
+    "near_zero_shift": ("activations", "change of the share of near-zero MLP activations (near_zero_robust, "
+                                       "condition − none; negative: the distribution spreads)"),
+    "l1_shift": ("activations", "change of the mean |a| of the MLP activations (condition − none)"),
+}
+UNITS = {"solution": "nats/token", "answer": "nats"}
+
+
+def path(name: str) -> str:
+    return f"artifacts/likelihood/{name}.h5"
+
+
+def load_likelihood(file: Path) -> dict:
+    """A likelihood file: problems, conditions, per contrast and continuation the per-problem differences and
+    the summaries, and the seed / n_boot it was made with."""
+    with read_h5(file, "likelihood", ("problems/index", "none/solution/mean")) as f:
+        conds = [str(c) for c in f.attrs["conditions"]]
+        data = {"conditions": conds, "index": f["problems/index"][()], "level": f["problems/level"][()],
+                "n": int(f.attrs["n_samples"]), "contrasts": {},
+                "params": json.loads(f.attrs["provenance"])["params"]["likelihood"],
+                "tokens": float(f["none/solution/tokens"][()].mean())}
+        for c in conds:
+            if c == "none":
+                continue
+            data["contrasts"][f"{c}-none"] = {k: {ds: g[ds][()] for ds in g} for k in ("solution", "answer")
+                                              for g in [f[f"contrasts/{c}-none/{k}"]]}
+    return data
+
+
+# ---- the per-problem links --------------------------------------------------------------------------------
+
+def spearman_ci(x: np.ndarray, y: np.ndarray, seed: int, n_boot: int) -> tuple[float, float, float]:
+    """Spearman's rank correlation and its percentile bootstrap 95 % interval (problems resampled in pairs)."""
+    from scipy.stats import rankdata
+
+    def rho(a, b):  # Pearson on (average) ranks, row-wise
+        ra, rb = rankdata(a, axis=-1), rankdata(b, axis=-1)
+        ra, rb = ra - ra.mean(-1, keepdims=True), rb - rb.mean(-1, keepdims=True)
+        den = np.sqrt((ra ** 2).sum(-1) * (rb ** 2).sum(-1))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(den > 0, (ra * rb).sum(-1) / np.where(den > 0, den, 1), np.nan)
+
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(x), size=(n_boot, len(x)))
+    boots = rho(x[idx], y[idx])
+    lo, hi = np.nanquantile(boots, [0.025, 0.975]) if np.isfinite(boots).any() else (np.nan, np.nan)
+    return float(rho(x[None], y[None])[0]), float(lo), float(hi)
+
+
+def shifts(root: Path, name: str) -> dict[str, dict[str, dict[int, float]]]:
+    """{contrast: {shift measure: {problem index: value}}} from the statistics (Layer 1 = layer index 0, or the
+    first analysed layer) and the activations (their first measured layer) files."""
+    out: dict = {}
+    with read_h5(root / f"artifacts/stats/{name}.h5", "stats", ("problem_index", "none/orig_mean")) as f:
+        index = [int(i) for i in f["problem_index"][()]]
+        layers = [int(x) for x in f.attrs["layers"]]
+        li = layers.index(0) if 0 in layers else 0
+        base = f["none/orig_mean"][()][:, li, :].mean(-1)
+        for c in [str(c) for c in f.attrs["conditions"] if c != "none"]:
+            drop = base - f[f"{c}/orig_mean"][()][:, li, :].mean(-1)
+            mass = f[f"{c}/span_mass_per_sample"][()][:, li, :].mean(-1)
+            out.setdefault(f"{c}-none", {})["attention_drop"] = dict(zip(index, drop))
+            out[f"{c}-none"]["span_mass"] = dict(zip(index, mass))
+    with read_h5(root / f"artifacts/activations/{name}.h5", "activations", ("problems/index",)) as f:
+        index = [int(i) for i in f["problems/index"][()]]
+        for c in [str(c) for c in f.attrs["conditions"] if c != "none"]:
+            for key, m in (("near_zero_shift", "near_zero_robust"), ("l1_shift", "l1")):
+                d = f[f"{c}/original/{m}"][()][:, 0] - f[f"none/original/{m}"][()][:, 0]
+                out.setdefault(f"{c}-none", {})[key] = dict(zip(index, d))
+    return out
+
+
+def flips(root: Path, name: str) -> tuple[dict[int, dict[str, bool]], list[str]]:
+    """{problem index: {condition: correct}} from the evaluation file; empty where there is none (no generated
+    accuracy to compare with)."""
+    if not (root / f"artifacts/eval/{name}.h5").is_file():
+        return {}, []
+    with read_h5(root / f"artifacts/eval/{name}.h5", "eval", ("problems/index",)) as f:
+        conds = [str(c) for c in f.attrs["conditions"]]
+        correct = {c: f[f"{c}/correct"][()] for c in conds}
+        return {int(i): {c: bool(correct[c][k]) for c in conds} for k, i in enumerate(f["problems/index"][()])}, conds
+
+
+def link(ctx: Context) -> dict:
+    """The per-problem links of every model (written to LINK by the figures stage)."""
+    out = {"definitions": {k: d for k, (_, d) in SHIFTS.items()}, "models": {}}
+    for n in ctx.names:
+        lk = ctx.likelihood[n]
+        seed, n_boot = lk["params"]["seed"], lk["params"]["n_boot"]
+        index = [int(i) for i in lk["index"]]
+        sh = shifts(ctx.root, n)
+        correct, _ = flips(ctx.root, n)
+        m = {"n_likelihood": lk["n"], "contrasts": {}, "accuracy": {}}
+        for contrast, res in lk["contrasts"].items():
+            for k in ("solution", "answer"):
+                gain = dict(zip(index, res[k]["diff"]))
+                for key, values in sh.get(contrast, {}).items():
+                    common = [i for i in index if i in values]
+                    entry = {"n": len(common), "rho": None, "ci95_low": None, "ci95_high": None}
+                    if len(common) >= 3:
+                        r, lo, hi = spearman_ci(np.array([gain[i] for i in common]),
+                                                np.array([values[i] for i in common]), seed, n_boot)
+                        if np.isfinite([r, lo, hi]).all():  # a constant series has no rank correlation
+                            entry = {"n": len(common), "rho": round(r, 6), "ci95_low": round(lo, 6),
+                                     "ci95_high": round(hi, 6)}
+                    m["contrasts"].setdefault(contrast, {}).setdefault(k, {})[key] = entry
+            c = contrast.split("-")[0]
+            common = [i for i in index if i in correct and c in correct[i]]
+            if not common:  # no generated accuracy for these problems and this condition
+                continue
+            gain = dict(zip(index, res["solution"]["diff"]))
+            groups = {"to_right": [i for i in common if correct[i][c] and not correct[i]["none"]],
+                      "to_wrong": [i for i in common if not correct[i][c] and correct[i]["none"]],
+                      "unchanged": [i for i in common if correct[i][c] == correct[i]["none"]]}
+            m["accuracy"][contrast] = {"n": len(common), **{
+                g: {"n": len(ids), "mean_gain": round(float(np.mean([gain[i] for i in ids])), 6) if ids else None}
+                for g, ids in groups.items()}}
+        out["models"][n] = m
+    return out
+
+
+# ---- the chart ---------------------------------------------------------------------------------------------
+
+def draw(plt, ctx: Context, name: None = None):
+    names = ctx.names
+    fig, axes = plt.subplots(2, 2, figsize=(13, 8.5))
+    for ax, k in zip(axes[0], ("solution", "answer")):
+        y, ticks = 0, []
+        for n in names:
+            for contrast, res in ctx.likelihood[n]["contrasts"].items():
+                c = contrast.split("-")[0]
+                mean, ci = res[k]["mean"][0], res[k]["ci"][0]
+                ax.errorbar(mean, y, xerr=[[mean - ci[0]], [ci[1] - mean]], fmt="o", color=COLORS[c], capsize=3)
+                ticks.append((y, f"{ctx.disp(n)}: {c} − none"))
+                y -= 1
+            y -= 0.5
+        ax.set_yticks([t for t, _ in ticks], [s for _, s in ticks], fontsize=8)
+        ax.axvline(0, color="#444", lw=0.8)
+        ax.set_xlabel(f"paired difference to none, {UNITS[k]}")
+        ax.set_title("Reference solution: mean log-prob per token" if k == "solution" else
+                     "Gold answer after the frame: log-prob", fontsize=10)
+        ax.grid(axis="x", alpha=0.3, lw=0.5)
+    ax = axes[1, 0]
+    width = 0.8 / max(1, len(names))
+    for j, n in enumerate(names):
+        res = ctx.likelihood[n]["contrasts"].get("mless-none")
+        if res is None:
+            continue
+        s = res["solution"]
+        x = np.array(s["levels"], dtype=float) + (j - (len(names) - 1) / 2) * width
+        ax.errorbar(x, s["level_mean"], yerr=np.abs(s["level_ci"].T - s["level_mean"]), fmt="o", capsize=2,
+                    label=ctx.disp(n), color=f"C{j}")
+    ax.axhline(0, color="#444", lw=0.8)
+    ax.set_xlabel("MATH level")
+    ax.set_ylabel("mless − none, nats/token (solution)")
+    ax.set_title("Solution gain under mless by level (bootstrap 95 % intervals)", fontsize=10)
+    ax.grid(alpha=0.3, lw=0.5)
+    ax.legend(fontsize=8)
+    ax = axes[1, 1]
+    links = ctx.likelihood_link["models"]
+    for j, n in enumerate(names):
+        lk = ctx.likelihood[n]
+        res = lk["contrasts"].get("mless-none")
+        sh = shifts(ctx.root, n).get("mless-none", {}).get("attention_drop", {})
+        if res is None or not sh:
+            continue
+        index = [int(i) for i in lk["index"]]
+        pts = [(sh[i], g) for i, g in zip(index, res["solution"]["diff"]) if i in sh]
+        if not pts:
+            continue
+        e = links[n]["contrasts"]["mless-none"]["solution"]["attention_drop"]
+        tag = f"{ctx.disp(n)} (n {e['n']}" + (f", ρ {e['rho']:+.2f})" if e["rho"] is not None else ")")
+        ax.scatter(*zip(*pts), s=14, color=f"C{j}", label=tag, alpha=0.8)
+    ax.axhline(0, color="#444", lw=0.8)
+    ax.set_xlabel(f"{label(0)} drop of attention on original tokens under mless (per problem)")
+    ax.set_ylabel("mless − none, nats/token (solution)")
+    ax.set_title("Per problem: likelihood gain against the attention shift", fontsize=10)
+    ax.grid(alpha=0.3, lw=0.5)
+    ax.legend(fontsize=8)
+    fig.suptitle("Likelihood of the reference solution and the gold answer (teacher forcing): a proxy outcome",
+                 fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+def explain(ctx: Context, name: None = None) -> Chart:
+    src, link_src = ctx.src, LINK.as_posix()
+    rows, verdicts, link_rows, proxy_rows = [], [], [], []
+    for n in ctx.names:
+        f, lk = path(n), ctx.likelihood[n]
+        parts = [f"{ctx.disp(n)} (", src.h5(f, "@n_samples", fmt="d"), " problems, ",
+                 src.h5(f, "none/solution/tokens", "mean", fmt=".0f"), " scored tokens of the reference solution on "
+                 "average): "]
+        for contrast in lk["contrasts"]:
+            g = f"contrasts/{contrast}"
+            sol = [src.h5(f, f"{g}/solution/mean[0]", fmt="+.4f"), src.h5(f, f"{g}/solution/ci[0,0]", fmt="+.4f"),
+                   src.h5(f, f"{g}/solution/ci[0,1]", fmt="+.4f"), src.h5(f, f"{g}/solution/p[0]", fmt=".2g"),
+                   src.h5(f, f"{g}/solution/improved[0]", fmt=".0f", scale=100)]
+            ans = [src.h5(f, f"{g}/answer/mean[0]", fmt="+.3f"), src.h5(f, f"{g}/answer/ci[0,0]", fmt="+.3f"),
+                   src.h5(f, f"{g}/answer/ci[0,1]", fmt="+.3f"), src.h5(f, f"{g}/answer/p[0]", fmt=".2g")]
+            parts += [f"{contrast}: solution ", sol[0], " nats/token ", interval(sol[1], sol[2]), ", Wilcoxon p = ",
+                      sol[3], ", improved on ", sol[4], " % of problems; answer ", ans[0], " nats ",
+                      interval(ans[1], ans[2]), ", p = ", ans[3], ". "]
+            verdicts.append((n, contrast, sol[0], sol[1], sol[2]))
+        rows.append(Text(*parts))
+        res = lk["contrasts"].get("mless-none")
+        if res is not None:
+            s = res["solution"]
+            parts = [f"{ctx.disp(n)}, mless − none by level: "]
+            for j, lv in enumerate(s["levels"]):
+                parts += [f"level {int(lv)} ", src.h5(f, f"contrasts/mless-none/solution/level_mean[{j}]", fmt="+.4f"),
+                          " (n ", src.h5(f, f"contrasts/mless-none/solution/level_n[{j}]", fmt="d"), ")",
+                          "; " if j < len(s["levels"]) - 1 else "."]
+            rows.append(Text(*parts))
+        for contrast, per in ctx.likelihood_link["models"][n]["contrasts"].items():
+            entries = per["solution"]
+            parts = [f"{ctx.disp(n)}, {contrast}: rank correlation of the solution gain with "]
+            shown = [k for k in SHIFTS if k in entries and entries[k]["rho"] is not None]
+            for k in shown:
+                key = f"models.{n}.contrasts.{contrast}.solution.{k}"
+                r = src.js(link_src, f"{key}.rho", fmt="+.2f")
+                lo, hi = src.js(link_src, f"{key}.ci95_low", fmt="+.2f"), src.js(link_src, f"{key}.ci95_high", fmt="+.2f")
+                parts += [f"{k.replace('_', ' ')} ρ = ", r, " ", interval(lo, hi), " (n ",
+                          src.js(link_src, f"{key}.n", fmt="d"), ")", ", " if k != shown[-1] else "."]
+                link_rows.append((n, contrast, k, r, lo, hi))
+            if shown:
+                rows.append(Text(*parts))
+        for contrast, acc in ctx.likelihood_link["models"][n]["accuracy"].items():
+            key = f"models.{n}.accuracy.{contrast}"
+            parts = [f"{ctx.disp(n)}, {contrast} against generated accuracy on the ",
+                     src.js(link_src, f"{key}.n", fmt="d"), " problems both measured: "]
+            for g, words in (("to_right", "flipped to right"), ("to_wrong", "flipped to wrong"),
+                             ("unchanged", "unchanged")):
+                parts += [src.js(link_src, f"{key}.{g}.n", fmt="d"), f" {words}"]
+                if acc[g]["mean_gain"] is not None:
+                    parts += [" (mean solution gain ", src.js(link_src, f"{key}.{g}.mean_gain", fmt="+.4f"), ")"]
+                parts.append(", " if g != "unchanged" else ".")
+            rows.append(Text(*parts))
+            proxy_rows.append((n, contrast, acc))
+    obs = []
+    mless = [(n, d, lo, hi) for n, c, d, lo, hi in verdicts if c == "mless-none"]
+    if mless:
+        up = [ctx.disp(n) for n, d, lo, hi in mless if excludes_zero(lo, hi) and d.value > 0]
+        down = [ctx.disp(n) for n, d, lo, hi in mless if excludes_zero(lo, hi) and d.value < 0]
+        obs.append(Text(f"Meaningless tokens make the reference solution more likely, with an interval above zero, for "
+                        f"{len(up)} of {len(mless)} models" + (f" ({', '.join(up)})" if up else "")
+                        + f"; less likely, with an interval below zero, for {len(down)}"
+                        + (f" ({', '.join(down)})." if down else ".")))
+    sure = [(n, c, k) for n, c, k, r, lo, hi in link_rows if excludes_zero(lo, hi) and k == "attention_drop"]
+    tried = [(n, c) for n, c, k, r, lo, hi in link_rows if k == "attention_drop"]
+    obs.append(Text(f"The rank correlation between a problem's solution gain and its {label(0)} attention drop has an "
+                    f"interval that excludes zero for {len(sure)} of {len(tried)} model/contrast pairs"
+                    + (f" ({'; '.join(f'{ctx.disp(n)}, {c}' for n, c, _ in sure)})." if sure else ".")))
+    agree = [(n, c) for n, c, a in proxy_rows if a["to_right"]["mean_gain"] is not None
+             and a["to_wrong"]["mean_gain"] is not None and a["to_right"]["mean_gain"] > a["to_wrong"]["mean_gain"]]
+    both = [(n, c) for n, c, a in proxy_rows if a["to_right"]["n"] and a["to_wrong"]["n"]]
+    if both:
+        obs.append(Text(f"Where generated answers flipped both ways, problems that flipped to right gained more "
+                        f"likelihood than those that flipped to wrong in {len(agree)} of {len(both)} model/contrast "
+                        "pairs (few flips: read this as a sanity check, not a test)."))
+    elif proxy_rows:
+        obs.append(Text(f"No model/contrast pair has generated answers that flipped both ways on the problems both "
+                        f"stages measured ({len(proxy_rows)} pairs compared), so accuracy cannot check the proxy "
+                        "here; more evaluated problems (evaluate.n_samples) can."))
+    n0 = ctx.likelihood[ctx.names[0]]
+    return Chart(
+        KIND, "Likelihood of the reference solution and the gold answer",
+        [Text("A continuous, paired outcome that needs one forward pass per problem and condition instead of "
+              "generation: the log-probability the model gives, under each prompt condition, to MATH-500's reference "
+              "solution (its first likelihood.solution_tokens tokens, mean per token) and to the gold answer placed "
+              "right after the prompt in a fixed frame (likelihood.answer_frame). The same tokens are scored in every "
+              "condition, so each problem is compared with itself. ", f"{n0['n']} problems per model (seeded and "
+              "stratified by level as the extraction's subset, so the two overlap)."),
+         Text("Likelihood is a proxy: it measures how well the prompt prepares the model to read a correct solution, "
+              "not whether the model would write one. A gain can come from a change of style or length preference "
+              "that generated accuracy never sees, and a model can solve a problem whose reference solution it finds "
+              "unlikely. It can show a direction and a per-problem link with the mechanism at a cost that allows "
+              "hundreds of problems; it cannot replace accuracy.")],
+        [Text("Top: one row per model and contrast; dot: mean paired difference to none over problems; whiskers: "
+              "seeded bootstrap 95 % interval. Left in nats per token of the reference solution, right in nats for "
+              "the whole answer (answer tokens and the frame's closing part). Colours: red mless, green mful, purple "
+              "arm."),
+         Text("Bottom left: the solution's mless − none difference by MATH level (1 easiest, 5 hardest), one colour "
+              "per model, with bootstrap intervals (few problems per level: wide)."),
+         Text(f"Bottom right: one dot per problem that both this stage and the extraction measured: x, its "
+              f"{label(0)} drop of attention on original tokens under mless (mean over heads, from the statistics); y, "
+              "its solution gain; the legend gives Spearman's ρ (its interval is in the text)."),
+         Text("Layers are numbered from 1 (Layer 1 is index 0 in the files).")],
+        rows, obs,
+        [Text("The paper predicts that meaningless tokens help (mless − none above zero) and that a meaningful span "
+              "does so less; and, through its mechanism, that problems whose first-layer attention shifts more should "
+              "gain more (a positive correlation with the attention drop and the span mass, a negative one with the "
+              "near-zero share). An interval that includes zero neither confirms nor refutes a claim; the likelihood "
+              "intervals are narrower than generated accuracy's on as many problems, which is the reason for this "
+              "outcome, but they answer a nearby question, not the paper's.")])

@@ -1,0 +1,196 @@
+"""likelihood@<model>: stored log-probs against a plain full forward pass with log_softmax (three families, and
+the ARM hook against step-by-step decoding), the alignment assertion, byte-identical reruns, the paired
+statistics on known inputs, and bad input."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from stages import arm, likelihood, models
+from stages.config import ConfigError, load_params
+from stages.intervals import bootstrap_mean_ci, wilcoxon_p
+from stages.prompts import DatasetError, builder_for, load_math500, select_problems
+from stages.store import read_h5
+from tests.conftest import ROOT
+from tests.test_extract import ARCHS, tiny_params
+
+
+def lik_params(write_params, tiny_dirs, arch, **lik):
+    params = tiny_params(write_params, tiny_dirs, arch)
+    raw = params.model_dump()
+    raw["likelihood"].update({"n_samples": 3, "solution_tokens": 40, "n_boot": 200, "showcase": 1,
+                              "batch_tokens": 600, **lik})
+    return load_params(write_params(raw))
+
+
+def plain_logprobs(model, ids: list[int], start: int) -> np.ndarray:
+    """A plain full forward pass of one sequence, log_softmax over the whole vocabulary at every position,
+    gathered at the scored tokens."""
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0].double()
+    lp = torch.log_softmax(logits, dim=-1)
+    return np.array([float(lp[t - 1, ids[t]]) for t in range(start, len(ids))])
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_stored_logprobs_equal_a_plain_forward_with_log_softmax(arch, tiny_dirs, write_params, cache_dir, tmp_path):
+    params = lik_params(write_params, tiny_dirs, arch, conditions=["none", "mless", "mful"])
+    out = likelihood.run(params, "tiny", root=tmp_path)
+    prepared = models.prepare(params, "tiny")
+    model, tok = models.load(params, prepared)  # eager attention, the whole model
+    problems, _ = load_math500(params)
+    chosen = select_problems(problems, 3, 0)
+    builder = builder_for(likelihood.scoring_params(params), "tiny", tok)
+    frame_head, tail = params.likelihood.answer_frame.split("<answer>")
+    sep = builder.encode(params.likelihood.separator)
+    with read_h5(out, "likelihood") as f:
+        assert list(f["problems/index"][()]) == [p.index for p in chosen]
+        for k, p in enumerate(chosen):
+            prompts = builder.build(p)
+            for c in ("none", "mless", "mful"):
+                for cont, (ctx, scored) in {
+                        "solution": (sep, builder.encode(p.solution)[:40]),
+                        "answer": (sep + builder.encode(frame_head), builder.encode(p.answer + tail))}.items():
+                    ids = list(prompts[c].input_ids) + ctx + scored
+                    ref = plain_logprobs(model, ids, len(ids) - len(scored))
+                    g = f[f"{c}/{cont}"]
+                    assert g["tokens"][k] == len(scored)
+                    assert g["sum"][k] == pytest.approx(ref.sum(), abs=2e-4)
+                    assert g["mean"][k] == pytest.approx(ref.mean(), abs=1e-5)
+                    if k == 0:  # the showcase problem: every token
+                        np.testing.assert_allclose(f[f"showcase/{p.index:03d}/{c}/{cont}/logprob"][()], ref, atol=2e-5)
+                        assert list(f[f"showcase/{p.index:03d}/{c}/{cont}/token_ids"][()]) == scored
+        d = f["contrasts/mless-none/solution/diff"][()]
+        np.testing.assert_allclose(d, f["mless/solution/mean"][()] - f["none/solution/mean"][()])
+        assert f["contrasts/mless-none/solution/mean"][0] == pytest.approx(d.mean())
+        assert f["contrasts/mless-none/answer/improved"][0] == np.mean(
+            f["mless/answer/sum"][()] > f["none/answer/sum"][()])
+    metrics = json.loads((tmp_path / "metrics/likelihood/tiny.json").read_text())
+    assert metrics["n_problems"] == 3 and set(metrics["contrasts"]) == {"mless-none", "mful-none"}
+    rows = (tmp_path / "artifacts/plots/likelihood/tiny.csv").read_text().splitlines()
+    assert rows[0] == "contrast,continuation,label,delta,low,high,improved,n" and len(rows) == 5
+
+
+def arm_decoding_logprobs(model, settings, index: int, ids: list[int], prompt_len: int, start: int) -> np.ndarray:
+    """The evaluation's ARM hook (stages/arm.py) in step-by-step decoding with a KV cache: the prompt as step 0,
+    then one token per step, as generation feeds them; log-probs of the scored tokens."""
+    hook = arm.ArmHook(arm.layer0_mlp(model, None, "tiny"), settings)
+    hook.begin([index])
+    lps = []
+    try:
+        with torch.no_grad():
+            out = model(torch.tensor([ids[:prompt_len]]), use_cache=True)
+            cache, logits = out.past_key_values, [out.logits[0, -1]]
+            for t in range(prompt_len, len(ids) - 1):
+                out = model(torch.tensor([[ids[t]]]), past_key_values=cache, use_cache=True)
+                cache = out.past_key_values
+                logits.append(out.logits[0, -1])
+    finally:
+        hook.remove()
+    for t in range(start, len(ids)):
+        lps.append(float(torch.log_softmax(logits[t - prompt_len].double(), -1)[ids[t]]))
+    return np.array(lps)
+
+
+@pytest.mark.parametrize("apply", ["all", "prefill"])
+def test_arm_in_teacher_forcing_equals_decoding_with_the_evaluation_hook(apply, tiny_dirs, write_params, cache_dir,
+                                                                         tmp_path):
+    params = lik_params(write_params, tiny_dirs, "llama", conditions=["none", "arm"], n_samples=2, showcase=2)
+    params = load_params(write_params({**params.model_dump(), "arm": {**params.arm.model_dump(), "apply": apply}}))
+    out = likelihood.run(params, "tiny", root=tmp_path)
+    prepared = models.prepare(params, "tiny")
+    model, tok = models.load(params, prepared)
+    settings = arm.resolve(params, "tiny", arm.model_type(prepared.facts))
+    builder = builder_for(likelihood.scoring_params(params), "tiny", tok)
+    sep = builder.encode(params.likelihood.separator)
+    problems, _ = load_math500(params)
+    with read_h5(out, "likelihood") as f:
+        for p in select_problems(problems, 2, 0):
+            prompt = list(builder.build(p)["none"].input_ids)
+            scored = builder.encode(p.solution)[:40]
+            ids = prompt + sep + scored
+            ref = arm_decoding_logprobs(model, settings, p.index, ids, len(prompt), len(prompt) + len(sep))
+            stored = f[f"showcase/{p.index:03d}/arm/solution/logprob"][()]
+            np.testing.assert_allclose(stored, ref, atol=5e-5)
+            none = f[f"showcase/{p.index:03d}/none/solution/logprob"][()]
+            assert np.abs(stored - none).max() > 1e-3  # ARM changed the numbers
+
+
+def test_alignment_assertion():
+    seq = likelihood.Seq
+    good = [seq(0, "none", "solution", (1, 2, 3, 9, 8), 3, 3), seq(0, "mless", "solution", (1, 5, 2, 3, 9, 8), 4, 4)]
+    likelihood.check_alignment(good)
+    bad = good + [seq(0, "mful", "solution", (1, 6, 2, 3, 9, 7), 4, 4)]
+    with pytest.raises(AssertionError, match="solution tokens under mful differ"):
+        likelihood.check_alignment(bad)
+    with pytest.raises(AssertionError, match="not after the prompt"):
+        likelihood.check_alignment([seq(0, "none", "answer", (1, 2, 3), 3, 3)])
+
+
+def test_rerun_is_byte_identical_and_leaves_no_partial_file(tiny_dirs, write_params, cache_dir, tmp_path):
+    params = lik_params(write_params, tiny_dirs, "qwen2", n_samples=2, solution_tokens=16)
+    a = likelihood.run(params, "tiny", root=tmp_path / "a")
+    b = likelihood.run(params, "tiny", root=tmp_path / "b")
+    for k in ("out", "metrics", "table"):
+        x, y = tmp_path / "a" / likelihood.paths("tiny")[k], tmp_path / "b" / likelihood.paths("tiny")[k]
+        assert x.read_bytes() == y.read_bytes(), k
+    assert a.read_bytes() == b.read_bytes()
+    assert not list(tmp_path.rglob("*.partial"))
+
+
+def test_paired_statistics_on_known_inputs():
+    diff = np.array([0.5, -0.15, 0.3, 0.2, 0.4, -0.25, 0.6, 0.1])
+    s = likelihood.paired_stats(diff, seed=0, n_boot=4000)
+    assert s["mean"] == pytest.approx(0.2125) and s["improved"] == 0.75 and s["n"] == 8
+    # the bootstrap: the same as resampling by hand with the same generator
+    rng = np.random.default_rng(0)
+    means = np.concatenate([diff[rng.integers(0, 8, size=(1000, 8))].mean(axis=1) for _ in range(4)])
+    assert s["ci"] == pytest.approx(tuple(np.quantile(means, [0.025, 0.975])))
+    assert bootstrap_mean_ci(diff, 0, n_boot=4000) == pytest.approx(s["ci"])
+    # Wilcoxon signed-rank, exact (no ties): ranks of |d| = 7,2,5,3,6,4,8,1; W- = 2 + 4 = 6, two-sided p
+    # = 2 * P(W <= 6) = 2 * 14 / 256 (subsets of 1..8 summing to at most 6: 1 + 1 + 1 + 2 + 2 + 3 + 4)
+    assert wilcoxon_p(diff) == pytest.approx(2 * 14 / 256)
+    assert wilcoxon_p(np.zeros(5)) == 1.0
+    keys, stats = likelihood.groups([1, 2, 1, 2, 1, 2, 1, 2], diff, 0, 200)
+    assert keys == [1, 2] and [s["n"] for s in stats] == [4, 4]
+    assert stats[0]["mean"] == pytest.approx(np.mean(diff[::2])) and stats[1]["improved"] == 0.5
+
+
+def test_bad_input_is_refused_naming_the_key(tiny_dirs, write_params, cache_dir, tmp_path):
+    base = lik_params(write_params, tiny_dirs, "llama")
+    with pytest.raises(ConfigError, match=r"likelihood\.answer_frame: .*<answer> exactly once"):
+        load_params(write_params({**base.model_dump(), "likelihood": {**base.likelihood.model_dump(),
+                                                                      "answer_frame": "no mark"}}))
+    with pytest.raises(ConfigError, match=r"likelihood\.conditions: .*must include 'none'"):
+        load_params(write_params({**base.model_dump(), "likelihood": {**base.likelihood.model_dump(),
+                                                                      "conditions": ["mless", "arm"]}}))
+    # a solution longer than the model's context: refused naming the key, nothing written
+    small = tiny_dirs["llama"].parent / "llama-short"
+    if not small.exists():
+        from tests import tiny
+        tiny.build("llama", small, layers=3, max_positions=128)
+    raw = base.model_dump()
+    raw["models"]["tiny"]["source"]["path"] = str(small)
+    raw["likelihood"]["solution_tokens"] = None
+    with pytest.raises(ConfigError, match=r"likelihood\.solution_tokens: problem \d+ .* exceed the context of model "
+                                          r"'tiny' \(128 positions\)"):
+        likelihood.run(load_params(write_params(raw)), "tiny", root=tmp_path)
+    assert not (tmp_path / "artifacts").exists()
+
+
+@pytest.mark.parametrize("key", ["solution", "answer"])
+def test_a_row_without_the_key_is_named_with_file_and_line(key, write_params, tmp_path):
+    import hashlib
+
+    rows = (ROOT / "data/math500/test.jsonl").read_text().splitlines()
+    bad = json.loads(rows[6])
+    del bad[key]
+    rows[6] = json.dumps(bad)
+    data = tmp_path / "test.jsonl"
+    data.write_text("\n".join(rows) + "\n")
+    raw = load_params(write_params()).model_dump()
+    raw["dataset"] = {"path": str(data), "sha256": hashlib.sha256(data.read_bytes()).hexdigest()}
+    with pytest.raises(DatasetError, match=rf"test\.jsonl:7: .*'{key}'"):
+        load_math500(load_params(write_params(raw)))
