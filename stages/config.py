@@ -324,6 +324,8 @@ class Likelihood(Strict):
         description="the answer continuation: text before <answer> is context, the gold answer and the rest are scored")
     batch_tokens: PositiveInt = Field(default=4096, description="padded tokens per forward pass (batches by length)")
     showcase: NonNegativeInt = Field(default=2, description="problems whose per-token log-probs are stored")
+    models: list[ModelName] | None = Field(
+        default=None, description="the models scored (dvc.yaml's likelihood stages, one per name); null: every model")
     n_boot: PositiveInt = Field(default=2000, description="bootstrap resamples for the intervals")
 
     @field_validator("conditions")
@@ -431,20 +433,26 @@ class Params(Strict):
     _file: Path = PrivateAttr(default=PARAMS_FILE)
 
     @model_validator(mode="after")
-    def _evaluated(self):
-        chosen = self.evaluate.models
-        if chosen is not None:
-            unknown = [m for m in chosen if m not in self.models]
-            if unknown:
-                raise ValueError(f"evaluate.models: {unknown} not configured; models: {sorted(self.models)}")
-            if len(set(chosen)) != len(chosen):
-                raise ValueError(f"evaluate.models: {chosen} names a model twice")
+    def _whole_model_stages(self):
+        for key, chosen in (("evaluate.models", self.evaluate.models), ("likelihood.models", self.likelihood.models)):
+            if chosen is not None:
+                unknown = [m for m in chosen if m not in self.models]
+                if unknown:
+                    raise ValueError(f"{key}: {unknown} not configured; models: {sorted(self.models)}")
+                if len(set(chosen)) != len(chosen):
+                    raise ValueError(f"{key}: {chosen} names a model twice")
         return self
 
     @property
     def evaluated(self) -> list[str]:
         """The models evaluation runs on (evaluate.models, else every model), in params order."""
         chosen = self.evaluate.models
+        return [m for m in self.models if chosen is None or m in chosen]
+
+    @property
+    def scored(self) -> list[str]:
+        """The models the likelihood stage runs on (likelihood.models, else every model), in params order."""
+        chosen = self.likelihood.models
         return [m for m in self.models if chosen is None or m in chosen]
 
     @property
@@ -633,9 +641,10 @@ def main(argv: list[str] | None = None) -> int:
         else:
             path = getattr(args, "path", str(PARAMS_FILE))
             p = load_params(path)
-            if p.evaluate.models is None:  # in-process callers may leave it out; dvc.yaml's foreach cannot
-                raise ConfigError(f"{path}: evaluate.models: null; dvc.yaml runs one evaluate stage per model "
-                                  f"listed there: list them (e.g. {list(p.models)})")
+            for key, chosen in (("evaluate", p.evaluate.models), ("likelihood", p.likelihood.models)):
+                if chosen is None:  # in-process callers may leave it out; dvc.yaml's foreach cannot
+                    raise ConfigError(f"{path}: {key}.models: null; dvc.yaml runs one {key} stage per model "
+                                      f"listed there: list them (e.g. {list(p.models)})")
             print(f"{path}: ok (profile {p.profile}; models {', '.join(p.models)}; evaluated {', '.join(p.evaluated)})")
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)

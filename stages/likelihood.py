@@ -356,6 +356,9 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
     sp = scoring_params(params)
     problems, data_sha = load_math500(params)
     chosen = select_problems(problems, cfg.n_samples, cfg.seed)
+    if name not in params.scored:
+        raise ConfigError(f"{params.file}: likelihood.models: model '{name}' is not among the models scored "
+                          f"{params.scored}; add it there to score it")
     prepared = models.prepare(params, name)
     conditions = list(cfg.conditions)
     arm_settings = arm.resolve(params, name, arm.model_type(prepared.facts)) if "arm" in conditions else None
@@ -396,7 +399,7 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
         # exactly the params keys dvc.yaml lists for this stage
         "params": {"models": {name: spec.model_dump(include=set(MODEL_KEYS))},
                    "prompt": params.prompt.model_dump(include={"instruction", "template", "mless", "mful"}),
-                   "likelihood": cfg.model_dump(),
+                   "likelihood": cfg.model_dump(exclude={"models"}),
                    **({"arm": params.arm.model_dump(include={"variant", "apply", "seed"})} if arm_settings else {}),
                    "dataset": params.dataset.model_dump(),
                    "runtime": params.runtime.model_dump(include={"device", "dtype"})},

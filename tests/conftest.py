@@ -41,9 +41,10 @@ def write_params(tmp_path):
         if "mful" in raw.get("prompt", {}):
             raw["prompt"]["mful"]["text_file"] = str(ROOT / raw["prompt"]["mful"]["text_file"])
         raw.update(sections)
-        chosen = raw.get("evaluate", {}).get("models")
-        if chosen and not set(chosen) <= set(raw.get("models", {})):  # tiny models replaced the listed ones
-            raw["evaluate"]["models"] = None  # null: every model
+        for stage in ("evaluate", "likelihood"):
+            chosen = raw.get(stage, {}).get("models")
+            if chosen and not set(chosen) <= set(raw.get("models", {})):  # tiny models replaced the listed ones
+                raw[stage]["models"] = None  # null: every model
         path = tmp_path / "params.yaml"
         path.write_text(yaml.safe_dump(raw, sort_keys=False))
         return path

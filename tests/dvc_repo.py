@@ -52,7 +52,8 @@ def tiny_params(models: dict[str, tuple[str, Path]]) -> dict:
                "arm": {"c": None, "percentage": None, "k": None, "pmin": None, "pmax": None}}
         for name, (family, path) in models.items()
     }
-    raw["evaluate"]["models"] = list(raw["models"])  # dvc.yaml's evaluate stages: one per name listed
+    raw["evaluate"]["models"] = list(raw["models"])  # dvc.yaml's evaluate and likelihood stages: one per name listed
+    raw["likelihood"]["models"] = list(raw["models"])
     return raw
 
 

@@ -13,7 +13,7 @@ def test_shipped_profiles_validate():
     cpu = load_params(ROOT / "params.yaml")
     gpu = load_params(ROOT / "profiles" / "gpu.yaml")
     assert list(cpu.models) == ["smollm2-135m", "qwen2_5-coder-0_5b", "gemma3-270m", "qwen2_5-coder-1_5b"]
-    assert cpu.evaluated == ["smollm2-135m", "qwen2_5-coder-0_5b", "gemma3-270m"]  # the paper-shape model on request
+    assert cpu.evaluated == cpu.scored == ["smollm2-135m", "qwen2_5-coder-0_5b", "gemma3-270m"]  # 1.5B: on request
     assert {m.family for m in cpu.models.values()} == {"llama", "qwen2", "gemma3"}
     assert all(m.source.kind == "pypi_gguf" for m in cpu.models.values())
     assert [m.source.repo_id for m in gpu.models.values()] == [

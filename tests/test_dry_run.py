@@ -148,7 +148,7 @@ def test_the_papers_literal_instruction_is_recorded(dry, tmp_path):
     raw = params.model_dump()
     raw["prompt"]["instruction"] = "Please reason step by step and put your final answer within \\boxed{{}}."
     raw["models"] = {"qwen2_5-math-7b": raw["models"]["qwen2_5-math-7b"]}
-    raw["evaluate"]["models"] = ["qwen2_5-math-7b"]
+    raw["evaluate"]["models"] = raw["likelihood"]["models"] = ["qwen2_5-math-7b"]
     raw["figures"]["charts"] = {k: v for k, v in raw["figures"]["charts"].items() if k in ("layer-sweep", "conditions")}
     raw["figures"]["charts"]["accuracy"] = {"models": ["qwen2_5-math-7b"], "layers": None, "heads": None}
     path = root / "params-literal.yaml"  # beside the dry run's prepared models

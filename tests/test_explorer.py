@@ -28,8 +28,7 @@ def project(tmp_path_factory, tiny_dirs):
     raw = default_params()
     raw["prompt"]["instruction"] = f"Please reason step by step {EVIL}"
     raw["extract"].update(n_samples=3, showcase=2)
-    if "models" in raw["evaluate"]:  # the models evaluated (none here): every model
-        raw["evaluate"]["models"] = None
+    raw["evaluate"]["models"] = raw["likelihood"]["models"] = None  # the whole-model stages (none run here): every model
     raw["stats"].update(n_boot=50)
     raw["activations"].update(n_boot=50, showcase=2)
     raw["figures"].update(n_heads=2)

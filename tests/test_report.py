@@ -38,7 +38,7 @@ def project(tmp_path_factory, tiny_dirs):
     raw["sweep"].update(counts=[0, 10, 55], attention_samples=3, accuracy_samples=2, likelihood_samples=3, n_boot=200)
     raw["likelihood"].update(n_samples=5, conditions=["none", "mless", "mful", "arm"], solution_tokens=24, n_boot=200)
     raw["figures"].update(n_heads=2, original_positions=30, full_positions=80)
-    raw["evaluate"]["models"] = ["tiny-llama", "tiny-gemma"]
+    raw["evaluate"]["models"] = raw["likelihood"]["models"] = ["tiny-llama", "tiny-gemma"]
     raw["models"] = {
         "tiny-llama": {"display_name": "Tiny llama", "family": "llama",
                        "source": {"kind": "local_dir", "path": str(tiny_dirs["llama"])}, "layers": [0, 1, 2]},

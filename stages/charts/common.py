@@ -145,7 +145,8 @@ class Context:
         if self._likelihood is None:
             from stages.charts.likelihood import load_likelihood, path
 
-            self._likelihood = {n: load_likelihood(self.params.resolve(path(n))) for n in self.names}
+            self._likelihood = {n: load_likelihood(self.params.resolve(path(n))) for n in self.names
+                                if n in self.params.scored}  # likelihood.models
         return self._likelihood
 
     @property

@@ -112,7 +112,7 @@ def flips(root: Path, name: str) -> tuple[dict[int, dict[str, bool]], list[str]]
 def link(ctx: Context) -> dict:
     """The per-problem links of every model (written to LINK by the figures stage)."""
     out = {"definitions": {k: d for k, (_, d) in SHIFTS.items()}, "models": {}}
-    for n in ctx.names:
+    for n in ctx.likelihood:
         lk = ctx.likelihood[n]
         seed, n_boot = lk["params"]["seed"], lk["params"]["n_boot"]
         index = [int(i) for i in lk["index"]]
@@ -150,7 +150,7 @@ def link(ctx: Context) -> dict:
 # ---- the chart ---------------------------------------------------------------------------------------------
 
 def draw(plt, ctx: Context, name: None = None):
-    names = ctx.names
+    names = list(ctx.likelihood)  # likelihood.models
     fig, axes = plt.subplots(2, 2, figsize=(13, 8.5))
     for ax, k in zip(axes[0], ("solution", "answer")):
         y, ticks = 0, []
@@ -214,7 +214,7 @@ def draw(plt, ctx: Context, name: None = None):
 def explain(ctx: Context, name: None = None) -> Chart:
     src, link_src = ctx.src, LINK.as_posix()
     rows, verdicts, link_rows, proxy_rows = [], [], [], []
-    for n in ctx.names:
+    for n in ctx.likelihood:
         f, lk = path(n), ctx.likelihood[n]
         parts = [f"{ctx.disp(n)} (", src.h5(f, "@n_samples", fmt="d"), " problems, ",
                  src.h5(f, "none/solution/tokens", "mean", fmt=".0f"), " scored tokens of the reference solution on "
@@ -290,7 +290,7 @@ def explain(ctx: Context, name: None = None) -> Chart:
         obs.append(Text(f"No model/contrast pair has generated answers that flipped both ways on the problems both "
                         f"stages measured ({len(proxy_rows)} pairs compared), so accuracy cannot check the proxy "
                         "here; more evaluated problems (evaluate.n_samples) can."))
-    n0 = ctx.likelihood[ctx.names[0]]
+    n0 = ctx.likelihood[next(iter(ctx.likelihood))]
     return Chart(
         KIND, "Likelihood of the reference solution and the gold answer",
         [Text("A continuous, paired outcome that needs one forward pass per problem and condition instead of "
