@@ -35,7 +35,7 @@ from typing import Iterator
 import numpy as np
 from pydantic import ValidationError
 
-from stages import arm, cli, models, progress, vllm_engine
+from stages import arm, cli, grading, models, progress, vllm_engine
 from stages.config import CONDITIONS, ConfigError, Params, Shard, model_spec
 from stages.grading import grade, has_complete_box
 from stages.intervals import bootstrap_mean_ci, mcnemar_exact
@@ -445,9 +445,8 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
         **builder.describe(params),
         "generation": settings,
         **({"arm": {**arm_settings.describe(), "differences_from_paper": arm.DIFFERENCES}} if arm_settings else {}),
-        "grader": {"library": "math-verify", "paper_rule": "last \\boxed{} of prompt + output; right if equal "
-                   "to the gold answer or a substring of it (an output without a box is scored by the "
-                   "instruction's empty \\boxed{}, which counts as right)"},
+        "grader": {"library": "math-verify", "paper_rule": grading.PAPER_RULE + " Applied to prompt + output, "
+                   "as the paper's greedy runs do."},
         "params": {"models": {name: spec.model_dump(include=set(MODEL_KEYS))}, "prompt": params.prompt.model_dump(),
                    "evaluate": cfg.model_dump(), **({"arm": params.arm.model_dump()} if arm_settings else {}),
                    "dataset": params.dataset.model_dump(),

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from stages import arm, charts, cli, figures
+from stages import arm, charts, cli, figures, grading
 from stages.charts import paper
 from stages.charts.common import Sources, load_context, md_escape
 from stages.config import Params
@@ -109,7 +109,18 @@ def instructions(root: Path, names: list[str]) -> list[dict]:
             text = json.loads(f.attrs["provenance"])["extract_provenance"].get("params", {}).get(
                 "prompt", {}).get("instruction", "?")
         seen.setdefault(text, []).append(name)
-    return [{"text": t, "literal": "{{}}" in t, "models": ms} for t, ms in seen.items()]
+    return [{"text": t, "literal": "{{}}" in t, "models": ms, "boxless": boxless(t)} for t, ms in seen.items()]
+
+
+def boxless(instruction: str) -> str:
+    """What an output without a box scores under the paper's rule on prompt + output with this instruction."""
+    pred = grading.paper_box(instruction)
+    if pred is None:
+        return "the instruction holds no complete box: such an output has no prediction and counts as wrong"
+    if pred == "":
+        return "the instruction's empty box gives the empty prediction, a substring of every answer: such an output counts as right"
+    return (f"the instruction's box gives the prediction {pred}, right only for an answer that contains it "
+            "(none in MATH-500 or AIME): such an output counts as wrong")
 
 
 def arm_section(root: Path, names: list[str], disp) -> dict | None:
