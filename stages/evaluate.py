@@ -39,7 +39,7 @@ from stages import arm, cli, grading, models, progress, vllm_engine
 from stages.config import CONDITIONS, ConfigError, Params, Shard, model_spec
 from stages.grading import grade, has_complete_box
 from stages.intervals import bootstrap_mean_ci, mcnemar_exact
-from stages.prompts import builder_for, load_math500, put_problems, select_problems
+from stages.prompts import builder_for, dataset_spec, load_problems, put_problems, select_problems
 from stages.store import ArtifactError, provenance, put, put_json_attr, write_h5, write_json_atomic, write_timing
 
 JOURNAL_VERSION = 1
@@ -395,8 +395,8 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
     spec = model_spec(params, name)
     cfg = params.evaluate
     where = {k: (root / v if root else params.resolve(str(v))) for k, v in paths(name).items()}
-    problems, data_sha = load_math500(params)
-    chosen = select_problems(problems, cfg.n_samples, cfg.seed)
+    problems, data_sha = load_problems(params)
+    chosen = select_problems(problems, cfg.n_samples, cfg.seed, "evaluate.n_samples")
     check_engine(params)
     if cfg.shard is not None and os.environ.get("DVC_STAGE"):
         raise ConfigError(f"{params.file}: evaluate.shard: a shard writes a part, not the stage's outputs: run each "
@@ -438,7 +438,7 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
     seconds = time.perf_counter() - started
 
     by_cond = {c: [journal.records[(p.index, c)] for p in chosen] for c in conditions}
-    metrics = summarize(by_cond, cfg.seed)
+    metrics = {"dataset": dataset_spec(params).label, **summarize(by_cond, cfg.seed)}
     prov = {
         **provenance("evaluate"),
         "model": {"name": name, **prepared.manifest()},
@@ -452,6 +452,7 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
                    "dataset": params.dataset.model_dump(),
                    "runtime": params.runtime.model_dump(include={"device", "dtype"})},
         "dataset_sha256": data_sha,
+        "dataset_file": dataset_spec(params).describe(),
     }
     with write_h5(where["out"]) as f:
         f.attrs["kind"] = "eval"

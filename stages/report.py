@@ -41,7 +41,7 @@ def eval_path(name: str) -> Path:
 
 def example(params: Params, root: Path, name: str, disp: str, limit: int = 700) -> dict:
     """One problem where the conditions' grades differ (else the first), with each condition's output."""
-    from stages.prompts import load_math500
+    from stages.prompts import load_problems
 
     path = root / eval_path(name)
     with read_h5(path, "eval", ("problems/index", "problems/answer")) as f:
@@ -60,9 +60,11 @@ def example(params: Params, root: Path, name: str, disp: str, limit: int = 700) 
                          "n_tokens": int(f[c]["n_tokens"][k]), "stop": (f[c]["stop"][k]).decode()
                          if isinstance(f[c]["stop"][k], bytes) else str(f[c]["stop"][k]),
                          "output": out if len(out) <= limit else out[:limit] + " […]"})
-    problems, _ = load_math500(params)
-    problem = problems[int(index[k])]
-    return {"model": disp, "index": int(index[k]), "level": problem.level, "subject": problem.subject,
+    problems, _ = load_problems(params)
+    problem = next(p for p in problems if p.index == int(index[k]))  # index: the file's row (a filter skips rows)
+    about = ", ".join(([problem.subject] if problem.subject else []) +
+                      ([f"level {problem.level}"] if problem.level is not None else []))
+    return {"model": disp, "index": int(index[k]), "about": about,
             "problem": problem.problem, "answer": answers[k], "rows": rows,
             "differs": bool(correct[:, k].min() != correct[:, k].max())}
 
@@ -192,7 +194,7 @@ def run(params: Params, out: Path | None = None) -> list[Path]:
         "query_set": sorted({ctx.stats[n]["query_set"] for n in names}),
         "layer": params.figures.layer,
         "instructions": instructions(root, names),
-        "paper_models": [ctx.disp(n) for n in names if paper.paper_name(ctx, n)],
+        "paper_models": [ctx.disp(n) for n in names if paper.accuracy_column(ctx, n)],
         "per_model": per_model, "cross": cross, "accuracy": acc, "table": acc.extra["table"],
         "activation_charts": [study["activations"], study["activation-shift"]],
         "span_charts": [study["span-sweep"], study["span-accuracy"]],

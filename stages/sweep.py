@@ -42,7 +42,7 @@ from stages.config import ConfigError, Params, model_spec
 from stages.evaluate import Item, Journal, check_engine, open_engine, paired, run_journaled
 from stages.extract import reduce
 from stages.intervals import bootstrap_mean_ci, bootstrap_ratio_ci
-from stages.prompts import PromptBuilder, PromptError, load_math500, put_problems, select_problems
+from stages.prompts import PromptBuilder, PromptError, dataset_spec, load_problems, put_problems, select_problems
 from stages.stats import QUERY_VECTOR, sample_stats
 from stages.store import (provenance, put, put_json_attr, write_csv_atomic, write_h5, write_json_atomic,
                           write_timing)
@@ -202,8 +202,8 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
     spec = model_spec(params, name)
     cfg = params.sweep
     where = {k: (root / v if root else params.resolve(str(v))) for k, v in paths(name).items()}
-    problems, data_sha = load_math500(params)
-    chosen = select_problems(problems, cfg.attention_samples, cfg.seed)
+    problems, data_sha = load_problems(params)
+    chosen = select_problems(problems, cfg.attention_samples, cfg.seed, "sweep.attention_samples")
     prepared = models.prepare(params, name)
     facts = prepared.facts
     if cfg.layer >= facts["num_layers"]:
@@ -239,7 +239,7 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
 
     acc_problems, correct, settings = [], {}, None
     if cfg.accuracy_samples:
-        acc_problems = select_problems(problems, cfg.accuracy_samples, cfg.seed)
+        acc_problems = select_problems(problems, cfg.accuracy_samples, cfg.seed, "sweep.accuracy_samples")
         correct, settings = accuracy_sweep(params, name, prepared, acc_problems, where)
     accuracy = {}
     for token in cfg.tokens:
@@ -265,6 +265,7 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
                    "runtime": params.runtime.model_dump(include={"device", "dtype"})},
         "generation": settings,
         "dataset_sha256": data_sha,
+        "dataset_file": dataset_spec(params).describe(),
     }
     ref = params.sweep.reference_count
     with write_h5(where["out"]) as f:

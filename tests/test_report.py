@@ -25,11 +25,14 @@ SHOT_DIR = ROOT / "test-output"
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory, tiny_dirs):
-    """A tiny project folder with every input of the report: two tiny models, one with a hostile name."""
+    """A tiny project folder with every input of the report: two tiny models, one with a hostile name, on the
+    AIME 2024 problems."""
     root = tmp_path_factory.mktemp("project")
     shutil.copytree(ROOT / "data", root / "data")
     shutil.copytree(ROOT / "stages" / "texts", root / "stages" / "texts")
     raw = default_params()
+    # an AIME-layout benchmark: Parquet, no level or subject, zero-padded answers, the 2024 rows by a filter
+    raw["dataset"].update(benchmark="aime2024", filter={"field": "url", "contains": "2024_AIME"})
     raw["prompt"]["conditions"] = ["none", "mless", "mful", "arm"]  # all four (the default leaves arm out)
     raw["extract"].update(n_samples=5, showcase=1)
     raw["evaluate"].update(n_samples=4, max_new_tokens=12, batch_size=6)
@@ -191,6 +194,19 @@ def test_arm_is_the_fourth_bar_and_has_its_section(project):
     assert re.findall(r"^\| Tiny llama \| arm \| ", md, re.M)  # the accuracy table's fourth row
     with h5py.File(root / "artifacts/attention/tiny-llama.h5", "r") as f:
         assert list(f.attrs["conditions"]) == ["none", "mless", "mful"] and list(f.attrs["skipped_conditions"]) == ["arm"]
+
+
+def test_the_benchmark_is_named_and_its_problems_are_the_filtered_rows(project):
+    root, params, written = project
+    md = written[1].read_text(encoding="utf-8")
+    assert "## Accuracy" in md and "AIME 2022-2024 (url holds 2024\\_AIME) accuracy of each model" in md
+    assert "the paper, % (approx.)" not in md  # its MATH-500 accuracies are not set beside another benchmark
+    with h5py.File(root / "artifacts/eval/tiny-llama.h5", "r") as f:
+        index = f["problems/index"][()]
+        assert all(60 <= i < 90 for i in index) and set(f["problems/level"][()]) == {-1}
+        assert all(len(a) == 3 for a in f["problems/answer"].asstr()[()])  # zero-padded AIME answers
+        prov = json.loads(f.attrs["provenance"])
+    assert prov["dataset_file"]["label"].startswith("AIME 2022-2024") and prov["dataset_sha256"].startswith("025484a9")
 
 
 def test_markdown_links_resolve(project):
