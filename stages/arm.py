@@ -168,6 +168,11 @@ def row_seed(seed: int, *entropy: int) -> int:
     return int(np.random.SeedSequence([seed, *entropy]).generate_state(1, np.uint64)[0] >> np.uint64(1))
 
 
+def _entropy(row) -> tuple:
+    """A row's seed entropy: its problem index (greedy), or (problem index, sample index) for a sampled output."""
+    return row if isinstance(row, tuple) else (row,)
+
+
 def _kth(v, k: int):
     """The k-th smallest (0-based) element of a 1-D tensor."""
     import torch
@@ -304,7 +309,8 @@ class ArmHook:
         self.step = 0
         self.handle = mlp.act_fn.register_forward_hook(self)
 
-    def begin(self, rows: list[int | None], valid=None) -> None:
+    def begin(self, rows: list, valid=None) -> None:
+        """Arm the hook for one batch: per row its problem index (or (index, sample)) when it is an arm row, else None."""
         self.rows, self.valid, self.step = list(rows), valid, 0
 
     def remove(self) -> None:
@@ -329,10 +335,10 @@ class ArmHook:
         out = a.clone()
         if s.pool == "batch":
             g = torch.Generator(device=a.device).manual_seed(
-                row_seed(s.seed, step, *(self.rows[r] for r in arm_rows)))
+                row_seed(s.seed, step, *(e for r in arm_rows for e in _entropy(self.rows[r]))))
             out[arm_rows] = edit(a[arm_rows], s, g, self.identity)
             return out
-        gens = [torch.Generator(device=a.device).manual_seed(row_seed(s.seed, self.rows[r], step)) for r in arm_rows]
+        gens = [torch.Generator(device=a.device).manual_seed(row_seed(s.seed, *_entropy(self.rows[r]), step)) for r in arm_rows]
         if valid is None:  # a decode step (or a prompt without padding): the rows in one batched edit
             out[arm_rows] = edit_rows(a[arm_rows], s, gens, self.identity)
             return out

@@ -261,6 +261,17 @@ class Shard(Strict):
         return self
 
 
+class Sampling(Strict):
+    """evaluate.sampling: n sampled outputs per (problem, condition) beside the greedy one (stages/sampling.py)."""
+
+    n: NonNegativeInt = Field(default=0, description="samples per problem and condition; 0 = off (greedy only)")
+    temperature: float | None = Field(default=None, gt=0, description="null: the model's generation_config")
+    top_p: float | None = Field(default=None, gt=0, le=1, description="null: the model's generation_config")
+    top_k: NonNegativeInt | None = Field(default=None, description="0: no top-k; null: the model's generation_config")
+    max_new_tokens: PositiveInt | None = Field(default=None, description="null: evaluate.max_new_tokens (paper: 512)")
+    seed: int = Field(default=0, description="with problem, condition and sample index, seeds each sample's draws")
+
+
 class Evaluate(Strict):
     n_samples: PositiveInt | None = Field(default=30, description="problems (seeded, stratified by level); null = all 500")
     seed: int = Field(default=0, description="subset and bootstrap seed")
@@ -271,6 +282,7 @@ class Evaluate(Strict):
         default="transformers", description="transformers.generate (static batches) or vLLM (`make install-vllm`)")
     vllm: Vllm = Vllm()
     shard: Shard | None = Field(default=None, description="{index, count}: this job's part of the problems; null: all")
+    sampling: Sampling = Sampling()
 
 
 class Stats(Strict):
