@@ -268,8 +268,7 @@ class TransformersEngine:
         cfg = params.evaluate
         self.sampling = sampling.resolve(params, self.model.generation_config) if cfg.sampling.n else None
         self.settings = {"engine": "transformers", **_common_settings(params, self.eos, str(self.model.device)),
-                         "batch_size": cfg.batch_size, "attn_implementation": attn, "cache": "static",
-                         **({"sampling": self.sampling} if self.sampling else {})}
+                         "batch_size": cfg.batch_size, "attn_implementation": attn, "cache": "static"}
         self.stats: dict = {}
 
     def run(self, batches: list[list[Item]], done: set) -> Iterator[list[Generated]]:
@@ -306,8 +305,7 @@ class VllmEngine:
                 AutoConfig.from_pretrained(prepared.path, local_files_only=True, trust_remote_code=self.trust))
         self.eos = stop_ids(gen, self.tokenizer)
         self.sampling = sampling.resolve(params, gen) if params.evaluate.sampling.n else None
-        self.settings = {**_common_settings(params, self.eos, self.device), **vllm_engine.settings(params, self.device),
-                         **({"sampling": self.sampling} if self.sampling else {})}
+        self.settings = {**_common_settings(params, self.eos, self.device), **vllm_engine.settings(params, self.device)}
         self.stats: dict = {}
 
     def run(self, batches: list[list[Item]], done: set) -> Iterator[list[Generated]]:
@@ -455,7 +453,9 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
         if context and longest + limit > context:
             raise ConfigError(f"{params.file}: {key_name}: a prompt of {longest} tokens plus "
                               f"{limit} new tokens exceeds the context of model '{name}' ({context})")
-    settings = {**engine.settings, **({"arm": arm_settings.describe()} if arm_settings else {})}
+    # `.sampling` (resolved values and their origin) is evaluate's alone: the sweep shares the engine, not its samples
+    settings = {**engine.settings, **({"arm": arm_settings.describe()} if arm_settings else {}),
+                **({"sampling": engine.sampling} if n_sampled else {})}
     key = hashlib.sha256(json.dumps({
         "weights": prepared.manifest().get("weights_sha256"), "settings": settings,
         "items": [(it.index, it.condition, it.input_ids) for it in items],

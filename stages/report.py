@@ -198,6 +198,7 @@ def run(params: Params, out: Path | None = None) -> list[Path]:
         "per_model": per_model, "cross": cross, "accuracy": acc, "table": acc.extra["table"],
         "activation_charts": [study["activations"], study["activation-shift"]],
         "span_charts": [study["span-sweep"], study["span-accuracy"]],
+        "sampling_chart": study["pass-at-k"],
         "glance": cross.observations + study["activations"].interpretation[1:2] + acc.extra["glance"]
         + acc.extra["arm_glance"],
         "arm": arm_section(root, names, ctx.disp),

@@ -147,6 +147,10 @@ def summarize(outputs: dict[str, list[list[str]]], extracted: dict[str, list[lis
     names = list(per_problem[conds[0]])
     m = {"n": n, "n_problems": int(correct[conds[0]].shape[0]),
          **{name: {c: float(per_problem[c][name].mean()) for c in conds} for name in names}}
+    # each condition's own interval (bootstrap over problems), beside the paired contrasts below
+    bounds = {name: {c: bootstrap_mean_ci(per_problem[c][name], seed) for c in conds} for name in names}
+    m["ci95_low"] = {name: {c: float(b[c][0]) for c in conds} for name, b in bounds.items()}
+    m["ci95_high"] = {name: {c: float(b[c][1]) for c in conds} for name, b in bounds.items()}
     for c in conds:
         if c == "none":
             continue

@@ -35,7 +35,9 @@ def project(tmp_path_factory, tiny_dirs):
     raw["dataset"].update(benchmark="aime2024", filter={"field": "url", "contains": "2024_AIME"})
     raw["prompt"]["conditions"] = ["none", "mless", "mful", "arm"]  # all four (the default leaves arm out)
     raw["extract"].update(n_samples=5, showcase=1)
-    raw["evaluate"].update(n_samples=4, max_new_tokens=12, batch_size=6)
+    raw["evaluate"].update(n_samples=4, max_new_tokens=12, batch_size=6,
+                           sampling={"n": 2, "temperature": 1.0, "top_p": 0.95, "top_k": 0, "max_new_tokens": 8,
+                                     "seed": 0, })
     raw["stats"].update(n_boot=200)
     raw["activations"].update(n_boot=200)
     raw["sweep"].update(counts=[0, 10, 55], attention_samples=3, accuracy_samples=2, n_boot=200)
@@ -163,7 +165,7 @@ def test_sentences_agree_with_the_numbers(project):
         peaks = [str(c) for c, a in zip(counts, acc) if a == acc.max()]
         assert re.search(rf"accuracy peaks at counts? {', '.join(peaks)} \(", text), peaks
     for section in ("Overview", "Axes and legend", "Detailed analysis", "Key observations", "Interpretation"):
-        assert text.count(section) == 3 * len(params.models) + 6  # once per chart
+        assert text.count(section) == 3 * len(params.models) + 7  # once per chart (pass@k: sampling ran)
 
 
 def test_text_from_data_is_escaped_and_output_deterministic(project):
@@ -201,6 +203,9 @@ def test_the_benchmark_is_named_and_its_problems_are_the_filtered_rows(project):
     md = written[1].read_text(encoding="utf-8")
     assert "## Accuracy" in md and "AIME 2022-2024 (url holds 2024\\_AIME) accuracy of each model" in md
     assert "the paper, % (approx.)" not in md  # its MATH-500 accuracies are not set beside another benchmark
+    # sampling ran: the pass@k chart (pass@2 with 2 samples) and its section, arm beside none
+    assert "### Sampling: pass@k and 2-gram diversity" in md and "arm pass@2" in md and "arm − none: pass@2" in md
+    assert (root / "reports/figures/pass-at-k.png").is_file()
     with h5py.File(root / "artifacts/eval/tiny-llama.h5", "r") as f:
         index = f["problems/index"][()]
         assert all(60 <= i < 90 for i in index) and set(f["problems/level"][()]) == {-1}
@@ -212,7 +217,7 @@ def test_the_benchmark_is_named_and_its_problems_are_the_filtered_rows(project):
 def test_markdown_links_resolve(project):
     root, params, (_, md_path) = project
     links = re.findall(r"\]\(([^)\s]+)\)", md_path.read_text(encoding="utf-8"))
-    assert len(links) == 3 * len(params.models) + 6
+    assert len(links) == 3 * len(params.models) + 7
     for link in links:
         assert (md_path.parent / link).is_file(), link
 
@@ -262,7 +267,7 @@ def test_html_opens_in_headless_chromium(project):
         page.screenshot(path=str(SHOT_DIR / "report-top.png"))
         browser.close()
     assert title.startswith("Meaningless tokens")
-    assert len(images) == 3 * len(params.models) + 6 and all(ok and w > 0 for ok, w in images), images
+    assert len(images) == 3 * len(params.models) + 7 and all(ok and w > 0 for ok, w in images), images
     assert errors == [] and dialogs == []
     assert all(u.startswith(("file:", "data:")) for u in requests), requests
     assert (SHOT_DIR / "report-top.png").stat().st_size > 10_000

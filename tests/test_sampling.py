@@ -71,7 +71,7 @@ def sampled_params(write_params, tiny_dirs, n=3, **sampling_cfg):
 def test_sampled_outputs_are_the_same_alone_and_inside_a_batch(tiny_dirs, write_params, cache_dir):
     params = sampled_params(write_params, tiny_dirs)
     engine = evaluate.TransformersEngine(params, models.prepare(params, "tiny"))
-    assert engine.settings["sampling"]["origin"] == {"temperature": "params", "top_p": "transformers default",
+    assert engine.sampling["origin"] == {"temperature": "params", "top_p": "transformers default",
                                                      "top_k": "params"}
     builder = builder_for(params, "tiny", engine.tokenizer)
     problems, _ = load_problems(params)
