@@ -1,4 +1,6 @@
-"""evaluate@<model>: MATH-500 accuracy under the none / mless / mful prompts, and `arm`.
+"""evaluate@<model>: accuracy on the benchmark (`dataset`, MATH-500 by default) under the none / mless / mful
+prompts, and `arm`; with `evaluate.sampling.n` > 0 also n sampled outputs per problem and condition (pass@k, maj@n,
+distinct-n: stages/sampling.py).
 
 `arm` is the none prompt with the paper's activation redistribution on layer 0's MLP (stages/arm.py):
 a forward hook edits only the arm rows of a batch (`arm.pool: row` keeps each row's statistics to its own
@@ -9,7 +11,8 @@ their generation_config), batched with left padding and a KV cache, prompts sort
 SDPA attention and a static cache sized per batch (a dynamic cache re-concatenates every layer's
 keys and values at each step: half of the CPU time at batch 12; outputs were identical);
 optionally stopping a row once it has written a complete \\boxed{...}. Outputs are graded by
-math-verify and, beside it, by the paper's lenient rule (stages/grading.py).
+math-verify and, beside it, by the paper's rule (stages/grading.py): on prompt + output for greedy outputs, on the
+output alone for sampled ones, as the paper's code does.
 
 Each finished batch is appended to a journal (`artifacts/eval/.journal/<model>.jsonl`); an
 interrupted run resumes from it with the same batches, so the final artifact equals an
