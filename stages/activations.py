@@ -41,7 +41,7 @@ from stages import arm, cli, models, progress
 from stages.config import ConfigError, Params, model_spec
 from stages.capture import StopForward, capturing, install_capture
 from stages.intervals import bootstrap_mean_ci, wilcoxon_p
-from stages.prompts import builder_for, load_math500, put_problems, select_problems
+from stages.prompts import builder_for, dataset_spec, load_problems, put_problems, select_problems
 from stages.store import provenance, put, put_json_attr, write_h5, write_prompt_timing
 
 SETS = {
@@ -178,8 +178,8 @@ def run(params: Params, name: str, out: Path | None = None, timing: Path | None 
     spec = model_spec(params, name)
     cfg = params.activations
     out = out or params.resolve(str(activations_path(name)))
-    problems, data_sha = load_math500(params)
-    chosen = select_problems(problems, params.extract.n_samples, params.extract.seed)
+    problems, data_sha = load_problems(params)
+    chosen = select_problems(problems, params.extract.n_samples, params.extract.seed, "extract.n_samples")
     if not chosen:
         raise ConfigError(f"{params.file}: extract.n_samples: the subset is empty")
     prepared = models.prepare(params, name, layers=cfg.layers)
@@ -243,6 +243,7 @@ def run(params: Params, name: str, out: Path | None = None, timing: Path | None 
                    "dataset": params.dataset.model_dump(),
                    "runtime": params.runtime.model_dump(include={"device", "dtype"})},
         "dataset_sha256": data_sha,
+        "dataset_file": dataset_spec(params).describe(),
     }
     with write_h5(out) as f:
         f.attrs["kind"] = "activations"

@@ -44,16 +44,29 @@ DIFFERENCES = (
     "arm.apply: prefill leaves decode steps alone; the paper's code edits the prompt and every decode step "
     "(arm.apply: all, the default).",
 )
-# The paper's per-model (c, percentage) for MATH-500 (its arm.py), by Hugging Face repo id; the llama
-# variant's pmin/pmax come from the family's model file (Qwen2 0.02/0.25, Llama 0.20/0.25).
-PAPER = {
-    "qwen/qwen2.5-math-1.5b": (0.13, 99.5),
-    "qwen/qwen2.5-math-7b": (0.1, 95.0),
-    "qwen/qwen2.5-7b-instruct": (0.1, 99.5),
-    "meta-llama/llama-3.1-8b-instruct": (0.32, 90.0),
-    "google/gemma-3-4b-it": (0.25, 0.85),
-    "google/gemma-3-27b-it": (0.25, 0.85),
+# The paper's per-model (c, percentage) per benchmark (`choose_parameters` in each of its benchmark folders), by
+# Hugging Face repo id; OFF: the paper runs that model on that benchmark without ARM. `dataset.benchmark` selects
+# the column (other: MATH-500's). The llama variant's pmin/pmax come from the family's model file (Qwen2 0.02/0.25,
+# Llama 0.20/0.25).
+OFF = None
+PAPER_BY_BENCHMARK = {
+    "math500": {
+        "qwen/qwen2.5-math-1.5b": (0.13, 99.5), "qwen/qwen2.5-math-7b": (0.1, 95.0),
+        "qwen/qwen2.5-7b-instruct": (0.1, 99.5), "qwen/qwen2.5-32b-instruct": OFF,
+        "meta-llama/llama-3.1-8b-instruct": (0.32, 90.0),
+        "google/gemma-3-4b-it": (0.25, 0.85), "google/gemma-3-27b-it": (0.25, 0.85)},
+    "aime2024": {
+        "qwen/qwen2.5-math-1.5b": (0.13, 99.5), "qwen/qwen2.5-math-7b": (0.05, 90.0),
+        "qwen/qwen2.5-7b-instruct": OFF, "qwen/qwen2.5-32b-instruct": (0.13, 99.5),
+        "meta-llama/llama-3.1-8b-instruct": (0.32, 90.0),
+        "google/gemma-3-4b-it": (0.25, 0.85), "google/gemma-3-27b-it": (0.25, 0.965)},
+    "aime2025": {
+        "qwen/qwen2.5-math-1.5b": (0.13, 99.5), "qwen/qwen2.5-math-7b": (0.13, 99.5),
+        "qwen/qwen2.5-7b-instruct": (0.1, 99.5), "qwen/qwen2.5-32b-instruct": (0.05, 99.0),
+        "meta-llama/llama-3.1-8b-instruct": OFF,
+        "google/gemma-3-4b-it": (0.25, 0.85), "google/gemma-3-27b-it": (0.25, 0.7)},
 }
+PAPER = PAPER_BY_BENCHMARK["math500"]
 # Fallbacks for models the paper has no entry for: its arm.py's (0.13, 99.5) for the llama variant;
 # the gemma variant's percentage is a quantile (0..1), so its fallback is the paper's Gemma 3 entry.
 FALLBACK = {"llama": (0.13, 99.5), "gemma": (0.25, 0.85)}
@@ -97,12 +110,17 @@ def resolve(params: Params, name: str, model_type: str) -> ArmSettings:
     where = f"{params.file}: models.{name}.arm"
     variant = variant_for(model_type) if cfg.variant == "auto" else cfg.variant
     repo = spec.source.repo_id.lower() if spec.source.kind == "hf" else None
-    paper = PAPER.get(repo) if repo else None
+    benchmark = params.dataset.benchmark if params.dataset.benchmark in PAPER_BY_BENCHMARK else "math500"
+    table = PAPER_BY_BENCHMARK[benchmark]
+    if repo in table and table[repo] is OFF and (own.c is None or own.percentage is None):
+        raise ConfigError(f"{where}: the paper runs {spec.source.repo_id} on {benchmark} without ARM; set "
+                          f"models.{name}.arm.c and percentage to run it anyway, or leave arm out of prompt.conditions")
+    paper = table.get(repo) if repo else None
     if paper is not None and variant_for(model_type) != variant:
         paper = None  # the paper's values belong to the variant its code uses for this model
     base_c, base_p = paper or FALLBACK[variant]
     base_lo, base_hi = PMIN_PMAX.get(model_type, QWEN_PMIN_PMAX)
-    tag = f"paper ({spec.source.repo_id})" if paper else f"fallback ({variant} variant)"
+    tag = f"paper ({spec.source.repo_id}, {benchmark})" if paper else f"fallback ({variant} variant)"
     lo_tag = {"llama": "paper (Llama file)", "qwen2": "paper (Qwen2 file)"}.get(model_type, "fallback (Qwen2 file)")
     values, origin = {}, {}
     for key, base, base_tag in (("c", base_c, tag), ("percentage", base_p, tag), ("k", K, "paper (k = 1)"),
@@ -148,6 +166,11 @@ def row_seed(seed: int, *entropy: int) -> int:
     """A 63-bit generator seed from (arm.seed, ...): numpy's SeedSequence mixes the integers, so nearby
     problem indices and steps do not give correlated streams."""
     return int(np.random.SeedSequence([seed, *entropy]).generate_state(1, np.uint64)[0] >> np.uint64(1))
+
+
+def _entropy(row) -> tuple:
+    """A row's seed entropy: its problem index (greedy), or (problem index, sample index) for a sampled output."""
+    return row if isinstance(row, tuple) else (row,)
 
 
 def _kth(v, k: int):
@@ -286,7 +309,8 @@ class ArmHook:
         self.step = 0
         self.handle = mlp.act_fn.register_forward_hook(self)
 
-    def begin(self, rows: list[int | None], valid=None) -> None:
+    def begin(self, rows: list, valid=None) -> None:
+        """Arm the hook for one batch: per row its problem index (or (index, sample)) when it is an arm row, else None."""
         self.rows, self.valid, self.step = list(rows), valid, 0
 
     def remove(self) -> None:
@@ -311,10 +335,10 @@ class ArmHook:
         out = a.clone()
         if s.pool == "batch":
             g = torch.Generator(device=a.device).manual_seed(
-                row_seed(s.seed, step, *(self.rows[r] for r in arm_rows)))
+                row_seed(s.seed, step, *(e for r in arm_rows for e in _entropy(self.rows[r]))))
             out[arm_rows] = edit(a[arm_rows], s, g, self.identity)
             return out
-        gens = [torch.Generator(device=a.device).manual_seed(row_seed(s.seed, self.rows[r], step)) for r in arm_rows]
+        gens = [torch.Generator(device=a.device).manual_seed(row_seed(s.seed, *_entropy(self.rows[r]), step)) for r in arm_rows]
         if valid is None:  # a decode step (or a prompt without padding): the rows in one batched edit
             out[arm_rows] = edit_rows(a[arm_rows], s, gens, self.identity)
             return out

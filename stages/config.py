@@ -178,9 +178,53 @@ class Prompt(Strict):
         return [c for c in CONDITIONS if c in v]
 
 
+BENCHMARKS = ("math500", "aime2024", "aime2025", "other")
+FIELDS = ("problem", "answer", "solution", "level", "subject", "id")
+
+
+class DatasetFields(Strict):
+    """The file's column for each canonical field; null: the file has none (problem and answer are required)."""
+
+    problem: str = Field(min_length=1, description="the question text (AIME 2025's file: question)")
+    answer: str = Field(min_length=1)
+    solution: str | None = None
+    level: str | None = Field(default=None, description="integer difficulty; the subset is stratified by it")
+    subject: str | None = None
+    id: str | None = Field(default=None, description="a stable id; null: the row's 0-based line number")
+
+
+class RowFilter(Strict):
+    """Keep only the rows whose `field` (any column of the file) holds `contains` or equals `equals`."""
+
+    field: str = Field(min_length=1)
+    contains: str | None = None
+    equals: str | None = None
+
+    @model_validator(mode="after")
+    def _one(self):
+        if (self.contains is None) == (self.equals is None):
+            raise ValueError("give exactly one of contains, equals")
+        return self
+
+
 class Dataset(Strict):
-    path: str = "data/math500/test.jsonl"
-    sha256: Sha256
+    """The benchmark: a vendored one by name (path, sha256 and fields null: its own), or any local file."""
+
+    benchmark: Literal["math500", "aime2024", "aime2025", "other"] = Field(
+        default="math500", description="the vendored files (data/) or other; also selects the paper's ARM values")
+    path: str | None = Field(default=None, description="JSONL, Parquet or CSV; null: the benchmark's vendored file")
+    sha256: Sha256 | None = Field(default=None, description="null: the vendored file's; required for another file")
+    format: Literal["auto", "jsonl", "parquet", "csv"] = Field(default="auto", description="auto: by the extension")
+    fields: DatasetFields | None = Field(default=None, description="null: the benchmark's own column names")
+    filter: RowFilter | None = Field(default=None, description="e.g. {field: url, contains: 2024_AIME}")
+
+    @model_validator(mode="after")
+    def _other(self):
+        if self.benchmark == "other":
+            missing = [k for k in ("path", "sha256", "fields") if getattr(self, k) is None]
+            if missing:
+                raise ValueError(f"benchmark 'other' needs {', '.join(missing)} (a file, its sha256 and its field mapping)")
+        return self
 
 
 class Extract(Strict):
@@ -217,6 +261,17 @@ class Shard(Strict):
         return self
 
 
+class Sampling(Strict):
+    """evaluate.sampling: n sampled outputs per (problem, condition) beside the greedy one (stages/sampling.py)."""
+
+    n: NonNegativeInt = Field(default=0, description="samples per problem and condition; 0 = off (greedy only)")
+    temperature: float | None = Field(default=None, gt=0, description="null: the model's generation_config")
+    top_p: float | None = Field(default=None, gt=0, le=1, description="null: the model's generation_config")
+    top_k: NonNegativeInt | None = Field(default=None, description="0: no top-k; null: the model's generation_config")
+    max_new_tokens: PositiveInt | None = Field(default=None, description="null: evaluate.max_new_tokens (paper: 512)")
+    seed: int = Field(default=0, description="with problem, condition and sample index, seeds each sample's draws")
+
+
 class Evaluate(Strict):
     n_samples: PositiveInt | None = Field(default=30, description="problems (seeded, stratified by level); null = all 500")
     seed: int = Field(default=0, description="subset and bootstrap seed")
@@ -227,6 +282,7 @@ class Evaluate(Strict):
         default="transformers", description="transformers.generate (static batches) or vLLM (`make install-vllm`)")
     vllm: Vllm = Vllm()
     shard: Shard | None = Field(default=None, description="{index, count}: this job's part of the problems; null: all")
+    sampling: Sampling = Sampling()
     models: list[ModelName] | None = Field(
         default=None, description="the models evaluated (dvc.yaml's evaluate stages, one per name); null: every model")
 

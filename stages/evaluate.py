@@ -1,4 +1,6 @@
-"""evaluate@<model>: MATH-500 accuracy under the none / mless / mful prompts, and `arm`.
+"""evaluate@<model>: accuracy on the benchmark (`dataset`, MATH-500 by default) under the none / mless / mful
+prompts, and `arm`; with `evaluate.sampling.n` > 0 also n sampled outputs per problem and condition (pass@k, maj@n,
+distinct-n: stages/sampling.py).
 
 `arm` is the none prompt with the paper's activation redistribution on layer 0's MLP (stages/arm.py):
 a forward hook edits only the arm rows of a batch (`arm.pool: row` keeps each row's statistics to its own
@@ -9,7 +11,8 @@ their generation_config), batched with left padding and a KV cache, prompts sort
 SDPA attention and a static cache sized per batch (a dynamic cache re-concatenates every layer's
 keys and values at each step: half of the CPU time at batch 12; outputs were identical);
 optionally stopping a row once it has written a complete \\boxed{...}. Outputs are graded by
-math-verify and, beside it, by the paper's lenient rule (stages/grading.py).
+math-verify and, beside it, by the paper's rule (stages/grading.py): on prompt + output for greedy outputs, on the
+output alone for sampled ones, as the paper's code does.
 
 Each finished batch is appended to a journal (`artifacts/eval/.journal/<model>.jsonl`); an
 interrupted run resumes from it with the same batches, so the final artifact equals an
@@ -36,11 +39,11 @@ from typing import Iterator
 import numpy as np
 from pydantic import ValidationError
 
-from stages import arm, cli, models, progress, vllm_engine
+from stages import arm, cli, grading, models, progress, sampling, vllm_engine
 from stages.config import CONDITIONS, ConfigError, Params, Shard, model_spec
 from stages.grading import grade, has_complete_box
 from stages.intervals import bootstrap_mean_ci, mcnemar_exact
-from stages.prompts import builder_for, load_math500, put_problems, select_problems
+from stages.prompts import builder_for, dataset_spec, load_problems, put_problems, select_problems
 from stages.store import ArtifactError, provenance, put, put_json_attr, write_h5, write_json_atomic, write_timing
 
 JOURNAL_VERSION = 1
@@ -52,9 +55,14 @@ MODEL_KEYS = ("family", "source", "template", "trust_remote_code", "arm")
 
 @dataclass(frozen=True)
 class Item:
-    index: int              # problem index (line of test.jsonl)
+    index: int              # problem index (row of the dataset file)
     condition: str
     input_ids: tuple[int, ...]
+    sample: int = -1        # -1: the greedy output; 0..n-1: a sampled one (evaluate.sampling)
+
+    @property
+    def key(self) -> tuple:
+        return (self.index, self.condition) if self.sample < 0 else (self.index, self.condition, self.sample)
 
 
 @dataclass
@@ -69,6 +77,11 @@ class Record:
     paper_extracted: str | None
     paper_correct: bool
     seconds: float          # wall time of its batch, shared equally by the batch's rows
+    sample: int = -1        # as Item.sample; graded on the output alone when >= 0 (the paper's pass@3)
+
+    @property
+    def key(self) -> tuple:
+        return (self.index, self.condition) if self.sample < 0 else (self.index, self.condition, self.sample)
 
 
 def paths(name: str) -> dict[str, Path]:
@@ -82,7 +95,7 @@ def make_batches(items: list[Item], batch_size: int) -> list[list[Item]]:
     """Items sorted by prompt length (least padding), cut into fixed batches: a resumed run
     regenerates exactly the batches an uninterrupted run would."""
     order = {c: k for k, c in enumerate(CONDITIONS)}
-    ranked = sorted(items, key=lambda it: (len(it.input_ids), it.index, order[it.condition]))
+    ranked = sorted(items, key=lambda it: (len(it.input_ids), it.index, order[it.condition], it.sample))
     return [ranked[i:i + batch_size] for i in range(0, len(ranked), batch_size)]
 
 
@@ -137,11 +150,13 @@ def _cache_kwarg() -> str:
 
 
 def generate(model, tokenizer, batch: list[Item], max_new_tokens: int, stop_at_boxed: bool,
-             eos: list[int], arm_hook: arm.ArmHook | None = None) -> list[tuple[str, int, str]]:
+             eos: list[int], arm_hook: arm.ArmHook | None = None,
+             sampler: sampling.RowSampler | None = None) -> list[tuple[str, int, str]]:
     """Greedy continuations of a batch of prompts: [(text, n_tokens, stop reason)]; `arm_hook` (installed on
-    the model) edits the rows whose condition is `arm`."""
+    the model) edits the rows whose condition is `arm`; `sampler` draws each sampled row's tokens with its own seed
+    (greedy search then takes the one token it leaves)."""
     import torch
-    from transformers import StaticCache, StoppingCriteriaList
+    from transformers import LogitsProcessorList, StaticCache, StoppingCriteriaList
 
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
     width = max(len(it.input_ids) for it in batch)
@@ -154,7 +169,8 @@ def generate(model, tokenizer, batch: list[Item], max_new_tokens: int, stop_at_b
     # sized by this batch alone: generate's own static cache grows to the longest of all earlier
     # calls, which would make a batch's arithmetic depend on what ran before it (and on resuming)
     cache = StaticCache(config=model.config.get_text_config(decoder=True), max_cache_len=width + max_new_tokens)
-    rows = [it.index if it.condition == "arm" else None for it in batch]
+    # a sampled arm row's ARM draws are seeded with its sample index too
+    rows = [(it.index if it.sample < 0 else (it.index, it.sample)) if it.condition == "arm" else None for it in batch]
     if arm_hook is not None:
         arm_hook.begin(rows, mask.bool())
     elif any(r is not None for r in rows):
@@ -164,7 +180,7 @@ def generate(model, tokenizer, batch: list[Item], max_new_tokens: int, stop_at_b
             input_ids=ids.to(model.device), attention_mask=mask.to(model.device),
             max_new_tokens=max_new_tokens, do_sample=False, temperature=None, top_p=None, top_k=None,
             num_beams=1, eos_token_id=eos, pad_token_id=pad, stopping_criteria=criteria, use_cache=True,
-            **{_cache_kwarg(): cache},
+            logits_processor=LogitsProcessorList([sampler] if sampler else []), **{_cache_kwarg(): cache},
         )
     if arm_hook is not None:
         arm_hook.begin([])  # disarmed: a later forward pass of this model is left alone
@@ -190,7 +206,7 @@ class Journal:
 
     def __init__(self, path: Path, key: str, foreign: str = "restart"):
         self.path, self.key, self.foreign = path, key, foreign
-        self.records: dict[tuple[int, str], Record] = {}
+        self.records: dict[tuple, Record] = {}  # by Record.key
         if path.is_file():
             self._load()
 
@@ -216,7 +232,7 @@ class Journal:
                 if k == len(lines) or (k == len(lines) - 1 and not lines[-1]):
                     break  # the run was killed while writing its last line: that batch is redone
                 raise ArtifactError(f"{self.path}:{k}: damaged journal line ({e}); delete the file to start over") from None
-            self.records[(rec.index, rec.condition)] = rec
+            self.records[rec.key] = rec
 
     def append(self, records: list[Record]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -229,7 +245,7 @@ class Journal:
             f.flush()
             os.fsync(f.fileno())
         for rec in records:
-            self.records[(rec.index, rec.condition)] = rec
+            self.records[rec.key] = rec
 
 
 def part_path(journal: Path, index: int, count: int) -> Path:
@@ -264,6 +280,7 @@ class TransformersEngine:
         self.arm_hook = arm.ArmHook(arm.layer0_mlp(self.model, params, prepared.name), arm_settings) if arm_settings else None
         self.eos = stop_ids(self.model.generation_config, self.tokenizer)
         cfg = params.evaluate
+        self.sampling = sampling.resolve(params, self.model.generation_config) if cfg.sampling.n else None
         self.settings = {"engine": "transformers", **_common_settings(params, self.eos, str(self.model.device)),
                          "batch_size": cfg.batch_size, "attn_implementation": attn, "cache": "static"}
         self.stats: dict = {}
@@ -272,8 +289,15 @@ class TransformersEngine:
         cfg = self.params.evaluate
         for batch in batches:  # a batch is regenerated whole: its rows' arithmetic depends on each other
             t0 = time.perf_counter()
-            outs = generate(self.model, self.tokenizer, batch, cfg.max_new_tokens, cfg.stop_at_boxed, self.eos,
-                            self.arm_hook)
+            sampler, limit = None, cfg.max_new_tokens
+            if any(it.sample >= 0 for it in batch):
+                s = self.sampling
+                sampler = sampling.RowSampler([sampling.sample_seed(s["seed"], it.index, it.condition, it.sample)
+                                               if it.sample >= 0 else None for it in batch],
+                                              s["temperature"], s["top_p"], s["top_k"])
+                limit = s["max_new_tokens"]
+            outs = generate(self.model, self.tokenizer, batch, limit, cfg.stop_at_boxed, self.eos,
+                            self.arm_hook, sampler)
             share = (time.perf_counter() - t0) / len(batch)
             yield [(it, text, n, reason, share) for it, (text, n, reason) in zip(batch, outs)]
 
@@ -294,18 +318,27 @@ class VllmEngine:
             gen = GenerationConfig.from_model_config(
                 AutoConfig.from_pretrained(prepared.path, local_files_only=True, trust_remote_code=self.trust))
         self.eos = stop_ids(gen, self.tokenizer)
+        self.sampling = sampling.resolve(params, gen) if params.evaluate.sampling.n else None
         self.settings = {**_common_settings(params, self.eos, self.device), **vllm_engine.settings(params, self.device)}
         self.stats: dict = {}
 
     def run(self, batches: list[list[Item]], done: set) -> Iterator[list[Generated]]:
         cfg = self.params.evaluate
-        items = {f"{it.index}:{it.condition}": it for b in batches for it in b if (it.index, it.condition) not in done}
-        jobs = [(k, list(it.input_ids)) for k, it in items.items()]
+        items = {":".join(map(str, it.key)): it for b in batches for it in b if it.key not in done}
+        s = self.sampling
+        # a sampled job carries its own seed (vLLM's per-request seed) and sampling values
+        jobs = [(k, list(it.input_ids)) if it.sample < 0 else
+                (k, list(it.input_ids), {"temperature": s["temperature"], "top_p": s["top_p"], "top_k": s["top_k"] or -1,
+                                         "max_tokens": s["max_new_tokens"],
+                                         "seed": vllm_engine.request_seed(sampling.sample_seed(
+                                             s["seed"], it.index, it.condition, it.sample))})
+                for k, it in items.items()]
         if not jobs:  # every generation is journaled or merged from shards: no engine to start
             return
         for job, ids, seconds in vllm_engine.generate(self.params, self.prepared.path, self.device, self.settings,
                                                        jobs, self.eos, self.trust, self.stats):
-            text, n, reason = vllm_engine.cut(self.tokenizer, ids, self.eos, cfg.max_new_tokens, cfg.stop_at_boxed)
+            limit = cfg.max_new_tokens if items[job].sample < 0 else self.sampling["max_new_tokens"]
+            text, n, reason = vllm_engine.cut(self.tokenizer, ids, self.eos, limit, cfg.stop_at_boxed)
             yield [(items[job], text, n, reason, seconds)]
 
 
@@ -337,8 +370,8 @@ def run_journaled(engine, batches: list[list[Item]], journal: "Journal", gold: d
     interrupted run resumes with the same batches; `conditions` adds a running score per condition to the bar.
     Returns how many generations the journal already held."""
     total = sum(len(b) for b in batches)
-    todo = [b for b in batches if any((it.index, it.condition) not in journal.records for it in b)]
-    done = sum((it.index, it.condition) in journal.records for b in batches for it in b)
+    todo = [b for b in batches if any(it.key not in journal.records for it in b)]
+    done = sum(it.key in journal.records for b in batches for it in b)
     if done:
         print(f"{name}: resuming from {journal.path} ({done} of {total} generations done)", file=sys.stderr)
     bar = progress.bar(total=total, initial=done, desc=desc, unit="gen")
@@ -348,16 +381,19 @@ def run_journaled(engine, batches: list[list[Item]], journal: "Journal", gold: d
         for outs in generations:
             recs = []
             for it, text, n, reason, seconds in outs:
-                g = grade(text, gold[it.index], tok.decode(list(it.input_ids), skip_special_tokens=True))
+                # the paper grades greedy outputs with the prompt before them, sampled ones alone (its pass@3)
+                prompt = "" if it.sample >= 0 else tok.decode(list(it.input_ids), skip_special_tokens=True)
+                g = grade(text, gold[it.index], prompt)
                 recs.append(Record(it.index, it.condition, text, n, reason, g.extracted, g.correct,
-                                   g.paper_extracted, g.paper_correct, round(seconds, 4)))
-            fresh = sum((r.index, r.condition) not in journal.records for r in recs)
+                                   g.paper_extracted, g.paper_correct, round(seconds, 4), it.sample))
+            fresh = sum(r.key not in journal.records for r in recs)
             journal.append(recs)
             bar.update(fresh)
             if conditions:
                 bar.set_postfix_str(" ".join(
-                    f"{c}={sum(r.correct for r in journal.records.values() if r.condition == c)}"
-                    f"/{sum(r.condition == c for r in journal.records.values())}" for c in conditions), refresh=False)
+                    f"{c}={sum(r.correct for r in journal.records.values() if r.condition == c and r.sample < 0)}"
+                    f"/{sum(r.condition == c and r.sample < 0 for r in journal.records.values())}" for c in conditions),
+                    refresh=False)
     except KeyboardInterrupt:
         bar.close()
         print(f"\n{name}: interrupted; {len(journal.records)} of {total} generations kept in "
@@ -406,8 +442,8 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
     spec = model_spec(params, name)
     cfg = params.evaluate
     where = {k: (root / v if root else params.resolve(str(v))) for k, v in paths(name).items()}
-    problems, data_sha = load_math500(params)
-    chosen = select_problems(problems, cfg.n_samples, cfg.seed)
+    problems, data_sha = load_problems(params)
+    chosen = select_problems(problems, cfg.n_samples, cfg.seed, "evaluate.n_samples")
     check_engine(params)
     if cfg.shard is not None and os.environ.get("DVC_STAGE"):
         raise ConfigError(f"{params.file}: evaluate.shard: a shard writes a part, not the stage's outputs: run each "
@@ -424,17 +460,26 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
     builder = builder_for(params, name, engine.tokenizer)
     built = {p.index: builder.build(p) for p in chosen}
     items = [Item(p.index, c, built[p.index][c].input_ids) for p in chosen for c in conditions]
+    n_sampled = cfg.sampling.n
+    sampled = [Item(p.index, c, built[p.index][c].input_ids, j) for p in chosen for c in conditions
+               for j in range(n_sampled)]
     longest = max(len(it.input_ids) for it in items)
     context = prepared.facts["max_position_embeddings"]
-    if context and longest + cfg.max_new_tokens > context:
-        raise ConfigError(f"{params.file}: evaluate.max_new_tokens: a prompt of {longest} tokens plus "
-                          f"{cfg.max_new_tokens} new tokens exceeds the context of model '{name}' ({context})")
-    settings = {**engine.settings, **({"arm": arm_settings.describe()} if arm_settings else {})}
+    for key_name, limit in (("evaluate.max_new_tokens", cfg.max_new_tokens),
+                            ("evaluate.sampling.max_new_tokens", (cfg.sampling.max_new_tokens or 0) if n_sampled else 0)):
+        if context and longest + limit > context:
+            raise ConfigError(f"{params.file}: {key_name}: a prompt of {longest} tokens plus "
+                              f"{limit} new tokens exceeds the context of model '{name}' ({context})")
+    # `.sampling` (resolved values and their origin) is evaluate's alone: the sweep shares the engine, not its samples
+    settings = {**engine.settings, **({"arm": arm_settings.describe()} if arm_settings else {}),
+                **({"sampling": engine.sampling} if n_sampled else {})}
     key = hashlib.sha256(json.dumps({
         "weights": prepared.manifest().get("weights_sha256"), "settings": settings,
-        "items": [(it.index, it.condition, it.input_ids) for it in items]}).encode()).hexdigest()
+        "items": [(it.index, it.condition, it.input_ids) for it in items],
+        **({"sampled": n_sampled} if n_sampled else {})}).encode()).hexdigest()
     gold = {p.index: p.answer for p in chosen}
-    batches = make_batches(items, cfg.batch_size)
+    # sampled rows in batches of their own (their own max_new_tokens), after the greedy ones
+    batches = make_batches(items, cfg.batch_size) + make_batches(sampled, cfg.batch_size)
 
     if cfg.shard is not None:  # one job's part: its batches, journaled to the part file the merge reads
         part = part_path(where["journal"], cfg.shard.index, cfg.shard.count)
@@ -452,21 +497,30 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
     seconds = time.perf_counter() - started
 
     by_cond = {c: [journal.records[(p.index, c)] for p in chosen] for c in conditions}
-    metrics = summarize(by_cond, cfg.seed)
+    metrics = {"dataset": dataset_spec(params).label, **summarize(by_cond, cfg.seed)}
+    samples = {c: [[journal.records[(p.index, c, j)] for j in range(n_sampled)] for p in chosen]
+               for c in conditions} if n_sampled else None
+    if samples:
+        metrics["sampling"] = sampling.summarize(
+            {c: [[r.output for r in row] for row in samples[c]] for c in conditions},
+            {c: [[r.extracted for r in row] for row in samples[c]] for c in conditions},
+            {c: np.array([[r.correct for r in row] for row in samples[c]], dtype=bool) for c in conditions},
+            {c: np.array([[r.paper_correct for r in row] for row in samples[c]], dtype=bool) for c in conditions},
+            cfg.seed)
     prov = {
         **provenance("evaluate"),
         "model": {"name": name, **prepared.manifest()},
         **builder.describe(params),
         "generation": settings,
         **({"arm": {**arm_settings.describe(), "differences_from_paper": arm.DIFFERENCES}} if arm_settings else {}),
-        "grader": {"library": "math-verify", "paper_rule": "last \\boxed{} of prompt + output; right if equal "
-                   "to the gold answer or a substring of it (an output without a box is scored by the "
-                   "instruction's empty \\boxed{}, which counts as right)"},
+        "grader": {"library": "math-verify", "paper_rule": grading.PAPER_RULE + " Applied to prompt + output, "
+                   "as the paper's greedy runs do."},
         "params": {"models": {name: spec.model_dump(include=set(MODEL_KEYS))}, "prompt": params.prompt.model_dump(),
                    "evaluate": cfg.model_dump(exclude={"models"}), **({"arm": params.arm.model_dump()} if arm_settings else {}),
                    "dataset": params.dataset.model_dump(),
                    "runtime": params.runtime.model_dump(include={"device", "dtype"})},
         "dataset_sha256": data_sha,
+        "dataset_file": dataset_spec(params).describe(),
     }
     with write_h5(where["out"]) as f:
         f.attrs["kind"] = "eval"
@@ -486,6 +540,15 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
             put(g, "paper_extracted", np.array([r.paper_extracted or "" for r in recs], dtype=object),
                 compress=False, note="'' where prompt + output hold no complete box")
             put(g, "paper_correct", np.array([r.paper_correct for r in recs], dtype=bool))
+            if samples:  # [problems, samples]; graded on the output alone, as the paper's pass@3
+                sg, rows = g.create_group("sampled"), samples[c]
+                put(sg, "output", np.array([[r.output for r in row] for row in rows], dtype=object), compress=False)
+                put(sg, "n_tokens", np.array([[r.n_tokens for r in row] for row in rows], dtype=np.int32))
+                put(sg, "stop", np.array([[r.stop for r in row] for row in rows], dtype=object), compress=False)
+                put(sg, "extracted", np.array([[r.extracted for r in row] for row in rows], dtype=object), compress=False)
+                put(sg, "correct", np.array([[r.correct for r in row] for row in rows], dtype=bool))
+                put(sg, "paper_correct", np.array([[r.paper_correct for r in row] for row in rows], dtype=bool),
+                    note="the paper's rule on the output alone (its pass@3)")
     write_json_atomic(where["metrics"], metrics)
     tokens = {c: sum(r.n_tokens for r in by_cond[c]) for c in conditions}
     gen_seconds = {c: sum(r.seconds for r in by_cond[c]) for c in conditions}
@@ -494,6 +557,8 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
         "generation_seconds": {c: round(s, 2) for c, s in gen_seconds.items()},
         "tokens_per_second": {c: round(tokens[c] / gen_seconds[c], 2) if gen_seconds[c] else None
                               for c in conditions},
+        **({"sampled_generation_seconds": {c: round(sum(r.seconds for row in samples[c] for r in row), 2)
+                                           for c in conditions}} if samples else {}),
         "resumed_generations": done, "merged_parts": {p.name: n for p, n in merged.items()},
         "engine": cfg.engine, **engine.stats, "batch_size": cfg.batch_size, "device": settings["device"],
     })
@@ -501,6 +566,9 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
     for p in merged:
         p.unlink(missing_ok=True)
     acc = ", ".join(f"{c} {metrics['accuracy'][c]:.3f}" for c in conditions)
+    if samples:
+        k = min(3, n_sampled)
+        acc += f"; pass@{k} " + ", ".join(f"{c} {metrics['sampling'][f'pass@{k}'][c]:.3f}" for c in conditions)
     print(f"{name}: {len(chosen)} problems x {len(conditions)} conditions in {seconds:.1f} s; accuracy {acc} "
           f"-> {where['out']}")
     return where["out"]

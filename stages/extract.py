@@ -31,7 +31,7 @@ import numpy as np
 from stages import cli, models, progress
 from stages.capture import CaptureError, attention, compare, install_capture  # noqa: F401 (used by tests, benchmarks)
 from stages.config import ConfigError, Params, model_spec
-from stages.prompts import builder_for, load_math500, put_problems, select_problems
+from stages.prompts import builder_for, dataset_spec, load_problems, put_problems, select_problems
 from stages.store import provenance, put, put_json_attr, write_h5, write_prompt_timing
 
 # the conditions that differ in their prompt; `arm` (the none prompt, edited in layer 0's MLP) is skipped
@@ -65,8 +65,8 @@ def run(params: Params, name: str, out: Path | None = None, timing: Path | None 
     spec = model_spec(params, name)
     out = out or params.resolve(str(attention_path(name)))
     cfg = params.extract
-    problems, data_sha = load_math500(params)
-    chosen = select_problems(problems, cfg.n_samples, cfg.seed)
+    problems, data_sha = load_problems(params)
+    chosen = select_problems(problems, cfg.n_samples, cfg.seed, "extract.n_samples")
     if not chosen:
         raise ConfigError(f"{params.file}: extract.n_samples: the subset is empty")
     prepared = models.prepare(params, name, layers=spec.layers)
@@ -119,6 +119,7 @@ def run(params: Params, name: str, out: Path | None = None, timing: Path | None 
                    "extract": cfg.model_dump(), "dataset": params.dataset.model_dump(),
                    "runtime": params.runtime.model_dump(include={"device", "dtype"})},
         "dataset_sha256": data_sha,
+        "dataset_file": dataset_spec(params).describe(),
     }
     with write_h5(out) as f:
         f.attrs["kind"] = "attention"

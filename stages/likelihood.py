@@ -54,7 +54,7 @@ import numpy as np
 from stages import arm, cli, models, progress
 from stages.config import ANSWER_MARK, ConfigError, Params, model_spec
 from stages.intervals import bootstrap_mean_ci, wilcoxon_p
-from stages.prompts import DatasetError, Problem, builder_for, load_math500, put_problems, select_problems
+from stages.prompts import DatasetError, Problem, builder_for, load_problems, put_problems, require_field, select_problems
 from stages.store import provenance, put, put_json_attr, write_csv_atomic, write_h5, write_json_atomic, write_timing
 
 CONTINUATIONS = ("solution", "answer")
@@ -354,8 +354,9 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
     cfg = params.likelihood
     where = {k: (root / v if root else params.resolve(str(v))) for k, v in paths(name).items()}
     sp = scoring_params(params)
-    problems, data_sha = load_math500(params)
-    chosen = select_problems(problems, cfg.n_samples, cfg.seed)
+    problems, data_sha = load_problems(params)
+    chosen = select_problems(problems, cfg.n_samples, cfg.seed, "likelihood.n_samples")
+    require_field(params, chosen, "solution", "the likelihood stage (its `solution` continuation)")
     if name not in params.scored:
         raise ConfigError(f"{params.file}: likelihood.models: model '{name}' is not among the models scored "
                           f"{params.scored}; add it there to score it")

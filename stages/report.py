@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from stages import arm, charts, cli, figures
+from stages import arm, charts, cli, figures, grading
 from stages.charts import paper
 from stages.charts.common import Sources, label, load_context, md_escape
 from stages.config import Params
@@ -42,7 +42,7 @@ def eval_path(name: str) -> Path:
 
 def example(params: Params, root: Path, name: str, disp: str, limit: int = 700) -> dict:
     """One problem where the conditions' grades differ (else the first), with each condition's output."""
-    from stages.prompts import load_math500
+    from stages.prompts import load_problems
 
     path = root / eval_path(name)
     with read_h5(path, "eval", ("problems/index", "problems/answer")) as f:
@@ -61,9 +61,11 @@ def example(params: Params, root: Path, name: str, disp: str, limit: int = 700) 
                          "n_tokens": int(f[c]["n_tokens"][k]), "stop": (f[c]["stop"][k]).decode()
                          if isinstance(f[c]["stop"][k], bytes) else str(f[c]["stop"][k]),
                          "output": out if len(out) <= limit else out[:limit] + " […]"})
-    problems, _ = load_math500(params)
-    problem = problems[int(index[k])]
-    return {"model": disp, "index": int(index[k]), "level": problem.level, "subject": problem.subject,
+    problems, _ = load_problems(params)
+    problem = next(p for p in problems if p.index == int(index[k]))  # index: the file's row (a filter skips rows)
+    about = ", ".join(([problem.subject] if problem.subject else []) +
+                      ([f"level {problem.level}"] if problem.level is not None else []))
+    return {"model": disp, "index": int(index[k]), "about": about,
             "problem": problem.problem, "answer": answers[k], "rows": rows,
             "differs": bool(correct[:, k].min() != correct[:, k].max())}
 
@@ -112,7 +114,18 @@ def instructions(root: Path, names: list[str]) -> list[dict]:
             text = json.loads(f.attrs["provenance"])["extract_provenance"].get("params", {}).get(
                 "prompt", {}).get("instruction", "?")
         seen.setdefault(text, []).append(name)
-    return [{"text": t, "literal": "{{}}" in t, "models": ms} for t, ms in seen.items()]
+    return [{"text": t, "literal": "{{}}" in t, "models": ms, "boxless": boxless(t)} for t, ms in seen.items()]
+
+
+def boxless(instruction: str) -> str:
+    """What an output without a box scores under the paper's rule on prompt + output with this instruction."""
+    pred = grading.paper_box(instruction)
+    if pred is None:
+        return "the instruction holds no complete box: such an output has no prediction and counts as wrong"
+    if pred == "":
+        return "the instruction's empty box gives the empty prediction, a substring of every answer: such an output counts as right"
+    return (f"the instruction's box gives the prediction {pred}, right only for an answer that contains it "
+            "(none in MATH-500 or AIME): such an output counts as wrong")
 
 
 def arm_section(root: Path, names: list[str], disp) -> dict | None:
@@ -198,11 +211,12 @@ def run(params: Params, out: Path | None = None) -> list[Path]:
         "query_set": sorted({ctx.stats[n]["query_set"] for n in names}),
         "layer": params.figures.layer,
         "instructions": instructions(root, names),
-        "paper_models": [ctx.disp(n) for n in names if paper.paper_name(ctx, n)],
+        "paper_models": [ctx.disp(n) for n in names if paper.accuracy_column(ctx, n)],
         "per_model": per_model, "cross": cross, "accuracy": acc, "table": acc.extra["table"],
         "activation_charts": [study["activations"], study["activation-shift"]],
         "span_charts": [study["span-sweep"], study["span-accuracy"]],
         "likelihood": study["likelihood"],
+        "sampling_chart": study["pass-at-k"],
         "glance": cross.observations + study["activations"].interpretation[1:2] + acc.extra["glance"]
         + acc.extra["arm_glance"] + paper.shape_notes(ctx) + study["likelihood"].observations[:1],
         "arm": arm_section(root, evaluated, ctx.disp),

@@ -47,7 +47,7 @@ from stages.config import ConfigError, Params, model_spec
 from stages.evaluate import Item, Journal, check_engine, open_engine, paired, run_journaled
 from stages.extract import reduce
 from stages.intervals import bootstrap_mean_ci, bootstrap_ratio_ci, wilcoxon_p
-from stages.prompts import PromptBuilder, PromptError, load_math500, put_problems, select_problems
+from stages.prompts import PromptBuilder, PromptError, dataset_spec, load_problems, put_problems, select_problems
 from stages.stats import QUERY_VECTOR, sample_stats
 from stages.store import (provenance, put, put_json_attr, write_csv_atomic, write_h5, write_json_atomic,
                           write_timing)
@@ -238,8 +238,8 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
     spec = model_spec(params, name)
     cfg = params.sweep
     where = {k: (root / v if root else params.resolve(str(v))) for k, v in paths(name).items()}
-    problems, data_sha = load_math500(params)
-    chosen = select_problems(problems, cfg.attention_samples, cfg.seed)
+    problems, data_sha = load_problems(params)
+    chosen = select_problems(problems, cfg.attention_samples, cfg.seed, "sweep.attention_samples")
     prepared = models.prepare(params, name, layers=[cfg.layer])
     facts = prepared.facts
     if cfg.layer >= facts["num_layers"]:
@@ -275,12 +275,12 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
 
     acc_problems, correct, settings = [], {}, None
     if cfg.accuracy_samples:
-        acc_problems = select_problems(problems, cfg.accuracy_samples, cfg.seed)
+        acc_problems = select_problems(problems, cfg.accuracy_samples, cfg.seed, "sweep.accuracy_samples")
         # generation runs the whole model: a GGUF source is converted in full (once) for it
         correct, settings = accuracy_sweep(params, name, models.prepare(params, name), acc_problems, where)
     lik_problems, lik = [], {}
     if cfg.likelihood_samples:
-        lik_problems = select_problems(problems, cfg.likelihood_samples, cfg.seed)
+        lik_problems = select_problems(problems, cfg.likelihood_samples, cfg.seed, "sweep.likelihood_samples")
         lik = likelihood_sweep(params, name, models.prepare(params, name), lik_problems)  # the whole model too
     lik_rows = {}
     for token in cfg.tokens:
@@ -316,6 +316,7 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
                    "runtime": params.runtime.model_dump(include={"device", "dtype"})},
         "generation": settings,
         "dataset_sha256": data_sha,
+        "dataset_file": dataset_spec(params).describe(),
     }
     ref = params.sweep.reference_count
     with write_h5(where["out"]) as f:

@@ -127,17 +127,26 @@ def _engine_args(params: Params, model_dir: Path, engine: dict, trust_remote_cod
     return args
 
 
-def generate(params: Params, model_dir: Path, device: str, engine: dict, jobs: list[tuple[str, list[int]]],
+def request_seed(entropy: list[int]) -> int:
+    """A sampled request's seed (vLLM's per-request SamplingParams.seed) from (seed, problem, condition, sample)."""
+    import numpy as np
+
+    return int(np.random.SeedSequence(entropy).generate_state(1, np.uint32)[0] >> np.uint32(1))
+
+
+def generate(params: Params, model_dir: Path, device: str, engine: dict, jobs: list[tuple],
              eos: list[int], trust_remote_code: bool = False,
              stats: dict | None = None) -> Iterator[tuple[str, list[int], float]]:
-    """Greedy generations of `jobs` [(id, prompt token ids)] with the engine `engine` (settings()) describes, yielded as
+    """Generations of `jobs` [(id, prompt token ids) greedy, or (id, ids, {temperature, top_p, top_k, max_tokens,
+    seed}) sampled with that request's own seed] with the engine `engine` (settings()) describes, yielded as
     (id, generated token ids, seconds since the previous one finished or the first engine started) in the order
     they finish; `stats` receives `engine_start_seconds` (the slowest replica's)."""
     v = params.evaluate.vllm
     ev = params.evaluate
     # the context these prompts need, not the model's (Llama-3.1's 128k would reserve KV cache for nothing)
     args = {**_engine_args(params, model_dir, engine, trust_remote_code),
-            "max_model_len": max(len(ids) for _, ids in jobs) + ev.max_new_tokens}
+            "max_model_len": max(len(j[1]) for j in jobs) + max([ev.max_new_tokens] + [j[2]["max_tokens"] for j in jobs
+                                                                                       if len(j) > 2])}
     replicas = min(v.data_parallel_size, len(jobs))
     workers = []
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
@@ -245,9 +254,14 @@ def serve(request: dict, out) -> None:
                               stop_token_ids=request["stop_token_ids"], detokenize=False,
                               skip_special_tokens=True, output_kind=RequestOutputKind.DELTA)
     produced: dict[str, list[int]] = {}
-    for job_id, ids in request["jobs"]:
+    for job in request["jobs"]:
+        job_id, ids = job[0], job[1]
         produced[job_id] = []
-        engine.add_request(job_id, {"prompt_token_ids": ids}, sampling)
+        params = sampling if len(job) < 3 else SamplingParams(
+            temperature=job[2]["temperature"], top_p=job[2]["top_p"], top_k=job[2]["top_k"],
+            max_tokens=job[2]["max_tokens"], seed=job[2]["seed"], stop_token_ids=request["stop_token_ids"],
+            detokenize=False, skip_special_tokens=True, output_kind=RequestOutputKind.DELTA)
+        engine.add_request(job_id, {"prompt_token_ids": ids}, params)
     boxed = request["stop_at_boxed"]
     while engine.has_unfinished_requests():
         done, boxed_now = [], []

@@ -37,7 +37,8 @@ def write_params(tmp_path):
 
     def write(raw: dict | None = None, **sections) -> Path:
         raw = copy.deepcopy(raw if raw is not None else default_params())
-        raw["dataset"]["path"] = str(ROOT / raw["dataset"]["path"])
+        if raw["dataset"].get("path"):
+            raw["dataset"]["path"] = str(ROOT / raw["dataset"]["path"])
         if "mful" in raw.get("prompt", {}):
             raw["prompt"]["mful"]["text_file"] = str(ROOT / raw["prompt"]["mful"]["text_file"])
         raw.update(sections)

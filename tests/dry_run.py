@@ -29,7 +29,8 @@ from tests import tiny
 ROOT = tiny.ROOT
 # what the CPU run shrinks; everything else is the GPU profile's
 # (a coarser activation histogram too: its chart takes most of the drawing time, and its bins are no figure param)
-SMALL = {"extract": {"n_samples": 2, "showcase": 1}, "evaluate": {"n_samples": 2, "max_new_tokens": 2, "batch_size": 6},
+SMALL = {"extract": {"n_samples": 2, "showcase": 1}, "evaluate": {"n_samples": 2, "max_new_tokens": 2, "batch_size": 6,
+                                                                 "sampling": {"n": 2, "max_new_tokens": 2}},
          "stats": {"n_boot": 50}, "activations": {"n_boot": 50, "showcase": 0, "bins": 60},
          "sweep": {"attention_samples": 2, "accuracy_samples": 2, "likelihood_samples": 2, "n_boot": 50},
          "likelihood": {"n_samples": 3, "solution_tokens": 16, "n_boot": 50}}
@@ -52,13 +53,15 @@ def dry_run_params(model_dirs: dict[str, Path], absolute_paths: bool = False) ->
     raw["profile"] = "gpu-dry-run"
     raw["runtime"].update(device="cpu", dtype="float32", offline=True, threads=1)
     for section, values in SMALL.items():
-        raw[section].update(values)
+        for key, value in values.items():  # a nested block (evaluate.sampling) keeps the profile's other keys
+            raw[section][key] = {**raw[section][key], **value} if isinstance(value, dict) else value
     if set(raw["models"]) != set(model_dirs):
         raise SystemExit(f"profiles/gpu.yaml models {sorted(raw['models'])} != tiny stand-ins {sorted(model_dirs)}")
     for name, spec in raw["models"].items():
         spec["source"] = {"kind": "local_dir", "path": str(model_dirs[name])}
     if absolute_paths:  # a params file outside the project
-        raw["dataset"]["path"] = str(ROOT / raw["dataset"]["path"])
+        if raw["dataset"].get("path"):
+            raw["dataset"]["path"] = str(ROOT / raw["dataset"]["path"])
         raw["prompt"]["mful"]["text_file"] = str(ROOT / raw["prompt"]["mful"]["text_file"])
     return raw
 

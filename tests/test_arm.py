@@ -298,6 +298,16 @@ def test_paper_defaults_by_repo_and_family():
     assert (l.variant, l.c, l.percentage, l.pmin, l.pmax) == ("llama", 0.32, 90.0, 0.2, 0.25)
     assert (g.variant, g.c, g.percentage) == ("gemma", 0.25, 0.85) and g.origin["c"].startswith("paper")
     assert (o.c, o.percentage, o.origin["c"], o.origin["percentage"]) == (0.2, 99.5, "params", "fallback (llama variant)")
+    # the dataset selects the paper's column: Qwen2.5-Math-7B (0.05, 90) on AIME2024, Llama off on AIME 2025
+    raw["dataset"]["benchmark"] = "aime2024"
+    q = arm.resolve(Params.model_validate(raw), "q", "qwen2")
+    assert (q.c, q.percentage, q.origin["c"]) == (0.05, 90.0, "paper (Qwen/Qwen2.5-Math-7B, aime2024)")
+    raw["dataset"]["benchmark"] = "aime2025"
+    with pytest.raises(ConfigError, match=r"models.l.arm: the paper runs meta-llama/Llama-3.1-8B-Instruct on aime2025 "
+                                          r"without ARM; set models.l.arm.c and percentage"):
+        arm.resolve(Params.model_validate(raw), "l", "llama")
+    raw["models"]["l"]["arm"] = {"c": 0.32, "percentage": 90}   # params still override
+    assert arm.resolve(Params.model_validate(raw), "l", "llama").origin["c"] == "params"
 
 
 def tiny_params_path():

@@ -66,7 +66,7 @@ def test_every_seed_chart_is_drawn_as_the_paper_draws_it(dry):
     stems = sorted({p.stem for p in written})
     assert stems == sorted(["qwen2_5-math-7b-layer-sweep", "qwen2_5-math-7b-heads", "llama3_1-8b-instruct-heads",
                             "qwen2_5-math-7b-conditions", "cross-model", "accuracy", "activations", "activation-shift",
-                            "span-sweep", "span-accuracy", "likelihood"])
+                            "span-sweep", "span-accuracy", "likelihood", "pass-at-k"])
     plt = figures._setup()
     ctx = load_context(params)
     drawn = {charts.stem(k, n): k.draw(plt, ctx, n) for k in charts.KINDS if k.KIND in

@@ -10,13 +10,12 @@ import pytest
 
 from stages import evaluate, models
 from stages.config import ConfigError, load_params
-from stages.grading import grade, has_complete_box, last_boxed
+from stages.grading import grade, has_complete_box
 from stages.intervals import bootstrap_mean_ci, mcnemar_exact
 from stages.prompts import builder_for, load_math500, select_problems
 from stages.store import ArtifactError, read_h5
 from tests.conftest import ROOT
 
-INSTRUCTION = "Please reason step by step and put your final answer within \\boxed{}."
 
 
 # ---- grading ----------------------------------------------------------------------------------
@@ -28,28 +27,10 @@ def test_every_gold_solution_is_graded_correct_against_its_answer(write_params):
     assert wrong == [], f"math-verify rejects these gold solutions: {wrong}"
 
 
-def test_math_verify_equivalence_and_paper_rule():
-    g = grade("so $x = 0.5$, i.e. \\boxed{\\frac{1}{2}}", "\\frac12", INSTRUCTION)
-    assert g.correct and g.paper_extracted == "\\frac{1}{2}" and not g.paper_correct  # strings differ
-    g = grade("the answer is \\boxed{12}", "12", INSTRUCTION)
-    assert g.correct and g.paper_correct
-    # the paper's rule: a prediction that is a substring of the gold answer counts as right
-    g = grade("\\boxed{1}", "12", INSTRUCTION)
-    assert not g.correct and g.paper_correct
-    # no box in the output: the instruction's empty box is the last one, and "" is in every answer
-    g = grade("I do not know.", "12", INSTRUCTION)
-    assert not g.correct and g.paper_extracted == "" and g.paper_correct
-    g = grade("I do not know.", "12", "no box in this prompt")
-    assert g.paper_extracted is None and not g.paper_correct
-
-
 def test_box_detection_handles_nesting_and_unfinished_boxes():
     assert not has_complete_box("so \\boxed{\\frac{1}{2")
     assert has_complete_box("so \\boxed{\\frac{1}{2}} and more")
     assert has_complete_box("\\fbox{3}")
-    assert last_boxed("\\boxed{1} then \\boxed{\\sqrt{2}}") == "\\sqrt{2}"
-    assert last_boxed("\\boxed{1} then \\boxed{\\sqrt{2") == "1"  # the unfinished last box is skipped
-    assert last_boxed("nothing") is None
 
 
 def test_mcnemar_and_bootstrap():

@@ -25,14 +25,19 @@ SHOT_DIR = ROOT / "test-output"
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory, tiny_dirs):
-    """A tiny project folder with every input of the report: two tiny models, one with a hostile name."""
+    """A tiny project folder with every input of the report: two tiny models, one with a hostile name, on the
+    AIME 2024 problems."""
     root = tmp_path_factory.mktemp("project")
     shutil.copytree(ROOT / "data", root / "data")
     shutil.copytree(ROOT / "stages" / "texts", root / "stages" / "texts")
     raw = default_params()
+    # an AIME-layout benchmark: Parquet, no level or subject, zero-padded answers, the 2024 rows by a filter
+    raw["dataset"].update(benchmark="aime2024", filter={"field": "url", "contains": "2024_AIME"})
     raw["prompt"]["conditions"] = ["none", "mless", "mful", "arm"]  # all four (the default leaves arm out)
     raw["extract"].update(n_samples=5, showcase=1)
-    raw["evaluate"].update(n_samples=4, max_new_tokens=12, batch_size=6)
+    raw["evaluate"].update(n_samples=4, max_new_tokens=12, batch_size=6,
+                           sampling={"n": 2, "temperature": 1.0, "top_p": 0.95, "top_k": 0, "max_new_tokens": 8,
+                                     "seed": 0, })
     raw["stats"].update(n_boot=200)
     raw["activations"].update(n_boot=200)
     raw["sweep"].update(counts=[0, 10, 55], attention_samples=3, accuracy_samples=2, likelihood_samples=3, n_boot=200)
@@ -164,7 +169,7 @@ def test_sentences_agree_with_the_numbers(project):
         peaks = [str(c) for c, a in zip(counts, acc) if a == acc.max()]
         assert re.search(rf"accuracy peaks at counts? {', '.join(peaks)} \(", text), peaks
     for section in ("Overview", "Axes and legend", "Detailed analysis", "Key observations", "Interpretation"):
-        assert text.count(section) == 3 * len(params.models) + 7  # once per chart
+        assert text.count(section) == 3 * len(params.models) + 8  # once per chart (pass@k: sampling ran)
 
 
 def test_text_from_data_is_escaped_and_output_deterministic(project):
@@ -195,6 +200,22 @@ def test_arm_is_the_fourth_bar_and_has_its_section(project):
     assert re.findall(r"^\| Tiny llama \| arm \| ", md, re.M)  # the accuracy table's fourth row
     with h5py.File(root / "artifacts/attention/tiny-llama.h5", "r") as f:
         assert list(f.attrs["conditions"]) == ["none", "mless", "mful"] and list(f.attrs["skipped_conditions"]) == ["arm"]
+
+
+def test_the_benchmark_is_named_and_its_problems_are_the_filtered_rows(project):
+    root, params, written = project
+    md = written[1].read_text(encoding="utf-8")
+    assert "## Accuracy" in md and "AIME 2022-2024 (url holds 2024\\_AIME) accuracy of each model" in md
+    assert "the paper, % (approx.)" not in md  # its MATH-500 accuracies are not set beside another benchmark
+    # sampling ran: the pass@k chart (pass@2 with 2 samples) and its section, arm beside none
+    assert "### Sampling: pass@k and 2-gram diversity" in md and "arm pass@2" in md and "arm − none: pass@2" in md
+    assert (root / "reports/figures/pass-at-k.png").is_file()
+    with h5py.File(root / "artifacts/eval/tiny-llama.h5", "r") as f:
+        index = f["problems/index"][()]
+        assert all(60 <= i < 90 for i in index) and set(f["problems/level"][()]) == {-1}
+        assert all(len(a) == 3 for a in f["problems/answer"].asstr()[()])  # zero-padded AIME answers
+        prov = json.loads(f.attrs["provenance"])
+    assert prov["dataset_file"]["label"].startswith("AIME 2022-2024") and prov["dataset_sha256"].startswith("025484a9")
 
 
 def test_markdown_links_resolve(project):

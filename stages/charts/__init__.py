@@ -3,10 +3,10 @@ section). `stages/figures.py` and `stages/report.py` only loop over these lists;
 open its module."""
 
 from stages.charts import (accuracy, activation_shift, activations, conditions, cross_model, heads, layer_sweep,
-                           likelihood, span_accuracy, span_sweep)
+                           likelihood, pass_at_k, span_accuracy, span_sweep)
 
 PER_MODEL = (layer_sweep, heads, conditions)   # one chart per model: reports/figures/<model>-<KIND>.*
-STUDY = (cross_model, activations, activation_shift, span_sweep, span_accuracy, likelihood, accuracy)  # across models: <KIND>.*
+STUDY = (cross_model, activations, activation_shift, span_sweep, span_accuracy, likelihood, accuracy, pass_at_k)  # across models: <KIND>.*
 KINDS = PER_MODEL + STUDY
 
 

@@ -1,4 +1,4 @@
-"""accuracy: MATH-500 accuracy per model and condition, from the evaluation metrics only; its report section
+"""accuracy: accuracy on the evaluated benchmark (MATH-500 by default) per model and condition, from the evaluation metrics only; its report section
 also carries the accuracy table (`Chart.extra["table"]`)."""
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ def draw(plt, ctx: Context, name: None = None):
             ax.annotate(f"{metrics[n]['correct'][c]}/{metrics[n]['n_problems']}", (b.get_x() + b.get_width() / 2,
                         b.get_height()), ha="center", va="bottom", fontsize=8, xytext=(0, 2), textcoords="offset points")
     ax.set_xticks(np.arange(len(names)), [ctx.disp(n) for n in names], rotation=10)
-    ax.set_ylabel("Accuracy (%, math-verify)" if paper else "MATH-500 accuracy (%, math-verify)")
-    ax.set_title(PAPER_TITLE if paper else "Accuracy by prompt condition")
+    ax.set_ylabel("Accuracy (%, math-verify)" if paper else f"{ctx.benchmark} accuracy (%, math-verify)")
+    ax.set_title(PAPER_TITLE if paper and ctx.benchmark == "MATH-500" else "Accuracy by prompt condition")
     ax.set_ylim(0, max(5.0, 1.25 * max(100 * v for m in metrics.values() for v in m["accuracy"].values())))
     ax.legend(loc="upper left")
     ax.grid(axis="y", alpha=0.3, lw=0.5)
@@ -111,10 +111,10 @@ def explain(ctx: Context, name: None = None) -> Chart:
     n0 = table[0]["n"] if table else None
     conds_all = [c for c in CONDITIONS if any(c in row["conds"] for row in table)] or ["none", "mless", "mful"]
     return Chart(
-        "accuracy", "MATH-500 accuracy by prompt condition",
-        [Text("MATH-500 accuracy of each model under each condition, on ", n0, " problems per model, greedy "
+        "accuracy", f"{ctx.benchmark} accuracy by prompt condition",
+        [Text(f"{ctx.benchmark} accuracy of each model under each condition, on ", n0, " problems per model, greedy "
               "decoding, graded by math-verify against the gold answer; the same problems under every condition.")
-         if n0 is not None else Text("MATH-500 accuracy.")]
+         if n0 is not None else Text(f"{ctx.benchmark} accuracy.")]
         + ([Text(f" Not evaluated in this run (evaluate.models): {', '.join(skipped)}.")] if skipped else []),
         [Text(f"Bars: models; colours: conditions ({colour_key(conds_all)}); y axis: accuracy in percent; the "
               "label on each bar is correct / problems.")],

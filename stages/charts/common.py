@@ -160,6 +160,11 @@ class Context:
         return self._likelihood_link
 
     @property
+    def benchmark(self) -> str:
+        """The evaluated benchmark's name (metrics/accuracy/<model>.json: dataset), MATH-500 for older metrics."""
+        return next((m["dataset"] for m in self.metrics.values() if m.get("dataset")), "MATH-500")
+
+    @property
     def paper_labels(self) -> bool:
         return self.params.figures.labels == "paper"
 

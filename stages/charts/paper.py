@@ -133,8 +133,10 @@ def _accuracy(ctx: Context) -> list[dict]:
 
 
 def accuracy_column(ctx: Context, name: str) -> dict[str, int] | None:
-    """The paper's accuracies (percent) for the table's column, where the model is the paper's."""
-    return ACCURACY.get(paper_name(ctx, name) or "")
+    """The paper's MATH-500 accuracies (percent) for the table's column, where the model is the paper's and the
+    benchmark MATH-500."""
+    return ACCURACY.get(paper_name(ctx, name) or "") if ctx.benchmark == "MATH-500" else None
+
 
 
 # The paper's models' shapes: (layers, query heads, kv heads, hidden size, vocabulary)
