@@ -54,7 +54,7 @@ import numpy as np
 from stages import arm, cli, models, progress
 from stages.config import ANSWER_MARK, ConfigError, Params, model_spec
 from stages.intervals import bootstrap_mean_ci, wilcoxon_p
-from stages.prompts import DatasetError, Problem, builder_for, load_problems, put_problems, require_field, select_problems
+from stages.prompts import DatasetError, Problem, builder_for, dataset_spec, load_problems, put_problems, require_field, select_problems
 from stages.store import provenance, put, put_json_attr, write_csv_atomic, write_h5, write_json_atomic, write_timing
 
 CONTINUATIONS = ("solution", "answer")
@@ -102,7 +102,7 @@ class Continuations:
     def __init__(self, params: Params, builder):
         cfg = params.likelihood
         self.builder, self.cfg = builder, cfg
-        self.dataset = params.resolve(params.dataset.path)
+        self.dataset = dataset_spec(params).path
         sep = cfg.separator if builder.template == "raw" else ""
         self.sep = builder.encode(sep) if sep else []
         head, self.tail = cfg.answer_frame.split(ANSWER_MARK)

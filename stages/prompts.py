@@ -179,9 +179,10 @@ load_math500 = load_problems  # the name every stage used while MATH-500 was the
 def require_field(params: Params, problems: list[Problem], field: str, stage: str) -> None:
     """One line naming the key and the file when a stage needs a field (solution, level, subject) the
     dataset lacks."""
-    if any(getattr(p, field) is None for p in problems):
+    missing = next((p for p in problems if getattr(p, field) is None), None)
+    if missing is not None:
         spec = dataset_spec(params)
-        raise DatasetError(f"{spec.path}: {stage} needs the field '{field}', which this dataset does not have "
+        raise DatasetError(f"{spec.path}: row {missing.index + 1} has no '{field}': {stage} needs it "
                            f"({params.file}: dataset.fields.{field})")
 
 

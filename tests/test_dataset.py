@@ -62,7 +62,7 @@ def test_vendored_aime_files_load_with_their_fields(write_params):
     assert len(chosen) == 7 and chosen == select_problems(problems, 7, 0) and chosen != problems[:7]
     with pytest.raises(DatasetError, match="evaluate.n_samples: asked for 31 problems; the dataset has 30"):
         select_problems(problems, 31, 0, "evaluate.n_samples")
-    with pytest.raises(DatasetError, match=r"aime2025.jsonl: likelihood needs the field 'solution'.*dataset.fields.solution"):
+    with pytest.raises(DatasetError, match=r"aime2025.jsonl: row 1 has no 'solution': likelihood needs it .*dataset.fields.solution"):
         require_field(_with(write_params, benchmark="aime2025"), problems, "solution", "likelihood")
 
 
