@@ -318,6 +318,9 @@ def paired_stats(diff: np.ndarray, seed: int, n_boot: int) -> dict:
 
 
 def groups(values: list, diff: np.ndarray, seed: int, n_boot: int) -> tuple[list, list[dict]]:
+    """The paired statistics per value (level, subject); none when the dataset lacks the field (AIME: no level)."""
+    if any(v is None for v in values):
+        return [], []
     keys = sorted(set(values))
     return keys, [paired_stats(diff[[v == k for v in values]], seed, n_boot) for k in keys]
 
@@ -406,6 +409,8 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
                    "runtime": params.runtime.model_dump(include={"device", "dtype"})},
         "dataset_sha256": data_sha,
     }
+    import h5py
+
     with write_h5(where["out"]) as f:
         f.attrs["kind"] = "likelihood"
         f.attrs["model"] = name
@@ -430,7 +435,8 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
             _put_stats(g, "", [r["all"]])
             for by in ("level", "subject"):
                 keys, stats = r[by]
-                put(g, f"{by}s", np.array(keys, dtype=np.int8 if by == "level" else object), compress=False)
+                dtype = np.int8 if by == "level" else (object if keys else h5py.string_dtype())  # none: no such field
+                put(g, f"{by}s", np.array(keys, dtype=dtype), compress=False)
                 _put_stats(g, f"{by}_", stats)
         sc = f.create_group("showcase")
         for p in chosen[:cfg.showcase]:

@@ -223,7 +223,7 @@ def test_markdown_links_resolve(project):
     links = re.findall(r"\]\(([^)\s]+)\)", md_path.read_text(encoding="utf-8"))
     explore = [link for link in links if link.startswith("explorer.html#")]  # the explorer stage's page, beside it
     links = [link for link in links if link not in explore]
-    assert len(links) == 3 * len(params.models) + 7
+    assert len(links) == 3 * len(params.models) + 8
     for link in links:
         assert (md_path.parent / link).is_file(), link
     # each attention chart (three per model, and cross-model) opens its first head in the explorer
@@ -276,7 +276,7 @@ def test_html_opens_in_headless_chromium(project):
         page.screenshot(path=str(SHOT_DIR / "report-top.png"))
         browser.close()
     assert title.startswith("Meaningless tokens")
-    assert len(images) == 3 * len(params.models) + 7 and all(ok and w > 0 for ok, w in images), images
+    assert len(images) == 3 * len(params.models) + 8 and all(ok and w > 0 for ok, w in images), images
     assert errors == [] and dialogs == []
     assert all(u.startswith(("file:", "data:")) for u in requests), requests
     assert (SHOT_DIR / "report-top.png").stat().st_size > 10_000
