@@ -15,7 +15,7 @@ ENABLE = "dvc exp run -S evaluate.sampling.n=3"
 
 
 def _models(ctx: Context) -> list[str]:
-    return [n for n in ctx.chart_models(KIND) if "sampling" in ctx.metrics[n]]
+    return [n for n in ctx.chart_models(KIND) if "sampling" in ctx.metrics.get(n, {})]  # evaluated models only
 
 
 def unavailable(ctx: Context) -> str | None:
