@@ -261,7 +261,7 @@ def test_plots_show_draws_offline_in_headless_chromium(alice, tmp_path):
     html = page_path.read_text()
     assert "cdn.jsdelivr.net" not in html and 'data-package="vega-embed"' in html
     n_plots = html.count("vegaEmbed('#")
-    assert n_plots == 4, proc.stdout  # attention (original, full), span sweep, accuracy
+    assert n_plots == 5, proc.stdout  # attention (original, full), span sweep, likelihood, accuracy
     failed, requests, errors = [], [], []
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=chromium(),
