@@ -52,6 +52,15 @@ class ConfigError(StageError):
     """A params value is wrong; the message names file, key, value and what is allowed."""
 
 
+def conditions_with_none(v: list[str], why: str) -> list[str]:
+    """A list of conditions without duplicates that includes `none`, in the canonical order."""
+    if len(set(v)) != len(v):
+        raise ValueError(f"duplicates in {v}")
+    if "none" not in v:
+        raise ValueError(f"must include 'none' ({why})")
+    return [c for c in CONDITIONS if c in v]
+
+
 def sorted_unique(v: list) -> list:
     """A list key whose items must differ (layers, counts), sorted."""
     if len(set(v)) != len(v):
@@ -171,11 +180,7 @@ class Prompt(Strict):
     @field_validator("conditions")
     @classmethod
     def _conditions(cls, v):
-        if len(set(v)) != len(v):
-            raise ValueError(f"duplicates in {v}")
-        if "none" not in v:
-            raise ValueError("must include 'none' (the baseline every other condition is aligned to)")
-        return [c for c in CONDITIONS if c in v]
+        return conditions_with_none(v, "the baseline every other condition is aligned to")
 
 
 BENCHMARKS = ("math500", "aime2024", "aime2025", "other")
@@ -387,11 +392,7 @@ class Likelihood(Strict):
     @field_validator("conditions")
     @classmethod
     def _conditions(cls, v):
-        if len(set(v)) != len(v):
-            raise ValueError(f"duplicates in {v}")
-        if "none" not in v:
-            raise ValueError("must include 'none' (every contrast is against it)")
-        return [c for c in CONDITIONS if c in v]
+        return conditions_with_none(v, "every contrast is against it")
 
     @field_validator("answer_frame")
     @classmethod
