@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import torch
 
-from stages import activations, evaluate, extract, models
+from stages import activations, evaluate, extract, likelihood, models
 from stages.config import ConfigError, load_params
 from tests import tiny
 
@@ -189,6 +189,26 @@ def test_evaluate_with_arm_rows_and_the_boxed_stop(device, dtype, llama_dir, wri
     steps = params.evaluate.max_new_tokens
     batches = -(-params.evaluate.n_samples * 4 // params.evaluate.batch_size)
     assert len(syncs) <= batches * (steps * GEN_SYNCS_PER_STEP + 4 * SLACK), len(syncs)
+
+
+@pytest.mark.parametrize("device,dtype", CASES)
+def test_likelihood_matches_the_cpu_in_float32(device, dtype, llama_dir, write_params, cache_dir, tmp_path):
+    """Teacher-forced log-probs (the LM head at the scored positions only, batched by length) with the arm hook."""
+    sections = {"likelihood": {"n_samples": 3, "solution_tokens": 16, "n_boot": 50, "showcase": 1,
+                               "conditions": ["none", "mless", "arm"]}}
+    ref = likelihood.run(params_for(write_params, llama_dir, "llama", "cpu", "float32", **sections), "tiny",
+                         root=tmp_path / "cpu")
+    params = params_for(write_params, llama_dir, "llama", device, dtype, **sections)
+    with counting_syncs() as syncs:
+        got = likelihood.run(params, "tiny", root=tmp_path / "dev")
+
+    def scored(name):  # the per-problem log-probs; not the statistics computed from them
+        return name.split("/")[0] in ("none", "mless", "arm") and name.split("/")[-1] in ("sum", "mean", "tokens")
+    want = float_datasets(ref, "likelihood", scored)
+    assert len(want) == 3 * 2 * 3, sorted(want)  # conditions x continuations x (sum, mean, tokens)
+    assert_close(float_datasets(got, "likelihood", scored), want, dtype, f"likelihood {device} {dtype}")
+    # one copy of the scored log-probs per batch, never per token or layer
+    assert len(syncs) <= 3 * 3 * 2 * SLACK, len(syncs)
 
 
 @pytest.mark.skipif(not CUDA, reason=NO_CUDA)
