@@ -500,17 +500,18 @@ class Params(Strict):
                     raise ValueError(f"{key}: {chosen} names a model twice")
         return self
 
+    def _listed(self, chosen: list[str] | None) -> list[str]:
+        return [m for m in self.models if chosen is None or m in chosen]
+
     @property
     def evaluated(self) -> list[str]:
         """The models evaluation runs on (evaluate.models, else every model), in params order."""
-        chosen = self.evaluate.models
-        return [m for m in self.models if chosen is None or m in chosen]
+        return self._listed(self.evaluate.models)
 
     @property
     def scored(self) -> list[str]:
         """The models the likelihood stage runs on (likelihood.models, else every model), in params order."""
-        chosen = self.likelihood.models
-        return [m for m in self.models if chosen is None or m in chosen]
+        return self._listed(self.likelihood.models)
 
     @property
     def file(self) -> Path:
