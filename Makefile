@@ -30,8 +30,8 @@ $(VENV)/.installed: pyproject.toml Makefile $(LOCK) | check-torch
 	$(BIN)/python -m pip install --quiet --require-hashes --no-deps -r $(LOCK)
 	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
 	$(BIN)/python -m pip check
-	$(BIN)/python -m stages.envlock record $(LOCK)
-	$(BIN)/python -m stages.envlock check
+	$(BIN)/python -m meaningless_tokens.envlock record $(LOCK)
+	$(BIN)/python -m meaningless_tokens.envlock check
 	touch $@
 
 # Remake every lock from pyproject.toml and locks/*.in with uv (pinned, in a venv of its own), then
@@ -39,7 +39,7 @@ $(VENV)/.installed: pyproject.toml Makefile $(LOCK) | check-torch
 LOCK_VENV ?= .venv-lock
 lock:
 	test -x $(LOCK_VENV)/bin/uv || { $(PYTHON) -m venv $(LOCK_VENV) && $(LOCK_VENV)/bin/python -m pip install --quiet uv==$(UV_VERSION); }
-	$(LOCK_VENV)/bin/python -m stages.envlock lock --uv $(LOCK_VENV)/bin/uv
+	$(LOCK_VENV)/bin/python -m meaningless_tokens.envlock lock --uv $(LOCK_VENV)/bin/uv
 
 # The vLLM engine (evaluate.engine: vllm) in an environment of its own, from its own lock: vLLM pins
 # transformers, so this one gets an older release than the default install. TORCH=cuda on a GPU machine
@@ -54,12 +54,12 @@ $(VLLM_VENV)/.installed: pyproject.toml Makefile $(VLLM_LOCK) | check-torch
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -m pip install --quiet --require-hashes --no-deps -r $(VLLM_LOCK)
 	$(VLLM_VENV)/bin/python -m pip install --quiet --no-deps --no-build-isolation -e .
-	$(VLLM_VENV)/bin/python -m stages.envlock record $(VLLM_LOCK)
+	$(VLLM_VENV)/bin/python -m meaningless_tokens.envlock record $(VLLM_LOCK)
 	$(VLLM_VENV)/bin/python -c "import vllm, transformers; print('vllm', vllm.__version__, 'transformers', transformers.__version__)"
 	touch $@
 
 repro: install
-	$(BIN)/python -m stages.config check
+	$(BIN)/python -m meaningless_tokens.config check
 	$(BIN)/dvc repro
 
 # Debian packages some tests need, installed when missing and we may (root or passwordless sudo);

@@ -4,13 +4,13 @@
 
 Arms, each in a fresh process converting into an empty cache folder (the GGUF linked in, downloaded
 once before the clock starts):
-  layer-only  stages.models.convert_gguf(..., n_layers=3): transformers' GGUF loader shown only the
+  layer-only  meaningless_tokens.models.convert_gguf(..., n_layers=3): transformers' GGUF loader shown only the
               embeddings, blocks 0-2 and the final norm (what prepare, extract, activations and sweep use)
-  full        stages.models.convert_gguf(...): every tensor, the whole model saved (what evaluate uses)
+  full        meaningless_tokens.models.convert_gguf(...): every tensor, the whole model saved (what evaluate uses)
 Measured per arm: wall seconds, CPU seconds (user + system of the process), peak RSS (getrusage
 ru_maxrss of the process), bytes on disk of the converted folder. Then, again in fresh processes, the
-extraction that follows: stages.models.load(..., layers=[0, 1, 2]) from each folder and the capture of
-layers 0-2 (stages.capture.attention) on `--prompts` mless prompts of the default params; the captured
+extraction that follows: meaningless_tokens.models.load(..., layers=[0, 1, 2]) from each folder and the capture of
+layers 0-2 (meaningless_tokens.capture.attention) on `--prompts` mless prompts of the default params; the captured
 probabilities of the two are compared (max abs difference), and every tensor of the layer-only folder
 is compared with the full folder's (they must be equal bit for bit). Arms alternate per repetition.
 """
@@ -34,7 +34,7 @@ CHILD = r"""
 import json, resource, sys, time
 from pathlib import Path
 sys.path.insert(0, {root!r})
-from stages import models
+from meaningless_tokens import models
 arm, gguf, sha, cache, n = sys.argv[1], Path(sys.argv[2]), sys.argv[3], Path(sys.argv[4]), int(sys.argv[5])
 import torch, transformers, gguf as _g  # imports before the clock
 t0, c0 = time.perf_counter(), time.process_time()
@@ -48,21 +48,21 @@ import json, resource, sys, time
 from pathlib import Path
 sys.path.insert(0, {root!r})
 import numpy as np, torch
-from stages import models
-from stages.capture import attention, install_capture
-from stages.config import load_params
-from stages.prompts import builder_for, load_math500, select_problems
+from meaningless_tokens import models
+from meaningless_tokens.capture import attention, install_capture
+from meaningless_tokens.config import load_params
+from meaningless_tokens.prompts import builder_for, load_math500, select_problems
 folder, name, n_prompts, out = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
 params = load_params({params!r})
 from transformers import AutoTokenizer
 tok = AutoTokenizer.from_pretrained(folder)
 problems, _ = load_math500(params)
-builder = builder_for(params, name, tok)
+builder = builder_for(params.prompt, setup, tok)
 prompts = [builder.build(p)["mless"].input_ids for p in select_problems(problems, n_prompts, 0)]
 prepared = models.PreparedModel(name=name, path=folder, weights_sha256="", files={{}}, source={{}},
                                 facts=models.model_facts(folder), probe={{}})
 t0 = time.perf_counter()
-model, _ = models.load(params, prepared, layers=[0, 1, 2])
+model, _ = models.load(setup, layers=[0, 1, 2])
 install_capture(model)
 load = time.perf_counter() - t0
 got = [np.stack([a.numpy() for a in attention(model, ids, [0, 1, 2]).values()]) for ids in prompts]
@@ -93,7 +93,7 @@ def main() -> int:
 
     from safetensors.torch import load_file
 
-    from stages import models
+    from meaningless_tokens import models
 
     params = common.load_params()
     if args.model not in params.models or params.models[args.model].source.kind != "pypi_gguf":

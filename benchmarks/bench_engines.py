@@ -4,9 +4,9 @@
 
 Needs the vLLM environment (`make install-vllm`). The workload is the evaluate stage's for each model:
 `evaluate.n_samples` problems (or --n) under every condition, prompts from the project's prompt builder,
-the evaluate settings of params.yaml. Both arms are the stage's own engines (stages.evaluate.open_engine
+the evaluate settings of params.yaml. Both arms are the stage's own engines (stages.engines.open_engine
 with evaluate.engine transformers, then vllm) and run the same items through `engine.run`, as
-`stages.evaluate.run_journaled` does; the arms alternate per model (A B, B A, ...). Start: transformers
+`stages.engines.run_journaled` does; the arms alternate per model (A B, B A, ...). Start: transformers
 loads the model; vLLM starts its worker and engine (the model load included). Tokens are the generated
 tokens each generation keeps (up to end-of-text or the closing of its first complete box). Graded
 results and output texts are compared between the engines.
@@ -29,10 +29,10 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=None, help="default: evaluate.max_new_tokens")
     args = ap.parse_args()
 
-    from stages import models, vllm_engine
+    from meaningless_tokens import models, vllm_engine
     from stages.evaluate import Item, make_batches, open_engine
-    from stages.grading import grade
-    from stages.prompts import builder_for, load_math500, select_problems
+    from meaningless_tokens.grading import grade
+    from meaningless_tokens.prompts import builder_for, load_math500, select_problems
 
     if vllm_engine.installed() is None:
         sys.exit(f"error: vLLM is not installed in {sys.executable}; {vllm_engine.INSTALL_HINT}")
@@ -50,14 +50,15 @@ def main() -> None:
     gold = {p.index: p.answer for p in chosen}
     rows, ratios, compared = [], {}, []
     for k, name in enumerate(names):
-        prepared = models.prepare(base, name)
+        setup = models.resolve(base, name)
+        prepared = setup.prepared
         result = {}
         for engine_name in (("transformers", "vllm") if k % 2 == 0 else ("vllm", "transformers")):
             params = with_engine[engine_name]
             t0 = time.perf_counter()
             engine = open_engine(params, prepared)
             loaded = time.perf_counter() - t0
-            builder = builder_for(params, name, engine.tokenizer)
+            builder = builder_for(params.prompt, setup, engine.tokenizer)
             items = [Item(p.index, c, builder.build(p)[c].input_ids) for p in chosen for c in params.prompt.conditions]
             out, t1 = {}, time.perf_counter()
             for outs in engine.run(make_batches(items, cfg.batch_size), set()):

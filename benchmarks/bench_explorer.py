@@ -31,17 +31,18 @@ import numpy as np
 
 def showcase_attention(params, name: str, n_tokens: int | None = None):
     """{condition: (ids, PromptIds, probs [L, H, T, T])} per showcase prompt, and the tokenizer."""
-    from stages import extract, models
-    from stages.config import model_spec
-    from stages.prompts import Problem, builder_for, load_math500, select_problems
+    from meaningless_tokens import capture, models
+    from meaningless_tokens.config import model_spec
+    from meaningless_tokens.prompts import Problem, builder_for, load_math500, select_problems
 
     spec = model_spec(params, name)
-    prepared = models.prepare(params, name)
+    setup = models.resolve(params, name)
+    prepared = setup.prepared
     heads = list(range(prepared.facts["num_heads"])) if spec.heads == "all" else list(spec.heads)
     layers = list(spec.layers)
-    model, tok = models.load(params, prepared, layers=layers)
-    extract.install_capture(model)
-    builder = builder_for(params, name, tok)
+    model, tok = models.load(setup, layers=layers)
+    capture.install_capture(model)
+    builder = builder_for(params.prompt, setup, tok)
     problems, _ = load_math500(params)
     if n_tokens is None:
         chosen = select_problems(problems, params.extract.n_samples, params.extract.seed)[: params.extract.showcase]
@@ -59,7 +60,7 @@ def showcase_attention(params, name: str, n_tokens: int | None = None):
         per = {}
         for c in ("none", "mless", "mful"):
             if c in built:
-                cap = extract.attention(model, built[c].input_ids, layers)
+                cap = capture.attention(model, built[c].input_ids, layers)
                 per[c] = (built[c], np.stack([cap[layer][heads].cpu().numpy() for layer in layers]))
         out.append((p, per))
     return out, tok, layers, heads

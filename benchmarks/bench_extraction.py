@@ -36,11 +36,11 @@ TAG = "@@"  # marks protocol lines on a worker's stdout (libraries may print the
 
 def prompt_ids(params, name, tokenizer, n):
     """Token ids of every condition of the first n problems of the extraction subset."""
-    from stages.prompts import builder_for, load_math500, select_problems
+    from meaningless_tokens.prompts import builder_for, load_math500, select_problems
 
     problems, _ = load_math500(params)
     chosen = select_problems(problems, params.extract.n_samples, params.extract.seed)[:n]
-    builder = builder_for(params, name, tokenizer)
+    builder = builder_for(params.prompt, setup, tokenizer)
     return [pr[c].input_ids for pr in map(builder.build, chosen) for c in params.prompt.conditions]
 
 
@@ -48,21 +48,21 @@ def worker(args) -> None:
     import numpy as np
     import torch
 
-    from stages import extract, models
-    from stages.config import model_spec
+    from meaningless_tokens import capture, models
+    from meaningless_tokens.config import model_spec
 
     def send(**msg):
         print(TAG, json.dumps(msg), flush=True)
 
     params = common.load_params()
     layers = list(model_spec(params, args.model).layers)
-    model, tokenizer = models.load(params, models.prepare(params, args.model))  # eager attention
+    model, tokenizer = models.load(models.resolve(params, args.model))  # eager attention
     torch.set_num_threads(args.threads)
     if args.worker == "project":
-        extract.install_capture(model)  # what extract.run does
+        capture.install_capture(model)  # what extract.run does
 
         def run(ids):
-            captured = extract.attention(model, ids, layers)
+            captured = capture.attention(model, ids, layers)
             return np.stack([captured[layer].cpu().numpy() for layer in layers])
     else:
         def run(ids):

@@ -5,14 +5,14 @@
 
 The workload is the evaluate stage's for one model: the evaluation subset (`evaluate.n_samples`
 problems, or --n) under every condition, prompts built by the project's prompt builder. Both arms
-call stages.evaluate.generate with the evaluate settings of params.yaml (greedy, SDPA, static KV
+call stages.engines.generate with the evaluate settings of params.yaml (greedy, SDPA, static KV
 cache, stop at eos or a complete \\boxed{}): arm `one at a time` with batches of one prompt, arm
-`batched` with stages.evaluate.make_batches at `evaluate.batch_size` (the default batch size).
+`batched` with stages.engines.make_batches at `evaluate.batch_size` (the default batch size).
 --compare-batch adds an arm at another batch size. Tokens are the generated tokens each row keeps
 (up to its end-of-text token).
 
 One process, one model load, a short warm-up. With --reps > 1 the arms alternate (A B, B A, ...) and
-the best repetition counts. Graded results (stages.grading.grade(...).correct) and output texts are
+the best repetition counts. Graded results (meaningless_tokens.grading.grade(...).correct) and output texts are
 compared between arms.
 """
 
@@ -38,10 +38,10 @@ def main() -> None:
 
     import torch
 
-    from stages import models
+    from meaningless_tokens import models
     from stages.evaluate import ATTENTION, Item, generate, make_batches, stop_ids
-    from stages.grading import grade
-    from stages.prompts import builder_for, load_math500, select_problems
+    from meaningless_tokens.grading import grade
+    from meaningless_tokens.prompts import builder_for, load_math500, select_problems
 
     params = common.load_params()
     cfg = params.evaluate
@@ -50,9 +50,9 @@ def main() -> None:
     print(common.machine(args.threads))
     others = common.OtherLoad()
     started = time.perf_counter()
-    model, tokenizer = models.load(params, models.prepare(params, args.model), attn_implementation=ATTENTION)
+    model, tokenizer = models.load(models.resolve(params, args.model), attn_implementation=ATTENTION)
     torch.set_num_threads(args.threads)
-    builder = builder_for(params, args.model, tokenizer)
+    builder = builder_for(params.prompt, setup, tokenizer)
     problems, _ = load_math500(params)
     chosen = select_problems(problems, n, cfg.seed)
     gold = {p.index: p.answer for p in chosen}

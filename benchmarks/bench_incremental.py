@@ -61,7 +61,7 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true", help="keep the temporary clone")
     args = ap.parse_args()
 
-    from stages import models
+    from meaningless_tokens import models
 
     params = common.load_params()
     keep = list(params.models) if args.models == "all" else args.models.split(",")

@@ -5,7 +5,7 @@
 
 The workload: `--n` problems (seeded, stratified, as the stage picks them) x the none and mless prompts x the two
 continuations (the reference solution's first `--solution-tokens` tokens; the gold answer in the frame), built
-by stages/likelihood.py. Arm `stage`: stages.likelihood.score, sequences batched by length up to
+by stages/likelihood.py. Arm `stage`: stages.scoring.score, sequences batched by length up to
 likelihood.batch_tokens, the LM head only at the positions that predict a scored token, in chunks. Arm `naive`:
 one sequence at a time, the model's own forward with its full logits [T, vocab], log_softmax over every position,
 then the scored tokens gathered. Both arms run in the same process on the same loaded model (SDPA), alternated
@@ -54,9 +54,10 @@ def tiny_gemma(vocab: int, out: Path) -> Path:
 
 def setup(args):
     """(params, model, tokenizer, sequences, pad id, description)."""
-    from stages import likelihood, models
-    from stages.config import load_params
-    from stages.prompts import builder_for, load_math500, select_problems
+    from meaningless_tokens import models, scoring
+    from stages import likelihood
+    from meaningless_tokens.config import load_params
+    from meaningless_tokens.prompts import builder_for, load_math500, select_problems
 
     params = common.load_params()
     raw = params.model_dump()
@@ -72,17 +73,18 @@ def setup(args):
         params = load_params(f.name)
     finally:
         os.unlink(f.name)
-    prepared = models.prepare(params, name)
-    model, tok, attn = likelihood.load(params, prepared)
+    setup = models.resolve(params, name)
+    prepared = setup.prepared
+    model, tok, attn = scoring.load(params, prepared)
     problems, _ = load_math500(params)
     chosen = select_problems(problems, args.n, params.likelihood.seed)
     sp = likelihood.scoring_params(params)
-    seqs = likelihood.build_sequences(sp, name, builder_for(sp, name, tok), chosen, None)
+    seqs = likelihood.build_sequences(sp, name, builder_for(sp.prompt, setup, tok), chosen, None)
     vocab = model.get_output_embeddings().weight.shape[0]
     what = (f"{name} ({'generated, ' if args.tiny_vocab else ''}vocabulary {vocab}, {attn}), {len(chosen)} problems x "
             f"2 conditions x 2 continuations = {len(seqs)} sequences, {sum(len(s.input_ids) for s in seqs)} tokens, "
             f"{sum(len(s.scored) for s in seqs)} scored; batch_tokens {params.likelihood.batch_tokens}")
-    return params, model, tok, seqs, likelihood.pad_id(tok), what
+    return params, model, tok, seqs, scoring.pad_id(tok), what
 
 
 def naive(model, seqs):
@@ -100,9 +102,9 @@ def naive(model, seqs):
 
 
 def staged(model, seqs, params, pad):
-    from stages import likelihood
+    from meaningless_tokens import scoring
 
-    return likelihood.score(model, seqs, params.likelihood.batch_tokens, pad), None
+    return scoring.score(model, seqs, params.likelihood.batch_tokens, pad), None
 
 
 def memory_child(args) -> None:

@@ -5,12 +5,12 @@
 Arms, each measurement in a fresh process; imports, including the model and tokenizer classes that
 transformers imports lazily on first use (2-3 s, paid by any process either way), are done
 before the clock starts:
-  first use  stages.models.prepare + load with an empty model cache that holds only the assembled
+  first use  meaningless_tokens.models.prepare + load with an empty model cache that holds only the assembled
              GGUF (linked from the warm cache, so no download is timed): GGUF load, dequantize,
              save as float32 safetensors, hash, then load (what the first `dvc repro` pays once)
-  GGUF load  transformers from_pretrained(gguf_file=...) of model and tokenizer, as stages/models.py
+  GGUF load  transformers from_pretrained(gguf_file=...) of model and tokenizer, as meaningless_tokens/models.py
              does it: what every stage would pay if there were no converted cache
-  cached     stages.models.prepare + load with the warm cache (what every stage pays)
+  cached     meaningless_tokens.models.prepare + load with the warm cache (what every stage pays)
 Arms are interleaved per repetition (order rotated). The GGUF and safetensors files are in the OS
 page cache in every arm (just assembled or just used), so disk reads are not what is measured.
 """
@@ -39,7 +39,7 @@ def worker(args) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.models.auto.configuration_auto import model_type_to_module_name
 
-    from stages import models
+    from meaningless_tokens import models
 
     params = common.load_params()
     torch.set_num_threads(args.threads)
@@ -58,9 +58,10 @@ def worker(args) -> None:
                                              attn_implementation="eager")
         prepare = 0.0
     else:  # MLESS_CACHE (set by the parent) picks the empty or the warm cache
-        prepared = models.prepare(params, args.model)
+        setup = models.resolve(params, args.model)
+        prepared = setup.prepared
         prepare = time.perf_counter() - started
-        models.load(params, prepared)
+        models.load(setup)
     total = time.perf_counter() - started
     print(json.dumps({"prepare": prepare, "total": total, "imports": imports, "peak_rss_mib": common.peak_rss_mib()}))
 
@@ -92,8 +93,8 @@ def main() -> None:
     if args.worker:
         return worker(args)
 
-    from stages import models
-    from stages.config import model_spec
+    from meaningless_tokens import models
+    from meaningless_tokens.config import model_spec
 
     params = common.load_params()
     spec = model_spec(params, args.model)

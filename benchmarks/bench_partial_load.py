@@ -5,10 +5,10 @@
 
 Arms, each measurement in a fresh process (imports, including the model class, done before the
 clock starts):
-  partial  stages.models.load(..., layers=[0, 1, 2]) as the extract stage does it: a config truncated
+  partial  meaningless_tokens.models.load(..., layers=[0, 1, 2]) as the extract stage does it: a config truncated
            to 3 layers, a view of the checkpoint with only the shards that hold the needed tensors
   full     the same loader without `layers`: every layer (what extraction loaded before issue 14)
-then, in both, the capture of layers 0-2 with early exit (stages.capture) on `--prompts` prompts of
+then, in both, the capture of layers 0-2 with early exit (meaningless_tokens.capture) on `--prompts` prompts of
 140 tokens (the mean length of a `mless` prompt). Peak RSS is getrusage ru_maxrss of the process;
 "added" is the peak minus the RSS after the imports. The captured probabilities of the two arms
 are compared (max abs difference). The tokenizer is not loaded in either arm (same cost in both).
@@ -99,8 +99,8 @@ def worker(args) -> None:
     import numpy as np
     import torch
 
-    from stages import capture, models
-    from stages.config import load_params
+    from meaningless_tokens import capture, models
+    from meaningless_tokens.config import load_params
 
     torch.set_num_threads(args.threads)
     # imports outside the clock, including the model class transformers imports on first use (seconds,
@@ -183,7 +183,7 @@ def main() -> None:
     if args.worker:
         return worker(args)
 
-    from stages import models
+    from meaningless_tokens import models
 
     params = common.load_params()
     print(common.machine(args.threads))

@@ -14,8 +14,8 @@ if str(ROOT) not in sys.path:  # `python benchmarks/bench_x.py` puts only benchm
 
 
 def load_params():
-    """The project's params.yaml, validated by stages.config (the only reader of params)."""
-    from stages.config import load_params as load
+    """The project's params.yaml, validated by meaningless_tokens.config (the only reader of params)."""
+    from meaningless_tokens.config import load_params as load
 
     return load(ROOT / "params.yaml")
 

@@ -37,12 +37,12 @@ from pathlib import Path
 
 import numpy as np
 
-from stages import arm, cli, models, progress
-from stages.config import ConfigError, Params, model_spec
-from stages.capture import StopForward, capturing, install_capture
-from stages.intervals import bootstrap_mean_ci, wilcoxon_p
-from stages.prompts import builder_for, dataset_spec, load_problems, put_problems, select_problems
-from stages.store import provenance, put, put_json_attr, write_h5, write_prompt_timing
+from meaningless_tokens import arm, cli, models, progress
+from meaningless_tokens.config import ConfigError, Params
+from meaningless_tokens.capture import StopForward, capturing, install_capture
+from meaningless_tokens.intervals import bootstrap_mean_ci, wilcoxon_p
+from meaningless_tokens.prompts import builder_for, dataset_spec, load_problems, put_problems, select_problems
+from meaningless_tokens.store import activations_path, provenance, put, put_json_attr, write_h5, write_prompt_timing
 
 SETS = {
     "original": "every original (none) token, at its position in the condition's prompt",
@@ -60,11 +60,7 @@ MEASURES = {
 }
 
 
-def activations_path(name: str) -> Path:
-    return Path("artifacts") / "activations" / f"{name}.h5"
-
-
-def gated_mlps(model, name: str, params: Params, layers: list[int]) -> list:
+def gated_mlps(model, setup: models.ModelSetup, layers: list[int]) -> list:
     """Layer l's MLP for each l, refusing a model whose MLP has no separate gate_proj and act_fn."""
     blocks = model.get_decoder().layers
     mlps = []
@@ -72,7 +68,7 @@ def gated_mlps(model, name: str, params: Params, layers: list[int]) -> list:
         mlp = getattr(blocks[layer], "mlp", None)
         if not all(hasattr(mlp, k) for k in ("gate_proj", "up_proj", "down_proj", "act_fn")):
             raise ConfigError(
-                f"{params.file}: models.{name}: layer {layer}'s MLP ({type(mlp).__name__}, model_type "
+                f"{setup.where}: layer {layer}'s MLP ({type(mlp).__name__}, model_type "
                 f"{model.config.model_type!r}) is not a gated MLP with gate_proj, up_proj and act_fn; "
                 "the activations stage (and ARM) need a = act_fn(gate_proj(x))")
         mlps.append(mlp)
@@ -175,28 +171,28 @@ def summarize(per: dict, conditions: list[str], seed: int, n_boot: int) -> dict:
 
 
 def run(params: Params, name: str, out: Path | None = None, timing: Path | None = None) -> Path:
-    spec = model_spec(params, name)
     cfg = params.activations
     out = out or params.resolve(str(activations_path(name)))
     problems, data_sha = load_problems(params)
     chosen = select_problems(problems, params.extract.n_samples, params.extract.seed, "extract.n_samples")
     if not chosen:
         raise ConfigError(f"{params.file}: extract.n_samples: the subset is empty")
-    prepared = models.prepare(params, name, layers=cfg.layers)
+    setup = models.resolve(params, name, layers=cfg.layers)
+    prepared, spec = setup.prepared, setup.spec
     n_layers = prepared.facts["num_layers"]
     layers = list(cfg.layers)
     if max(layers) >= n_layers:
         raise ConfigError(f"{params.file}: activations.layers: {[x for x in layers if x >= n_layers]} out of range; "
                           f"{name} has {n_layers} layers (allowed 0..{n_layers - 1})")
     conditions = params.prompt.conditions
-    arm_settings = arm.resolve(params, name, arm.model_type(prepared.facts)) if "arm" in conditions else None
+    arm_settings = arm.resolve(params.arm, params.dataset.benchmark, setup) if "arm" in conditions else None
     # only the embeddings and layers 0..max(layers) are read from the checkpoint
-    model, tokenizer = models.load(params, prepared, layers=layers)
-    mlps = gated_mlps(model, name, params, layers)
+    model, tokenizer = models.load(setup, layers=layers)
+    mlps = gated_mlps(model, setup, layers)
     # registered before forward()'s capturing hooks, which therefore see the edited a
-    arm_hook = arm.ArmHook(arm.layer0_mlp(model, params, name), arm_settings) if arm_settings else None
+    arm_hook = arm.ArmHook(arm.layer0_mlp(model, setup), arm_settings) if arm_settings else None
     install_capture(model)
-    builder = builder_for(params, name, tokenizer)
+    builder = builder_for(params.prompt, setup, tokenizer)
     insertion = len(builder.prefix) + (0 if builder.before else len(builder.instruction))
     prompts = [builder.build(p) for p in chosen]
     edges = np.linspace(cfg.range[0], cfg.range[1], cfg.bins + 1)
@@ -235,7 +231,7 @@ def run(params: Params, name: str, out: Path | None = None, timing: Path | None 
     prov = {
         **provenance("activations"),
         "model": {"name": name, **prepared.manifest()},
-        **builder.describe(params),
+        **builder.describe(),
         **({"arm": {**arm_settings.describe(), "differences_from_paper": arm.DIFFERENCES}} if arm_settings else {}),
         "params": {"models": {name: spec.model_dump(exclude={"display_name"})}, "prompt": params.prompt.model_dump(),
                    "extract": params.extract.model_dump(include={"n_samples", "seed"}),

@@ -5,7 +5,7 @@ Reads the full attention matrices extract stores for its first `extract.showcase
 activations of the first `activations.showcase` problems (`artifacts/activations/<model>.h5`), decodes
 each prompt token with the model's tokenizer (the prepared model folder; no model is run), and writes one
 self-contained page: no network request, no library, scripts and styles written here
-(stages/templates/explorer.html.j2). For every model and showcase prompt it shows the heatmap of one
+(meaningless_tokens/templates/explorer.html.j2). For every model and showcase prompt it shows the heatmap of one
 layer, head and condition with the tokens on both axes, the rows and columns as bars, none / mless / mful
 aligned over the original tokens, thumbnails of every head of the layer (the heads the report's charts show
 marked), and per token the share of near-zero activations and the L1 of `a` under each condition.
@@ -29,16 +29,12 @@ from pathlib import Path
 
 import numpy as np
 
-from stages import cli, models
-from stages.activations import activations_path
-from stages.charts.common import Context, load_stats
-from stages.config import ONE_LAYER_KINDS, Params, figure_models, model_spec
-from stages.extract import attention_path
-from stages.stats import stats_path
-from stages.store import ArtifactError, atomic_path, read_h5
+from meaningless_tokens import TEMPLATES, cli, models
+from meaningless_tokens.charts.common import Context, load_stats
+from meaningless_tokens.config import ONE_LAYER_KINDS, ModelSpec, Params, figure_models, model_spec
+from meaningless_tokens.store import ArtifactError, activations_path, atomic_path, attention_path, read_h5, stats_path
 
 OUT = Path("reports/explorer.html")
-TEMPLATES = Path(__file__).parent / "templates"
 LEVELS = 255  # one byte per weight
 # the chart kinds that show heads, and what the page calls them
 HEAD_KINDS = {"layer-sweep": "layer sweep", "heads": "heads", "conditions": "conditions", "cross-model": "cross-model"}
@@ -90,7 +86,8 @@ class Tokens:
 
     def __init__(self, params: Params, name: str, vocab_size: int):
         self.decode = None
-        folder = self._cached_folder(params, name)
+        spec = model_spec(params, name)
+        folder = self._cached_folder(params, spec)
         if folder is not None and (folder / "tokenizer.json").is_file():
             from tokenizers import Tokenizer
 
@@ -102,15 +99,15 @@ class Tokens:
 
             prepared = models.prepare(params, name)
             tok = AutoTokenizer.from_pretrained(prepared.path, local_files_only=True,
-                                                trust_remote_code=model_spec(params, name).trust_remote_code)
+                                                trust_remote_code=spec.trust_remote_code)
             if len(tok) != vocab_size:
                 raise ArtifactError(f"{attention_path(name)}: provenance tokenizer.vocab_size {vocab_size} != the "
                                     f"prepared tokenizer's {len(tok)} (rerun: dvc repro extract@{name})")
             self.decode = lambda ids: tok.decode([int(i) for i in ids])
 
     @staticmethod
-    def _cached_folder(params: Params, name: str) -> Path | None:
-        src = model_spec(params, name).source
+    def _cached_folder(params: Params, spec: ModelSpec) -> Path | None:
+        src = spec.source
         if src.kind == "pypi_gguf":
             folder = models.cache_root(params) / "converted" / f"{src.sha256}-v{models.CONVERSION_VERSION}"
             return folder if (folder / models.MANIFEST).is_file() else None

@@ -1,8 +1,8 @@
 """extract@<model>: attention weights of the first layers for the none / mless / mful prompts.
 
-Loads only the embeddings and layers 0..max(layers) (stages/models.py), runs the decoder up to the
+Loads only the embeddings and layers 0..max(layers) (meaningless_tokens/models.py), runs the decoder up to the
 last configured layer (never the LM head), with eager attention captured by a registered attention
-function (stages/capture.py; checked against the model's own eager output_attentions on the first
+function (meaningless_tokens/capture.py; checked against the model's own eager output_attentions on the first
 prompt), and stores per sample, condition, layer and head the
 reduced vectors every statistic needs, in `artifacts/attention/<model>.h5`:
 
@@ -28,38 +28,12 @@ from pathlib import Path
 
 import numpy as np
 
-from stages import cli, models, progress
-from stages.capture import CaptureError, attention, compare, install_capture  # noqa: F401 (used by tests, benchmarks)
-from stages.config import ConfigError, Params, model_spec
-from stages.prompts import builder_for, dataset_spec, load_problems, put_problems, select_problems
-from stages.store import provenance, put, put_json_attr, write_h5, write_prompt_timing
-
-# the conditions that differ in their prompt; `arm` (the none prompt, edited in layer 0's MLP) is skipped
-PROMPT_CONDITIONS = ("none", "mless", "mful")
-
-VECTORS = ("recv_all", "recv_original", "recv_last", "mass_span", "mass_first")
-QUERY_SETS = {
-    "recv_all": "all queries i >= j (the causal set), original and span tokens alike",
-    "recv_original": "original (none) tokens among the queries i >= j; span queries excluded",
-    "recv_last": "the last prompt token only",
-}
-
-
-def reduce(probs: np.ndarray, span: tuple[int, int], original_pos) -> dict[str, np.ndarray]:
-    """The stored vectors of one prompt from its probabilities [L, H, T, T]."""
-    start, end = span
-    return {
-        "recv_all": probs.sum(axis=2),
-        "recv_original": probs[:, :, list(original_pos), :].sum(axis=2),
-        "recv_last": probs[:, :, -1, :],
-        "mass_span": probs[:, :, :, start:end].sum(axis=3),
-        "mass_first": probs[:, :, :, 0],
-    }
-
-
-def attention_path(name: str) -> Path:
-    return Path("artifacts") / "attention" / f"{name}.h5"
-
+from meaningless_tokens import cli, models, progress
+from meaningless_tokens.capture import CaptureError, attention, compare
+from meaningless_tokens.attention import PROMPT_CONDITIONS, QUERY_SETS, VECTORS, reduce
+from meaningless_tokens.config import ConfigError, Params, model_spec
+from meaningless_tokens.prompts import builder_for, dataset_spec, load_problems, put_problems, select_problems
+from meaningless_tokens.store import attention_path, provenance, put, put_json_attr, write_h5, write_prompt_timing
 
 def run(params: Params, name: str, out: Path | None = None, timing: Path | None = None) -> Path:
     spec = model_spec(params, name)
@@ -69,13 +43,13 @@ def run(params: Params, name: str, out: Path | None = None, timing: Path | None 
     chosen = select_problems(problems, cfg.n_samples, cfg.seed, "extract.n_samples")
     if not chosen:
         raise ConfigError(f"{params.file}: extract.n_samples: the subset is empty")
-    prepared = models.prepare(params, name, layers=spec.layers)
-    facts = prepared.facts
+    setup = models.resolve(params, name, layers=spec.layers)
+    prepared, facts = setup.prepared, setup.facts
     heads = list(range(facts["num_heads"])) if spec.heads == "all" else list(spec.heads)
     layers = list(spec.layers)
     # only the embeddings and layers 0..max(layers), read from the checkpoint; never the later layers
-    model, tokenizer = models.load(params, prepared, layers=layers)
-    builder = builder_for(params, name, tokenizer)
+    model, tokenizer = models.load(setup, layers=layers)
+    builder = builder_for(params.prompt, setup, tokenizer)
     prompts = [builder.build(p) for p in chosen]
     conditions = [c for c in params.prompt.conditions if c in PROMPT_CONDITIONS]
     skipped = [c for c in params.prompt.conditions if c not in PROMPT_CONDITIONS]
@@ -88,7 +62,7 @@ def run(params: Params, name: str, out: Path | None = None, timing: Path | None 
     # output_attentions, causal, rows sum to 1 (prepare probed layer 0 and each layer type)
     first = prompts[0]["mless" if "mless" in conditions else "none"].input_ids
     try:
-        check = compare(model, first, layers, tolerance=models.probe_tolerance(params.runtime.dtype))
+        check = compare(model, first, layers, tolerance=models.probe_tolerance(setup.dtype))
     except CaptureError as e:
         raise models.UnsupportedModel(f"{params.file}: models.{name}.layers: model_type "
                                       f"'{facts['model_type']}': {e}") from None
@@ -114,7 +88,7 @@ def run(params: Params, name: str, out: Path | None = None, timing: Path | None 
         "model": {"name": name, **prepared.manifest()},
         "layers_probe": check,
         "loaded_layers": model.config.get_text_config().num_hidden_layers,
-        **builder.describe(params),
+        **builder.describe(),
         "params": {"models": {name: spec.model_dump(exclude={"display_name"})}, "prompt": params.prompt.model_dump(),
                    "extract": cfg.model_dump(), "dataset": params.dataset.model_dump(),
                    "runtime": params.runtime.model_dump(include={"device", "dtype"})},

@@ -1,6 +1,6 @@
 """figures: every chart of the study, from the statistics, activations and evaluation metrics, as PNG and SVG.
 
-Each chart kind is one module of `stages/charts/` (draw + explain); this stage only loops over them.
+Each chart kind is one module of `meaningless_tokens/charts/` (draw + explain); this stage only loops over them.
 
 Per model (layers and heads numbered from 1 on charts, as in the paper; 0-based in files and params):
   <model>-layer-sweep   one head, `figures.sweep_layers` side by side, none vs mless over original positions
@@ -18,7 +18,7 @@ Across models:
   accuracy              MATH-500 accuracy per model and condition (drawn only from evaluation metrics)
 and the accuracy table `reports/accuracy.csv` (model, condition, label, accuracy, correct, n: one row per
 model and condition) that `dvc plots` draws, and `reports/likelihood.json`: the likelihood's per-problem links
-to the attention and activation shifts and to the accuracy flips (stages/charts/likelihood.py), which the report
+to the attention and activation shifts and to the accuracy flips (meaningless_tokens/charts/likelihood.py), which the report
 quotes.
 
 Which models, layers and heads: `figures.charts.<kind>` per chart kind (layer-sweep, heads, conditions,
@@ -34,13 +34,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from stages import charts, cli
-from stages.charts.common import Context, load_context
-from stages.config import CONDITIONS, Params
-from stages.charts import likelihood
-from stages.store import atomic_path, write_csv_atomic, write_json_atomic
+from meaningless_tokens import charts, cli
+from meaningless_tokens.charts.common import Context, load_context
+from meaningless_tokens.config import CONDITIONS, Params
+from meaningless_tokens.charts import likelihood
+from meaningless_tokens.store import FIGURES_DIR, atomic_path, write_csv_atomic, write_json_atomic
 
-OUT_DIR = Path("reports/figures")
+OUT_DIR = FIGURES_DIR
 ACCURACY_TABLE = Path("reports/accuracy.csv")
 
 
@@ -89,7 +89,7 @@ def run(params: Params, folder: Path | None = None, table: Path | None = None) -
     ctx = load_context(params)
     write_accuracy_table(table or params.resolve(str(ACCURACY_TABLE)), ctx.metrics)
     drawn = draw_all(plt, ctx)
-    write_json_atomic(params.resolve(str(likelihood.LINK)), ctx.likelihood_link)  # the numbers the report quotes
+    write_json_atomic(params.resolve(str(likelihood.LINK)), likelihood.problem_links(ctx))  # the numbers the report quotes
     folder.mkdir(parents=True, exist_ok=True)
     written = []
     for stem, fig in drawn:

@@ -46,16 +46,16 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from stages import arm, cli, models, progress
-from stages.config import ANSWER_MARK, ConfigError, Params, model_spec
-from stages.intervals import bootstrap_mean_ci, wilcoxon_p
-from stages.prompts import DatasetError, Problem, builder_for, dataset_spec, load_problems, put_problems, require_field, select_problems
-from stages.store import provenance, put, put_json_attr, write_csv_atomic, write_h5, write_json_atomic, write_timing
+from meaningless_tokens import arm, cli, models, progress, scoring
+from meaningless_tokens.config import ConfigError, Params, Prompt
+from meaningless_tokens.intervals import bootstrap_mean_ci, wilcoxon_p
+from meaningless_tokens.prompts import Problem, builder_for, dataset_spec, load_problems, put_problems, require_field, select_problems
+from meaningless_tokens.scoring import Seq, TeacherForcedArm, check_head, pad_id, score
+from meaningless_tokens.store import provenance, put, put_json_attr, write_csv_atomic, write_h5, write_json_atomic, write_timing
 
 CONTINUATIONS = ("solution", "answer")
 # what each continuation's contrasts compare: the solution's mean log-prob per token (nats/token), the
@@ -64,7 +64,6 @@ OUTCOMES = {"solution": "mean", "answer": "sum"}
 UNITS = {"solution": "nats/token", "answer": "nats"}
 # the per-model params keys this stage reads (dvc.yaml lists exactly these)
 MODEL_KEYS = ("family", "source", "template", "trust_remote_code", "arm")
-HEAD_CHUNK = 1 << 23  # logits per chunk of the LM head (32 positions of a 262k vocabulary: 32 MiB in float32)
 
 
 def paths(name: str) -> dict[str, Path]:
@@ -74,53 +73,16 @@ def paths(name: str) -> dict[str, Path]:
             "timing": Path("metrics/timing") / f"likelihood-{name}.json"}
 
 
-def scoring_params(params: Params) -> Params:
-    """params whose prompt conditions are likelihood.conditions (the prompt builder builds those)."""
-    prompt = params.prompt.model_copy(update={"conditions": list(params.likelihood.conditions)})
-    return params.model_copy(update={"prompt": prompt})
+def scoring_prompt(params: Params) -> Prompt:
+    """params' prompt with likelihood.conditions as its conditions (the prompt builder builds those)."""
+    return params.prompt.model_copy(update={"conditions": list(params.likelihood.conditions)})
 
 
 # ---- sequences ------------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class Seq:
-    index: int                  # problem index (line of test.jsonl, 0-based)
-    condition: str
-    continuation: str
-    input_ids: tuple[int, ...]  # prompt + context + scored
-    prompt_len: int             # the condition's prompt (ARM's step 0)
-    start: int                  # first scored position
-
-    @property
-    def scored(self) -> tuple[int, ...]:
-        return self.input_ids[self.start:]
-
-
-class Continuations:
-    """The context and scored token ids of each continuation of a problem, tokenized as separate segments."""
-
-    def __init__(self, params: Params, builder):
-        cfg = params.likelihood
-        self.builder, self.cfg = builder, cfg
-        self.dataset = dataset_spec(params).path
-        sep = cfg.separator if builder.template == "raw" else ""
-        self.sep = builder.encode(sep) if sep else []
-        head, self.tail = cfg.answer_frame.split(ANSWER_MARK)
-        self.head = builder.encode(head) if head else []
-
-    def build(self, problem: Problem) -> dict[str, tuple[list[int], list[int]]]:
-        """{continuation: (context ids, scored ids)}."""
-        solution = self.builder.encode(problem.solution)[:self.cfg.solution_tokens]
-        answer = self.builder.encode(problem.answer + self.tail)
-        for key, ids in (("solution", solution), ("answer", answer)):
-            if not ids or not getattr(problem, key).strip():
-                raise DatasetError(f"{self.dataset}:{problem.index + 1}: key '{key}' is empty (nothing to score)")
-        return {"solution": (self.sep, solution), "answer": (self.sep + self.head, answer)}
-
-
 def build_sequences(params: Params, name: str, builder, chosen: list[Problem], context: int | None) -> list[Seq]:
     """Every (problem, condition, continuation) sequence, alignment asserted, refusing one longer than the context."""
-    conts = Continuations(params, builder)
+    conts = scoring.Continuations(params.likelihood, builder, dataset_spec(params).path)
     seqs = []
     for p in chosen:
         prompts = builder.build(p)
@@ -130,7 +92,7 @@ def build_sequences(params: Params, name: str, builder, chosen: list[Problem], c
             for k in CONTINUATIONS:
                 ctx, scored = parts[k]
                 seqs.append(Seq(p.index, c, k, tuple(ids + ctx + scored), len(ids), len(ids) + len(ctx)))
-    check_alignment(seqs)
+    scoring.check_alignment(seqs)
     if context:
         for s in seqs:
             if len(s.input_ids) > context:
@@ -140,170 +102,6 @@ def build_sequences(params: Params, name: str, builder, chosen: list[Problem], c
                     f"the {s.continuation} ({len(s.input_ids) - s.prompt_len} tokens) exceed the context of model "
                     f"'{name}' ({context} positions)")
     return seqs
-
-
-def check_alignment(seqs: list[Seq]) -> None:
-    """The scored tokens (and the context before them) of a problem's continuation are the same ids in every
-    condition, and sit right after the condition's prompt."""
-    ref: dict[tuple[int, str], tuple] = {}
-    for s in seqs:
-        tail = s.input_ids[s.prompt_len:]
-        if not s.prompt_len <= s.start < len(s.input_ids):
-            raise AssertionError(f"problem {s.index} {s.condition}/{s.continuation}: scored part not after the prompt")
-        if ref.setdefault((s.index, s.continuation), (tail, s.start - s.prompt_len)) != (tail, s.start - s.prompt_len):
-            raise AssertionError(f"problem {s.index}: the {s.continuation} tokens under {s.condition} differ from "
-                                 "those under the other conditions (continuations not aligned)")
-
-
-# ---- scoring ---------------------------------------------------------------------------------------
-
-class TeacherForcedArm:
-    """ARM on layer 0's act_fn for the rows `begin` marks, mapped onto teacher forcing (see the module text).
-
-    begin(rows): rows[r] = (problem index, prompt length, sequence length) of an arm row, or None."""
-
-    def __init__(self, mlp, settings: arm.ArmSettings):
-        self.settings = settings
-        self.rows: list = []
-        self.handle = mlp.act_fn.register_forward_hook(self)
-
-    def begin(self, rows: list) -> None:
-        self.rows = list(rows)
-
-    def remove(self) -> None:
-        self.handle.remove()
-
-    def __call__(self, module, inputs, a):
-        import torch
-
-        if not any(r is not None for r in self.rows):
-            return None
-        if len(self.rows) != a.shape[0]:
-            raise RuntimeError(f"ARM hook: {len(self.rows)} rows marked, the batch has {a.shape[0]}")
-        s = self.settings
-        out = a.clone()
-        for r, row in enumerate(self.rows):
-            if row is None:
-                continue
-            index, p, n = row
-            g = torch.Generator(device=a.device).manual_seed(arm.row_seed(s.seed, index, 0))
-            out[r, :p] = arm.edit(a[r, :p], s, g)
-            if s.apply == "all" and n > p:
-                gens = [torch.Generator(device=a.device).manual_seed(arm.row_seed(s.seed, index, step))
-                        for step in range(1, n - p + 1)]
-                out[r, p:n] = arm.edit_rows(a[r, p:n], s, gens)
-        return out
-
-
-def head_logprobs(model, hidden, targets):
-    """log P(target) from final hidden states [N, D] (after the final norm): the LM head in chunks, with the
-    family's final logit transformations (Gemma's softcapping, Granite's scaling, Cohere's scale); float64 [N]."""
-    import torch
-
-    text = model.config.get_text_config()
-    head = model.get_output_embeddings()
-    cap = getattr(text, "final_logit_softcapping", None)
-    scaling = getattr(text, "logits_scaling", None)
-    scale = getattr(text, "logit_scale", None)
-    step = max(1, HEAD_CHUNK // head.weight.shape[0])
-    out = []
-    for i in range(0, hidden.shape[0], step):
-        logits = head(hidden[i:i + step]).float()
-        if scale is not None:
-            logits = logits * scale
-        if scaling is not None:
-            logits = logits / scaling
-        if cap is not None:
-            logits = torch.tanh(logits / cap) * cap
-        t = targets[i:i + step, None]
-        out.append((logits.gather(1, t) - torch.logsumexp(logits, dim=-1, keepdim=True))[:, 0])
-    return torch.cat(out).double().cpu().numpy() if out else np.zeros(0)
-
-
-def batches(seqs: list[Seq], batch_tokens: int) -> list[list[int]]:
-    """Indices of `seqs` sorted by length, cut so that rows x longest row stays within batch_tokens."""
-    order = sorted(range(len(seqs)), key=lambda k: (len(seqs[k].input_ids), k))
-    out, cur = [], []
-    for k in order:
-        if cur and (len(cur) + 1) * len(seqs[k].input_ids) > batch_tokens:
-            out.append(cur)
-            cur = []
-        cur.append(k)
-    return out + ([cur] if cur else [])
-
-
-def score(model, seqs: list[Seq], batch_tokens: int, pad: int, arm_hook: TeacherForcedArm | None = None,
-          bar=None) -> list[np.ndarray]:
-    """Per sequence, the log-prob of each scored token given everything before it (float64)."""
-    import torch
-
-    device = model.get_output_embeddings().weight.device
-    decoder = model.get_decoder()
-    result: list = [None] * len(seqs)
-    for batch in batches(seqs, batch_tokens):
-        rows = [seqs[k] for k in batch]
-        width = max(len(s.input_ids) for s in rows)
-        ids = torch.full((len(rows), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for r, s in enumerate(rows):
-            ids[r, :len(s.input_ids)] = torch.tensor(s.input_ids)
-            mask[r, :len(s.input_ids)] = 1
-        if arm_hook is not None:
-            arm_hook.begin([(s.index, s.prompt_len, len(s.input_ids)) if s.condition == "arm" else None for s in rows])
-        elif any(s.condition == "arm" for s in rows):
-            raise ValueError("arm rows need the ARM hook")
-        try:
-            with torch.no_grad():
-                hidden = decoder(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False)[0]
-                r_idx = torch.cat([torch.full((len(s.scored),), r) for r, s in enumerate(rows)])
-                pos = torch.cat([torch.arange(s.start - 1, len(s.input_ids) - 1) for s in rows])
-                lp = head_logprobs(model, hidden[r_idx.to(device), pos.to(device)], ids[r_idx, pos + 1].to(device))
-        finally:
-            if arm_hook is not None:
-                arm_hook.begin([])
-        at = 0
-        for k, s in zip(batch, rows):
-            result[k] = lp[at:at + len(s.scored)]
-            at += len(s.scored)
-        if bar is not None:
-            bar.update(len(rows))
-    return result
-
-
-def check_head(model, seq: Seq, pad: int) -> float:
-    """The max abs difference between `score` and the model's own logits + log_softmax on one sequence;
-    refuses a family whose final logits this stage does not reproduce."""
-    import torch
-
-    with torch.no_grad():
-        logits = model(input_ids=torch.tensor([seq.input_ids], device=model.get_output_embeddings().weight.device),
-                       use_cache=False).logits[0].float()
-        ref = torch.log_softmax(logits, -1)[torch.arange(seq.start - 1, len(seq.input_ids) - 1),
-                                            torch.tensor(seq.scored)].double().cpu().numpy()
-    got = score(model, [seq], len(seq.input_ids), pad)[0]
-    diff = float(np.max(np.abs(got - ref)))
-    if not diff < 1e-3:
-        raise models.UnsupportedModel(
-            f"model_type '{model.config.model_type}': the LM head applied at the scored positions differs from the "
-            f"model's own logits by {diff:.3g} nats (a final-logit transformation this stage does not know)")
-    return diff
-
-
-def load(params: Params, prepared) -> tuple:
-    """(model, tokenizer, attention implementation): the whole model, SDPA where the family has it."""
-    try:
-        return (*models.load(params, prepared, attn_implementation="sdpa"), "sdpa")
-    except ValueError as e:
-        if "scaled_dot_product" not in str(e):
-            raise
-    return (*models.load(params, prepared, attn_implementation="eager"), "eager")
-
-
-def pad_id(tokenizer) -> int:
-    for t in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0):
-        if t is not None:
-            return int(t)
-    return 0
 
 
 # ---- statistics -----------------------------------------------------------------------------------
@@ -353,25 +151,25 @@ def _put_stats(g, prefix: str, stats: list[dict]) -> None:
 
 def run(params: Params, name: str, root: Path | None = None) -> Path:
     started = time.perf_counter()
-    spec = model_spec(params, name)
     cfg = params.likelihood
     where = {k: (root / v if root else params.resolve(str(v))) for k, v in paths(name).items()}
-    sp = scoring_params(params)
+    prompt = scoring_prompt(params)
     problems, data_sha = load_problems(params)
     chosen = select_problems(problems, cfg.n_samples, cfg.seed, "likelihood.n_samples")
     require_field(params, chosen, "solution", "the likelihood stage (its `solution` continuation)")
     if name not in params.scored:
         raise ConfigError(f"{params.file}: likelihood.models: model '{name}' is not among the models scored "
                           f"{params.scored}; add it there to score it")
-    prepared = models.prepare(params, name)
+    setup = models.resolve(params, name)
+    prepared, spec = setup.prepared, setup.spec
     conditions = list(cfg.conditions)
-    arm_settings = arm.resolve(params, name, arm.model_type(prepared.facts)) if "arm" in conditions else None
-    model, tokenizer, attn = load(params, prepared)
-    builder = builder_for(sp, name, tokenizer)
-    seqs = build_sequences(sp, name, builder, chosen, prepared.facts["max_position_embeddings"])
+    arm_settings = arm.resolve(params.arm, params.dataset.benchmark, setup) if "arm" in conditions else None
+    model, tokenizer, attn = scoring.load(setup)
+    builder = builder_for(prompt, setup, tokenizer)
+    seqs = build_sequences(params, name, builder, chosen, prepared.facts["max_position_embeddings"])
     pad = pad_id(tokenizer)
     head_check = check_head(model, min(seqs, key=lambda s: len(s.input_ids)), pad)
-    hook = TeacherForcedArm(arm.layer0_mlp(model, params, name), arm_settings) if arm_settings else None
+    hook = TeacherForcedArm(arm.layer0_mlp(model, setup), arm_settings) if arm_settings else None
     bar = progress.bar(total=len(seqs), desc=f"likelihood {name}", unit="seq")
     t0 = time.perf_counter()
     logprobs = score(model, seqs, cfg.batch_tokens, pad, hook, bar)
@@ -389,11 +187,11 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
                            "prompt_tokens": np.array([seqs[at[(p.index, c, k)]].prompt_len for p in chosen],
                                                      dtype=np.int32)}
     summary = summarize(per, conditions, chosen, cfg.seed, cfg.n_boot)
-    conts = Continuations(sp, builder)
+    conts = scoring.Continuations(cfg, builder, dataset_spec(params).path)
     prov = {
         **provenance("likelihood"),
         "model": {"name": name, **prepared.manifest()},
-        **builder.describe(sp),
+        **builder.describe(),
         "scoring": {"attn_implementation": attn, "batch_tokens": cfg.batch_tokens, "pad_token_id": pad,
                     "head_check_max_abs_diff": head_check, "separator_ids": conts.sep, "frame_head_ids": conts.head,
                     "frame_tail": conts.tail},

@@ -24,15 +24,13 @@ from pathlib import Path
 
 import numpy as np
 
-from stages import arm, charts, cli, figures, grading
-from stages.charts import paper
-from stages.charts.common import Sources, label, load_context, md_escape
-from stages.config import Params
-from stages.stats import stats_path
-from stages.store import ArtifactError, atomic_path, read_h5
+from meaningless_tokens import TEMPLATES, arm, charts, cli, grading
+from meaningless_tokens.charts import paper
+from meaningless_tokens.charts.common import Sources, label, load_context, md_escape
+from meaningless_tokens.config import Params
+from meaningless_tokens.store import FIGURES_DIR, ArtifactError, atomic_path, read_h5, stats_path
 
 OUT_DIR = Path("reports")
-TEMPLATES = Path(__file__).parent / "templates"
 
 
 def eval_path(name: str) -> Path:
@@ -42,7 +40,7 @@ def eval_path(name: str) -> Path:
 
 def example(params: Params, root: Path, name: str, disp: str, limit: int = 700) -> dict:
     """One problem where the conditions' grades differ (else the first), with each condition's output."""
-    from stages.prompts import load_problems
+    from meaningless_tokens.prompts import load_problems
 
     path = root / eval_path(name)
     with read_h5(path, "eval", ("problems/index", "problems/answer")) as f:
@@ -175,7 +173,7 @@ def render(context: dict) -> tuple[str, str]:
 def run(params: Params, out: Path | None = None) -> list[Path]:
     root = params.resolve(".")
     out = out or params.resolve(str(OUT_DIR))
-    fig_dir = root / figures.OUT_DIR
+    fig_dir = root / FIGURES_DIR
     ctx = load_context(params)
     names = ctx.names
     views = [ctx.view(n) for n in names]
@@ -186,7 +184,7 @@ def run(params: Params, out: Path | None = None) -> list[Path]:
     study = {k.KIND: k.explain(ctx, None) for k in charts.STUDY}
     for k in charts.STUDY:
         study[k.KIND].extra["unavailable"] = charts.unavailable(k, ctx)
-    # the paper beside this run: each seed chart's claims with this run's numbers (stages/charts/paper.py)
+    # the paper beside this run: each seed chart's claims with this run's numbers (meaningless_tokens/charts/paper.py)
     for m in per_model:
         for chart, kind in zip(m["charts"], [k for k in charts.PER_MODEL if m["name"] in ctx.chart_models(k.KIND)]):
             chart.extra["paper"] = paper.claims(ctx, kind.KIND, m["name"])

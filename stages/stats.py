@@ -36,38 +36,12 @@ from pathlib import Path
 
 import numpy as np
 
-from stages import cli
-from stages.config import Params, model_spec
-from stages.extract import PROMPT_CONDITIONS, VECTORS, attention_path
-from stages.intervals import bootstrap_mean_ci, bootstrap_ratio_ci
-from stages.store import (ArtifactError, provenance, put, put_json_attr, read_h5, write_csv_atomic, write_h5,
-                          write_timing)
-
-QUERY_VECTOR = {"original": "recv_original", "all": "recv_all", "last": "recv_last"}
-
-
-def stats_path(name: str) -> Path:
-    return Path("artifacts") / "stats" / f"{name}.h5"
-
-
-def plot_table_path(kind: str, name: str) -> Path:
-    """`artifacts/plots/<kind>/<model>.csv`: one folder per kind, so dvc.yaml's top-level `plots`
-    name each folder once and pick up every model's table."""
-    return Path("artifacts") / "plots" / kind / f"{name}.csv"
-
-
-def sample_stats(recv: np.ndarray, recv_all: np.ndarray, mass_span: np.ndarray, pos: np.ndarray,
-                 span, query_set: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """One prompt's [L, H, T] vectors -> (original_avg [L, H, N], full_avg [L, H, T], span_mass [L, H]).
-
-    `recv` is the query set's received-attention vector, `pos` the positions of the N original tokens.
-    The sweep stage calls this too, so its numbers are these statistics by construction."""
-    T, n = recv.shape[-1], len(pos)
-    queries = {"original": n - np.arange(n), "all": T - pos, "last": np.ones(n)}[query_set]
-    start, end = span
-    after = pos[pos >= end] if end > start else np.array([], dtype=int)
-    return (recv[:, :, pos] / queries, recv_all / (T - np.arange(T)),
-            mass_span[:, :, after].mean(axis=2) if len(after) else np.zeros(recv.shape[:2]))
+from meaningless_tokens import cli
+from meaningless_tokens.attention import PROMPT_CONDITIONS, QUERY_VECTOR, VECTORS, sample_stats
+from meaningless_tokens.config import Params, model_spec
+from meaningless_tokens.intervals import bootstrap_mean_ci, bootstrap_ratio_ci
+from meaningless_tokens.store import (ArtifactError, attention_path, plot_table_path, provenance, put, put_json_attr, read_h5,
+                                      stats_path, write_csv_atomic, write_h5, write_timing)
 
 
 def _per_sample(f, cond: str, query_set: str, n_orig: np.ndarray):

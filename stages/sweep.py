@@ -41,16 +41,15 @@ from pathlib import Path
 
 import numpy as np
 
-from stages import cli, likelihood, models, progress
-from stages.capture import CaptureError, attention, compare
-from stages.config import ConfigError, Params, model_spec
-from stages.evaluate import Item, Journal, check_engine, open_engine, paired, run_journaled
-from stages.extract import reduce
-from stages.intervals import bootstrap_mean_ci, bootstrap_ratio_ci, wilcoxon_p
-from stages.prompts import PromptBuilder, PromptError, dataset_spec, load_problems, put_problems, select_problems
-from stages.stats import QUERY_VECTOR, sample_stats
-from stages.store import (provenance, put, put_json_attr, write_csv_atomic, write_h5, write_json_atomic,
-                          write_timing)
+from meaningless_tokens import cli, models, progress, scoring
+from meaningless_tokens.attention import QUERY_VECTOR, reduce, sample_stats
+from meaningless_tokens.capture import CaptureError, attention, compare
+from meaningless_tokens.config import ConfigError, Params, Prompt
+from meaningless_tokens.engines import Item, Journal, check_engine, open_engine, run_journaled
+from meaningless_tokens.intervals import bootstrap_mean_ci, bootstrap_ratio_ci, paired, wilcoxon_p
+from meaningless_tokens.prompts import PromptBuilder, PromptError, dataset_spec, load_problems, put_problems, select_problems
+from meaningless_tokens.store import (provenance, put, put_json_attr, sweep_path, write_csv_atomic, write_h5,
+                                      write_json_atomic, write_timing)
 
 JOURNAL_VERSION = 1
 # the params keys this stage reads beyond `sweep` (dvc.yaml lists exactly these)
@@ -60,30 +59,33 @@ LIKELIHOOD_KEYS = ("solution_tokens", "separator", "batch_tokens")
 
 
 def paths(name: str) -> dict[str, Path]:
-    return {"out": Path("artifacts/sweep") / f"{name}.h5",
+    return {"out": sweep_path(name),
             "metrics": Path("metrics/sweep") / f"{name}.json",
             "table": Path("artifacts/plots/sweep") / f"{name}.csv",
             "timing": Path("metrics/timing") / f"sweep-{name}.json",
             "journal": Path("artifacts/sweep/.journal") / f"{name}.jsonl"}
 
 
-def span_params(params: Params, token: str, count: int) -> Params:
-    """params with the mless span set to `count` x `token` and only the none and mless conditions."""
-    mless = params.prompt.mless.model_copy(update={"token": token, "count": count})
-    prompt = params.prompt.model_copy(update={"mless": mless, "conditions": ["none", "mless"]})
-    return params.model_copy(update={"prompt": prompt})
+CONDITIONS = ["none", "mless"]  # the prompts a sweep builds; `mless` with each (token, count) as its span
 
 
-def builders(params: Params, name: str, tokenizer) -> dict[tuple[str, int], PromptBuilder]:
+def span_prompt(prompt: Prompt, token: str, count: int) -> Prompt:
+    """params' prompt with the mless span set to `count` x `token` and only the none and mless conditions."""
+    mless = prompt.mless.model_copy(update={"token": token, "count": count})
+    return prompt.model_copy(update={"mless": mless, "conditions": list(CONDITIONS)})
+
+
+def builders(params: Params, setup: models.ModelSetup, tokenizer) -> dict[tuple[str, int], PromptBuilder]:
     """A prompt builder per (token, count), checked before any model runs."""
-    template = model_spec(params, name).template or params.prompt.template
+    template = setup.spec.template or params.prompt.template
     out = {}
     for k, token in enumerate(params.sweep.tokens):
         for count in params.sweep.counts:
             try:
-                out[(token, count)] = PromptBuilder(span_params(params, token, count), tokenizer, template)
+                out[(token, count)] = PromptBuilder(span_prompt(params.prompt, token, count), tokenizer, template,
+                                                    setup.params_file)
             except PromptError as e:
-                raise ConfigError(f"{params.file}: models.{name}: {e}") from None
+                raise ConfigError(f"{setup.where}: {e}") from None
     return out
 
 
@@ -171,13 +173,12 @@ def summarize_attention(params: Params, per: dict) -> dict:
 
 # ---- accuracy --------------------------------------------------------------------------------------
 
-def accuracy_sweep(params: Params, name: str, prepared, problems, where: dict) -> tuple[dict, dict]:
+def accuracy_sweep(params: Params, setup: models.ModelSetup, problems, where: dict) -> tuple[dict, dict]:
     """Per (token, count): per-problem correctness (count 0 is the none prompt, generated once);
     and the generation settings. Journaled like evaluation: an interrupted run resumes."""
-    ev = params.evaluate
-    check_engine(params)
-    engine = open_engine(params, prepared)
-    prompts = _build(builders(params, name, engine.tokenizer), params, name, problems)
+    ev, name, prepared = params.evaluate, setup.name, setup.prepared
+    engine = open_engine(ev, CONDITIONS, setup)
+    prompts = _build(builders(params, setup, engine.tokenizer), params, name, problems)
     cond = {key: f"{key[0]}x{key[1]}" for key in prompts if key != "none" and key[1] > 0}
     items = [Item(p.index, "none", pr.input_ids) for p, pr in zip(problems, prompts["none"])]
     items += [Item(p.index, c, pr.input_ids) for key, c in cond.items() for p, pr in zip(problems, prompts[key])]
@@ -203,13 +204,14 @@ def accuracy_sweep(params: Params, name: str, prepared, problems, where: dict) -
 
 # ---- likelihood ------------------------------------------------------------------------------------
 
-def likelihood_sweep(params: Params, name: str, prepared, problems) -> dict:
+def likelihood_sweep(params: Params, setup: models.ModelSetup, problems) -> dict:
     """Per (token, count): each problem's mean log-prob per token of the reference solution (count 0: the none
     prompt, scored once), from one load of the whole model."""
-    model, tokenizer, _ = likelihood.load(params, prepared)
-    bs = builders(params, name, tokenizer)
+    name, prepared = setup.name, setup.prepared
+    model, tokenizer, _ = scoring.load(setup)
+    bs = builders(params, setup, tokenizer)
     prompts = _build(bs, params, name, problems)
-    conts = likelihood.Continuations(params, next(iter(bs.values())))
+    conts = scoring.Continuations(params.likelihood, next(iter(bs.values())), dataset_spec(params).path)
     keys = ["none"] + [k for k in prompts if k != "none" and k[1] > 0]
     seqs, at = [], {}
     for key in keys:
@@ -217,15 +219,15 @@ def likelihood_sweep(params: Params, name: str, prepared, problems) -> dict:
             ctx, scored = conts.build(p)["solution"]
             at[(key, p.index)] = len(seqs)
             ids = list(pr.input_ids)
-            seqs.append(likelihood.Seq(p.index, "none" if key == "none" else "mless", "solution",
-                                       tuple(ids + ctx + scored), len(ids), len(ids) + len(ctx)))
+            seqs.append(scoring.Seq(p.index, "none" if key == "none" else "mless", "solution",
+                                    tuple(ids + ctx + scored), len(ids), len(ids) + len(ctx)))
     context = prepared.facts["max_position_embeddings"]
     longest = max(len(s.input_ids) for s in seqs)
     if context and longest > context:
         raise ConfigError(f"{params.file}: likelihood.solution_tokens: a sweep prompt plus its solution has {longest} "
                           f"tokens, more than the context of model '{name}' ({context} positions)")
     bar = progress.bar(total=len(seqs), desc=f"sweep likelihood {name}", unit="seq")
-    lps = likelihood.score(model, seqs, params.likelihood.batch_tokens, likelihood.pad_id(tokenizer), bar=bar)
+    lps = scoring.score(model, seqs, params.likelihood.batch_tokens, scoring.pad_id(tokenizer), bar=bar)
     bar.close()
     mean = {key: np.array([lps[at[(key, p.index)]].mean() for p in problems]) for key in keys}
     return {key: mean["none" if key == "none" or key[1] == 0 else key] for key in prompts}
@@ -235,20 +237,19 @@ def likelihood_sweep(params: Params, name: str, prepared, problems) -> dict:
 
 def run(params: Params, name: str, root: Path | None = None) -> Path:
     started = time.perf_counter()
-    spec = model_spec(params, name)
     cfg = params.sweep
     where = {k: (root / v if root else params.resolve(str(v))) for k, v in paths(name).items()}
     problems, data_sha = load_problems(params)
     chosen = select_problems(problems, cfg.attention_samples, cfg.seed, "sweep.attention_samples")
-    prepared = models.prepare(params, name, layers=[cfg.layer])
-    facts = prepared.facts
+    setup = models.resolve(params, name, layers=[cfg.layer])
+    prepared, spec, facts = setup.prepared, setup.spec, setup.facts
     if cfg.layer >= facts["num_layers"]:
         raise ConfigError(f"{params.file}: sweep.layer: {cfg.layer} out of range; model '{name}' has "
                           f"{facts['num_layers']} layers (allowed 0..{facts['num_layers'] - 1})")
     heads = list(range(facts["num_heads"])) if spec.heads == "all" else list(spec.heads)
     # only the embeddings and layer 0..sweep.layer run (the capture stops after that layer's attention)
-    model, tokenizer = models.load(params, prepared, layers=[cfg.layer])
-    bs = builders(params, name, tokenizer)
+    model, tokenizer = models.load(setup, layers=[cfg.layer])
+    bs = builders(params, setup, tokenizer)
     prompts = _build(bs, params, name, chosen)
     context = facts["max_position_embeddings"]
     longest = max(len(pr.input_ids) for key in prompts for pr in prompts[key])
@@ -258,7 +259,7 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
     # the probe extraction runs: capture == the model's own eager attention on the longest span's prompt
     try:
         check = compare(model, prompts[(cfg.tokens[0], cfg.counts[-1])][0].input_ids, [cfg.layer],
-                        tolerance=models.probe_tolerance(params.runtime.dtype))
+                        tolerance=models.probe_tolerance(setup.dtype))
     except CaptureError as e:
         raise models.UnsupportedModel(f"{params.file}: sweep.layer: model_type '{facts['model_type']}': {e}") from None
     tokenization = {t: {c: repetition(bs[(t, c)], t) for c in cfg.counts} for t in cfg.tokens}
@@ -275,13 +276,16 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
 
     acc_problems, correct, settings = [], {}, None
     if cfg.accuracy_samples:
+        check_engine(params)  # before the whole model is prepared
+    # generation and scoring run the whole model: a GGUF source is converted in full (once) for them
+    whole = models.resolve(params, name) if cfg.accuracy_samples or cfg.likelihood_samples else None
+    if cfg.accuracy_samples:
         acc_problems = select_problems(problems, cfg.accuracy_samples, cfg.seed, "sweep.accuracy_samples")
-        # generation runs the whole model: a GGUF source is converted in full (once) for it
-        correct, settings = accuracy_sweep(params, name, models.prepare(params, name), acc_problems, where)
+        correct, settings = accuracy_sweep(params, whole, acc_problems, where)
     lik_problems, lik = [], {}
     if cfg.likelihood_samples:
         lik_problems = select_problems(problems, cfg.likelihood_samples, cfg.seed, "sweep.likelihood_samples")
-        lik = likelihood_sweep(params, name, models.prepare(params, name), lik_problems)  # the whole model too
+        lik = likelihood_sweep(params, whole, lik_problems)
     lik_rows = {}
     for token in cfg.tokens:
         for count in cfg.counts:
@@ -302,7 +306,7 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
         **provenance("sweep"),
         "model": {"name": name, **prepared.manifest()},
         "layers_probe": check,
-        **bs[(cfg.tokens[0], cfg.counts[-1])].describe(span_params(params, cfg.tokens[0], cfg.counts[-1])),
+        **bs[(cfg.tokens[0], cfg.counts[-1])].describe(),
         # exactly the params keys dvc.yaml lists for this stage, so the file is a function of its declared inputs
         "params": {"models": {name: spec.model_dump(include=set(MODEL_KEYS))},
                    "prompt": {"instruction": params.prompt.instruction, "template": params.prompt.template,

@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         dirs = build_models(base / "models")
         repo = Repo.create(base / "project", base / "home", base / "model-cache", {})
         (repo.path / "params.yaml").write_text(yaml.safe_dump(dry_run_params(dirs), sort_keys=False))
-        repo.run(str(Path(sys.executable)), "-m", "stages.config", "check")
+        repo.run(str(Path(sys.executable)), "-m", "meaningless_tokens.config", "check")
         proc = repo.dvc("repro", check=False)
         sys.stdout.write(proc.stdout[-4000:])
         sys.stderr.write(proc.stderr[-4000:])

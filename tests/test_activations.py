@@ -5,10 +5,11 @@ import numpy as np
 import pytest
 import torch
 
-from stages import activations, models
-from stages.config import ConfigError, load_params
-from stages.prompts import builder_for, load_math500, select_problems
-from stages.store import read_h5
+from meaningless_tokens import models
+from stages import activations
+from meaningless_tokens.config import ConfigError, load_params
+from meaningless_tokens.prompts import builder_for, load_math500, select_problems
+from meaningless_tokens.store import read_h5
 from tests.test_extract import ARCHS, tiny_params
 
 
@@ -40,11 +41,13 @@ def test_stored_activations_equal_a_plain_forward_with_a_hook(arch, tiny_dirs, w
     out = activations.run(params, "tiny", out=tmp_path / "act.h5", timing=tmp_path / "t.json")
     cfg = params.activations
 
-    prepared = models.prepare(params, "tiny")
-    model, tok = models.load(params, prepared)  # eager attention, the whole model, no capture function
+    setup = models.resolve(params, "tiny")
+
+    prepared = setup.prepared
+    model, tok = models.load(setup)  # eager attention, the whole model, no capture function
     problems, _ = load_math500(params)
     chosen = select_problems(problems, params.extract.n_samples, params.extract.seed)
-    builder = builder_for(params, "tiny", tok)
+    builder = builder_for(params.prompt, setup, tok)
     insertion = len(builder.prefix) + len(builder.instruction)
     mlp_in = {}
     hooks = [model.get_decoder().layers[layer].mlp.register_forward_hook(

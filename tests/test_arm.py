@@ -1,4 +1,4 @@
-"""ARM (stages/arm.py): the edit against the paper's pseudo-code, the hook's row isolation, seeding, an
+"""ARM (meaningless_tokens/arm.py): the edit against the paper's pseudo-code, the hook's row isolation, seeding, an
 identity hook that changes nothing, and bad input refused before any work."""
 
 import json
@@ -7,10 +7,12 @@ import numpy as np
 import pytest
 import torch
 
-from stages import activations, arm, evaluate, models
-from stages.config import ConfigError, load_params
-from stages.prompts import builder_for, load_math500
-from stages.store import read_h5
+from meaningless_tokens import engines
+from meaningless_tokens import arm, models
+from stages import activations, evaluate
+from meaningless_tokens.config import ConfigError, load_params
+from meaningless_tokens.prompts import builder_for, load_math500
+from meaningless_tokens.store import read_h5
 
 SEED = 1234
 
@@ -167,11 +169,12 @@ def arm_params(write_params, tiny_dirs, arch, conditions=("none", "mless", "mful
 
 
 def loaded(params, identity=False):
-    prepared = models.prepare(params, "tiny")
-    model, tokenizer = models.load(params, prepared, attn_implementation=evaluate.ATTENTION)
-    s = arm.resolve(params, "tiny", arm.model_type(prepared.facts))
-    hook = arm.ArmHook(arm.layer0_mlp(model, params, "tiny"), s, identity=identity)
-    return model, tokenizer, hook, evaluate.stop_ids(model.generation_config, tokenizer)
+    setup = models.resolve(params, "tiny")
+    prepared = setup.prepared
+    model, tokenizer = models.load(setup, attn_implementation=engines.ATTENTION)
+    s = arm.resolve(params.arm, params.dataset.benchmark, setup)
+    hook = arm.ArmHook(arm.layer0_mlp(model, setup), s, identity=identity)
+    return model, tokenizer, hook, engines.stop_ids(model.generation_config, tokenizer)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
@@ -179,18 +182,18 @@ def test_pool_row_generates_the_same_tokens_alone_and_in_a_batch_of_8(arch, tiny
     params = arm_params(write_params, tiny_dirs, arch)
     model, tokenizer, hook, eos = loaded(params)
     assert hook.settings.variant == ("gemma" if arch == "gemma3" else "llama")
-    builder = builder_for(params, "tiny", tokenizer)
+    builder = builder_for(params.prompt, setup, tokenizer)
     problems, _ = load_math500(params)
     built = [builder.build(p) for p in problems[:6]]
     # 4 arm rows among none / mless / mful rows of other lengths (left padding differs per row)
-    batch = [evaluate.Item(p.index, "arm", b["arm"].input_ids) for p, b in zip(problems[:4], built)]
-    batch += [evaluate.Item(p.index, c, b[c].input_ids) for p, b in zip(problems[4:], built[4:]) for c in b][:4]
+    batch = [engines.Item(p.index, "arm", b["arm"].input_ids) for p, b in zip(problems[:4], built)]
+    batch += [engines.Item(p.index, c, b[c].input_ids) for p, b in zip(problems[4:], built[4:]) for c in b][:4]
     assert len(batch) == 8 and len({len(it.input_ids) for it in batch}) > 4
-    together = evaluate.generate(model, tokenizer, batch, 10, False, eos, hook)
+    together = engines.generate(model, tokenizer, batch, 10, False, eos, hook)
     for it, out in zip(batch[:4], together):
-        assert evaluate.generate(model, tokenizer, [it], 10, False, eos, hook) == [out], it.index
+        assert engines.generate(model, tokenizer, [it], 10, False, eos, hook) == [out], it.index
     # batched none generations equal one-at-a-time ones (test_evaluate.py), so one batch serves here
-    none = evaluate.generate(model, tokenizer, [evaluate.Item(it.index, "none", it.input_ids) for it in batch[:4]],
+    none = engines.generate(model, tokenizer, [engines.Item(it.index, "none", it.input_ids) for it in batch[:4]],
                              10, False, eos)
     assert none != together[:4], "ARM changed no arm row's tokens: the comparison would hold for an idle hook too"
 
@@ -198,13 +201,13 @@ def test_pool_row_generates_the_same_tokens_alone_and_in_a_batch_of_8(arch, tiny
 def test_identity_hook_generates_exactly_the_none_tokens(tiny_dirs, write_params, cache_dir):
     params = arm_params(write_params, tiny_dirs, "llama")
     model, tokenizer, hook, eos = loaded(params, identity=True)
-    builder = builder_for(params, "tiny", tokenizer)
+    builder = builder_for(params.prompt, setup, tokenizer)
     problems, _ = load_math500(params)
     prompts = [builder.build(p) for p in problems[:4]]
-    none = [evaluate.Item(p.index, "none", b["none"].input_ids) for p, b in zip(problems, prompts)]
-    arms = [evaluate.Item(p.index, "arm", b["arm"].input_ids) for p, b in zip(problems, prompts)]
-    assert evaluate.generate(model, tokenizer, arms, 10, False, eos, hook) == \
-        evaluate.generate(model, tokenizer, none, 10, False, eos)
+    none = [engines.Item(p.index, "none", b["none"].input_ids) for p, b in zip(problems, prompts)]
+    arms = [engines.Item(p.index, "arm", b["arm"].input_ids) for p, b in zip(problems, prompts)]
+    assert engines.generate(model, tokenizer, arms, 10, False, eos, hook) == \
+        engines.generate(model, tokenizer, none, 10, False, eos)
     assert hook.step == 10  # the hook ran at the prompt and at every decode step
 
 
@@ -239,13 +242,15 @@ def test_activations_store_the_arm_transformed_histogram_from_the_same_hook(tiny
         assert f["arm/original/near_zero_fixed_diff"][0] < 0  # ARM empties the near-zero region
         np.testing.assert_allclose(f["arm/lambda"][()], 1, atol=1e-6)  # no span: all attention stays on originals
     # the stored arm activations are the edit of the float32 none activations of the same problem
-    from stages.capture import install_capture
+    from meaningless_tokens.capture import install_capture
 
-    prepared = models.prepare(params, "tiny")
-    model, tokenizer = models.load(params, prepared, layers=[0])
+    setup = models.resolve(params, "tiny")
+
+    prepared = setup.prepared
+    model, tokenizer = models.load(setup, layers=[0])
     install_capture(model)
     problem = next(p for p in load_math500(params)[0] if p.index == index)
-    ids = builder_for(params, "tiny", tokenizer).build(problem)["none"].input_ids
+    ids = builder_for(params.prompt, setup, tokenizer).build(problem)["none"].input_ids
     none_a = torch.from_numpy(activations.forward(model, activations.gated_mlps(model, "tiny", params, [0]), [0], ids)[1][0])
     s = arm.resolve(params, "tiny", "qwen2")
     want = arm.edit(none_a, s, torch.Generator().manual_seed(arm.row_seed(s.seed, index, 0))).numpy()
@@ -278,12 +283,12 @@ def test_arm_on_a_model_without_a_gated_mlp_is_refused(write_params, tiny_dirs):
     phi = AutoModelForCausalLM.from_config(PhiConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
                                                      num_hidden_layers=2, num_attention_heads=4))
     with pytest.raises(ConfigError, match=r"prompt.conditions: 'arm' needs a gated MLP .* has PhiMLP \(model_type 'phi'\)"):
-        arm.layer0_mlp(phi, params, "tiny")
+        arm.layer0_mlp(phi, setup)
 
 
 def test_paper_defaults_by_repo_and_family():
     """The paper's (c, percentage) for its models, its files' pmin/pmax per family, fallbacks otherwise."""
-    from stages.config import Params
+    from meaningless_tokens.config import Params
 
     raw = load_params(tiny_params_path()).model_dump()
     raw["models"] = {

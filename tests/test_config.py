@@ -4,8 +4,8 @@ import sys
 import pytest
 import yaml
 
-from stages import config
-from stages.config import ConfigError, load_params
+from meaningless_tokens import config
+from meaningless_tokens.config import ConfigError, load_params
 from tests.conftest import ROOT, default_params
 
 
@@ -87,7 +87,7 @@ def test_unreadable_files(tmp_path):
 def test_cli_check_exits_nonzero_naming_the_key(tmp_path):
     path = tmp_path / "params.yaml"
     path.write_text(yaml.safe_dump(edited(prompt__mless__count=-1)))
-    proc = subprocess.run([sys.executable, "-m", "stages.config", "check", str(path)],
+    proc = subprocess.run([sys.executable, "-m", "meaningless_tokens.config", "check", str(path)],
                           cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 2
     assert "prompt.mless.count" in proc.stderr and "(got -1)" in proc.stderr

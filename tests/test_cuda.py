@@ -22,8 +22,10 @@ import numpy as np
 import pytest
 import torch
 
-from stages import activations, evaluate, extract, likelihood, models
-from stages.config import ConfigError, load_params
+from meaningless_tokens import engines
+from meaningless_tokens import models
+from stages import activations, evaluate, extract, likelihood
+from meaningless_tokens.config import ConfigError, load_params
 from tests import tiny
 
 pytestmark = pytest.mark.cuda
@@ -177,9 +179,10 @@ def test_evaluate_with_arm_rows_and_the_boxed_stop(device, dtype, llama_dir, wri
         for k in keys:
             np.testing.assert_array_equal(have[k], want[k], err_msg=k)
     else:  # bfloat16 logits round near-ties differently: the numerics are checked on the prefill below
-        prepared = models.prepare(params, "tiny")
-        model, tok = models.load(params, prepared)
-        cpu_model, _ = models.load(ref_params, prepared)
+        setup = models.resolve(params, "tiny")
+        prepared = setup.prepared
+        model, tok = models.load(setup)
+        cpu_model, _ = models.load(setup)
         ids = tok("Please reason step by step. What is 1+1?")["input_ids"]
         with torch.no_grad():
             a = model(torch.tensor([ids], device=model.device)).logits.float().cpu()
@@ -220,7 +223,7 @@ def test_the_boxed_stop_criterion_on_cuda(llama_dir):
     rows = [prompt + tok("so \\boxed{12} done")["input_ids"], prompt + tok("so \\boxed{1 and more")["input_ids"]]
     width = max(map(len, rows))
     ids = torch.tensor([r + [tok.pad_token_id] * (width - len(r)) for r in rows], device="cuda")
-    done = evaluate._BoxedStop(tok, len(prompt))(ids, None)
+    done = engines._BoxedStop(tok, len(prompt))(ids, None)
     assert done.device.type == "cuda" and done.tolist() == [True, False]
 
 
@@ -229,13 +232,14 @@ def test_partial_load_takes_a_fraction_of_the_cuda_memory(write_params, cache_di
     """Extract's partial load (layers 0..2 of 32) against the whole 32-layer checkpoint, on CUDA."""
     big = tiny.build("llama", tmp_path / "llama32", layers=32)
     params = params_for(write_params, big, "llama", "cuda", "float32")
-    prepared = models.prepare(params, "tiny")
+    setup = models.resolve(params, "tiny")
+    prepared = setup.prepared
     peaks = {}
     for label, layers in (("partial", [0, 1, 2]), ("full", None)):
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
-        model, _ = models.load(params, prepared, layers=layers)
+        model, _ = models.load(setup, layers=layers)
         peaks[label] = torch.cuda.max_memory_allocated() - base
         del model
     print(f"peak CUDA memory of the load: partial {peaks['partial']} B, full {peaks['full']} B")

@@ -2,8 +2,8 @@ import shutil
 
 import pytest
 
-from stages.config import load_params
-from stages.prompts import DatasetError, dataset_spec, load_math500, load_problems, require_field, select_problems
+from meaningless_tokens.config import load_params
+from meaningless_tokens.prompts import DatasetError, dataset_spec, load_math500, load_problems, require_field, select_problems
 
 
 def test_vendored_math500_loads_and_matches_its_sha256(write_params):

@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 import yaml
 
-from stages import charts, extract, figures
-from stages.charts.common import load_context
-from stages.config import ConfigError, check_model_facts, load_params
+from meaningless_tokens import charts
+from stages import extract, figures
+from meaningless_tokens.charts.common import load_context
+from meaningless_tokens.config import ConfigError, check_model_facts, load_params
 from tests import dry_run, tiny
 from tests.conftest import ROOT
 
@@ -202,7 +203,7 @@ def test_chart_selection_bad_input(dry, tmp_path):
     raw = json.loads(json.dumps(base))
     raw["figures"]["charts"]["cross-model"]["models"].append("gemma-7b")
     bad.write_text(yaml.safe_dump(raw))
-    proc = subprocess.run([sys.executable, "-m", "stages.config", "check", str(bad)], cwd=ROOT, capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "meaningless_tokens.config", "check", str(bad)], cwd=ROOT, capture_output=True,
                           text=True)
     assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0
     assert "figures.charts.cross-model.models: ['gemma-7b'] not configured" in proc.stderr

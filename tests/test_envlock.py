@@ -1,4 +1,4 @@
-"""The locked environment (stages/envlock.py): the installed packages are the lock's, and every lock
+"""The locked environment (meaningless_tokens/envlock.py): the installed packages are the lock's, and every lock
 answers pyproject.toml."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import shutil
 
 import pytest
 
-from stages import envlock
-from stages.store import ROOT, environment, provenance
+from meaningless_tokens import envlock
+from meaningless_tokens.store import ROOT, environment, provenance
 
 
 def test_this_environment_is_its_lock():

@@ -8,12 +8,14 @@ import time
 import numpy as np
 import pytest
 
-from stages import evaluate, models
-from stages.config import ConfigError, load_params
-from stages.grading import grade, has_complete_box
-from stages.intervals import bootstrap_mean_ci, mcnemar_exact
-from stages.prompts import builder_for, load_math500, select_problems
-from stages.store import ArtifactError, read_h5
+from meaningless_tokens import engines
+from meaningless_tokens import models
+from stages import evaluate
+from meaningless_tokens.config import ConfigError, load_params
+from meaningless_tokens.grading import grade, has_complete_box
+from meaningless_tokens.intervals import bootstrap_mean_ci, mcnemar_exact
+from meaningless_tokens.prompts import builder_for, load_math500, select_problems
+from meaningless_tokens.store import ArtifactError, read_h5
 from tests.conftest import ROOT
 
 
@@ -88,16 +90,17 @@ def test_static_cache_and_sdpa_generate_what_eager_with_a_dynamic_cache_does(arc
     import torch
 
     params = tiny_eval_params(write_params, tiny_dirs, arch)
-    prepared = models.prepare(params, "tiny")
-    fast, tokenizer = models.load(params, prepared, attn_implementation=evaluate.ATTENTION)
-    plain, _ = models.load(params, prepared, attn_implementation="eager")
+    setup = models.resolve(params, "tiny")
+    prepared = setup.prepared
+    fast, tokenizer = models.load(setup, attn_implementation=engines.ATTENTION)
+    plain, _ = models.load(setup, attn_implementation="eager")
     assert fast.config._attn_implementation == "sdpa"
-    builder = builder_for(params, "tiny", tokenizer)
+    builder = builder_for(params.prompt, setup, tokenizer)
     problems, _ = load_math500(params)
-    items = [evaluate.Item(p.index, c, ids.input_ids) for p in problems[:3] for c, ids in builder.build(p).items()]
+    items = [engines.Item(p.index, c, ids.input_ids) for p in problems[:3] for c, ids in builder.build(p).items()]
     assert len({len(it.input_ids) for it in items}) > 1 and min(len(it.input_ids) for it in items) > 24
-    eos = evaluate.stop_ids(fast.generation_config, tokenizer)
-    batched = evaluate.generate(fast, tokenizer, items, 16, False, eos)
+    eos = engines.stop_ids(fast.generation_config, tokenizer)
+    batched = engines.generate(fast, tokenizer, items, 16, False, eos)
     for it, (text, n, _) in zip(items, batched):
         with torch.no_grad():
             ref = plain.generate(input_ids=torch.tensor([it.input_ids]), max_new_tokens=16, do_sample=False,
@@ -108,15 +111,16 @@ def test_static_cache_and_sdpa_generate_what_eager_with_a_dynamic_cache_does(arc
 
 def test_batches_are_sorted_by_length_and_fixed(tiny_dirs, write_params, cache_dir):
     params = tiny_eval_params(write_params, tiny_dirs)
-    prepared = models.prepare(params, "tiny")
-    _, tokenizer = models.load(params, prepared)
-    builder = builder_for(params, "tiny", tokenizer)
+    setup = models.resolve(params, "tiny")
+    prepared = setup.prepared
+    _, tokenizer = models.load(setup)
+    builder = builder_for(params.prompt, setup, tokenizer)
     problems, _ = load_math500(params)
-    items = [evaluate.Item(p.index, c, ids.input_ids) for p in problems[:10] for c, ids in builder.build(p).items()]
-    batches = evaluate.make_batches(items, 4)
+    items = [engines.Item(p.index, c, ids.input_ids) for p in problems[:10] for c, ids in builder.build(p).items()]
+    batches = engines.make_batches(items, 4)
     lengths = [len(it.input_ids) for b in batches for it in b]
     assert lengths == sorted(lengths) and [len(b) for b in batches] == [4] * 7 + [2]
-    assert evaluate.make_batches(list(reversed(items)), 4) == batches
+    assert engines.make_batches(list(reversed(items)), 4) == batches
 
 
 def _default_sigint():
@@ -173,15 +177,15 @@ def test_journal_of_other_inputs_is_discarded_and_damage_is_reported(tiny_dirs, 
     evaluate.run(params, "tiny", root=tmp_path / "j")  # starts afresh
     assert not journal.exists()
 
-    j = evaluate.Journal(journal, "k")
-    rec = evaluate.Record(0, "none", "x", 1, "eos", "", False, None, False, 0.1)
+    j = engines.Journal(journal, "k")
+    rec = engines.Record(0, "none", "x", 1, "eos", "", False, None, False, 0.1)
     j.append([rec, rec])
     text = journal.read_text().split("\n")
     journal.write_text("\n".join([text[0], "{broken", text[2], ""]))
     with pytest.raises(ArtifactError, match=r"tiny.jsonl:2: damaged journal line"):
-        evaluate.Journal(journal, "k")
+        engines.Journal(journal, "k")
     journal.write_text("\n".join([text[0], text[1], '{"index": 3, "condi']))  # killed mid-line
-    assert list(evaluate.Journal(journal, "k").records) == [(0, "none")]
+    assert list(engines.Journal(journal, "k").records) == [(0, "none")]
 
 
 def test_bad_evaluate_params(tiny_dirs, write_params, cache_dir, tmp_path):
@@ -245,7 +249,7 @@ def test_a_part_of_other_inputs_is_refused_and_shard_input_is_checked(tiny_dirs,
 
 
 def test_vllm_engine_bad_input_names_the_key(tiny_dirs, write_params, cache_dir, tmp_path, monkeypatch):
-    from stages import vllm_engine
+    from meaningless_tokens import vllm_engine
 
     def params_with(conditions=None, **vllm):
         raw = load_params(write_params()).model_dump()
@@ -280,7 +284,7 @@ def test_vllm_cut_stops_where_the_boxed_criterion_stops(tiny_dirs):
     """The vLLM engine's post-hoc cut gives the text, length and reason transformers' stopping criterion gives."""
     from transformers import AutoTokenizer
 
-    from stages.vllm_engine import cut
+    from meaningless_tokens.vllm_engine import cut
 
     tok = AutoTokenizer.from_pretrained(tiny_dirs["llama"])
     eos = [tok.eos_token_id]
@@ -304,15 +308,16 @@ def test_vllm_cut_stops_where_the_boxed_criterion_stops(tiny_dirs):
 @pytest.mark.slow
 def test_batched_and_one_at_a_time_greedy_agree_on_a_shipped_model(write_params):
     params = load_params(write_params())
-    prepared = models.prepare(params, "smollm2-135m")
-    model, tokenizer = models.load(params, prepared, attn_implementation=evaluate.ATTENTION)
-    builder = builder_for(params, "smollm2-135m", tokenizer)
+    setup = models.resolve(params, "smollm2-135m")
+    prepared = setup.prepared
+    model, tokenizer = models.load(setup, attn_implementation=engines.ATTENTION)
+    builder = builder_for(params.prompt, setup, tokenizer)
     problems, _ = load_math500(params)
     chosen = select_problems(problems, 6, 0)
-    items = [evaluate.Item(p.index, "mless", builder.build(p)["mless"].input_ids) for p in chosen]
-    eos = evaluate.stop_ids(model.generation_config, tokenizer)
-    batched = evaluate.generate(model, tokenizer, items, 32, True, eos)
-    single = [evaluate.generate(model, tokenizer, [it], 32, True, eos)[0] for it in items]
+    items = [engines.Item(p.index, "mless", builder.build(p)["mless"].input_ids) for p in chosen]
+    eos = engines.stop_ids(model.generation_config, tokenizer)
+    batched = engines.generate(model, tokenizer, items, 32, True, eos)
+    single = [engines.generate(model, tokenizer, [it], 32, True, eos)[0] for it in items]
     grades = [(grade(b[0], p.answer, "").correct, grade(s[0], p.answer, "").correct)
               for b, s, p in zip(batched, single, chosen)]
     assert sum(b == s for b, s in grades) / len(grades) >= 0.95

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 import yaml
 
-from stages import activations, explorer, extract, models, stats
-from stages.config import load_params
+from meaningless_tokens import models
+from stages import activations, explorer, extract, stats
+from meaningless_tokens.config import load_params
 from tests.conftest import ROOT, default_params
 from tests.test_report import EVIL, chromium
 

@@ -9,10 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from stages import extract, models
-from stages.config import ConfigError, load_params
-from stages.prompts import DatasetError, PromptBuilder, load_math500
-from stages.store import ArtifactError, read_h5
+from meaningless_tokens import capture
+from meaningless_tokens import models
+from stages import extract
+from meaningless_tokens.config import ConfigError, load_params
+from meaningless_tokens.prompts import DatasetError, PromptBuilder, load_math500
+from meaningless_tokens.store import ArtifactError, read_h5
 from tests import tiny
 from tests.conftest import ROOT
 
@@ -61,7 +63,7 @@ def recompute_layer0(model, ids):
 def test_stored_layer0_equals_independent_recomputation(arch, tiny_dirs, write_params, cache_dir, tmp_path):
     params = tiny_params(write_params, tiny_dirs, arch, n_samples=3, showcase=3)
     out = extract.run(params, "tiny", out=tmp_path / "a.h5")
-    model, tokenizer = models.load(params, models.prepare(params, "tiny"))
+    model, tokenizer = models.load(models.resolve(params, "tiny"))
     with h5py.File(out) as f:
         assert list(f.attrs["layers"]) == [0, 1, 2] and list(f.attrs["heads"]) == [0, 1, 2, 3]
         for c in ("none", "mless", "mful"):
@@ -89,25 +91,25 @@ def test_stored_layer0_equals_independent_recomputation(arch, tiny_dirs, write_p
 @pytest.mark.parametrize("arch", ARCHS)
 def test_capture_equals_the_models_own_eager_forward(arch, tiny_dirs, write_params, cache_dir):
     params = tiny_params(write_params, tiny_dirs, arch)
-    model, tokenizer = models.load(params, models.prepare(params, "tiny"))
+    model, tokenizer = models.load(models.resolve(params, "tiny"))
     problems, _ = load_math500(params)
-    ids = PromptBuilder(params, tokenizer, "raw").build(problems[7])["mless"].input_ids
+    ids = PromptBuilder(params.prompt, tokenizer, "raw", params.file).build(problems[7])["mless"].input_ids
     with torch.no_grad():
         reference = model(torch.tensor([ids]), output_attentions=True).attentions
-    extract.install_capture(model)
-    captured = extract.attention(model, ids, [0, 1, 2])
+    capture.install_capture(model)
+    captured = capture.attention(model, ids, [0, 1, 2])
     for layer in (0, 1, 2):
         assert torch.equal(captured[layer], reference[layer][0])
 
 
 def test_early_exit_runs_only_the_requested_layers(tiny_dirs, write_params, cache_dir):
     params = tiny_params(write_params, tiny_dirs, "llama")
-    model, tokenizer = models.load(params, models.prepare(params, "tiny"))
-    extract.install_capture(model)
+    model, tokenizer = models.load(models.resolve(params, "tiny"))
+    capture.install_capture(model)
     ran = []
     hooks = [layer.register_forward_pre_hook(lambda m, a, i=i: ran.append(i)) for i, layer in enumerate(model.get_decoder().layers)]
     hooks.append(model.lm_head.register_forward_pre_hook(lambda m, a: ran.append("lm_head")))
-    extract.attention(model, [5, 6, 7, 8], [0, 1])
+    capture.attention(model, [5, 6, 7, 8], [0, 1])
     assert ran == [0, 1]
     for h in hooks:
         h.remove()

@@ -15,9 +15,11 @@ import numpy as np
 import pytest
 import torch
 
-from stages import evaluate, extract, models
-from stages.config import load_params
-from stages.prompts import PromptBuilder, load_math500
+from meaningless_tokens import capture
+from meaningless_tokens import models
+from stages import evaluate
+from meaningless_tokens.config import load_params
+from meaningless_tokens.prompts import PromptBuilder, load_math500
 from tests import tiny
 
 EXTRA = [f for f in tiny.FAMILIES if f not in tiny.ARCHS]
@@ -109,28 +111,29 @@ def own_mask(model, T) -> np.ndarray:
 @pytest.mark.parametrize("family", tiny.FAMILIES)
 def test_family_probe_recomputation_and_partial_load(family, family_dirs, write_params, cache_dir, tmp_path):
     params = family_params(write_params, family_dirs[family])
-    prepared = models.prepare(params, "tiny")
+    setup = models.resolve(params, "tiny")
+    prepared = setup.prepared
     assert prepared.facts["model_type"] == {"gemma3": "gemma3_text"}.get(family, family)
     probe = prepared.manifest()["probe"]
     assert probe["passed"] and probe["max_abs_diff"] <= 1e-6 and probe["max_row_sum_error_below"] <= 1e-6
     if family in ("gemma2", "gemma3"):  # layer 0 and the first layer of the other type
         assert probe["layers"] == [0, 1 if family == "gemma2" else 2]
 
-    full, tokenizer = models.load(params, prepared)
+    full, tokenizer = models.load(setup)
     problems, _ = load_math500(params)
-    ids = PromptBuilder(params, tokenizer, "raw").build(problems[3])["mless"].input_ids
+    ids = PromptBuilder(params.prompt, tokenizer, "raw", params.file).build(problems[3])["mless"].input_ids
     assert len(ids) > tiny.WINDOW
     expected, allowed = recompute_layer0(full, ids)
     assert np.array_equal(allowed, own_mask(full, len(ids)))
 
-    part, _ = models.load(params, prepared, layers=[0, 1])
+    part, _ = models.load(setup, layers=[0, 1])
     assert len(part.get_decoder().layers) == 2 and len(full.get_decoder().layers) == 4
-    extract.install_capture(part)
-    captured = extract.attention(part, ids, [0, 1])
+    capture.install_capture(part)
+    captured = capture.attention(part, ids, [0, 1])
     np.testing.assert_allclose(captured[0].numpy(), expected, atol=1e-5, rtol=0)
     np.testing.assert_allclose(captured[0].sum(-1).numpy(), 1.0, atol=1e-6)
-    extract.install_capture(full)
-    whole = extract.attention(full, ids, [0, 1])
+    capture.install_capture(full)
+    whole = capture.attention(full, ids, [0, 1])
     for layer in (0, 1):  # the truncated model captures exactly what the whole model does
         assert (captured[layer] - whole[layer]).abs().max().item() == 0
     if family == "gemma2":  # the cap is in effect: without it the probabilities differ

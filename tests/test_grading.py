@@ -1,8 +1,8 @@
-"""The paper's rule (stages/grading.py) against a table of cases, one per behaviour of its checker."""
+"""The paper's rule (meaningless_tokens/grading.py) against a table of cases, one per behaviour of its checker."""
 
 import pytest
 
-from stages.grading import grade, paper_box, paper_equiv, paper_normalize
+from meaningless_tokens.grading import grade, paper_box, paper_equiv, paper_normalize
 
 BOXED = "Please reason step by step and put your final answer within \\boxed{}."
 BOXED_LITERAL = "Please reason step by step and put your final answer within \\boxed{{}}."  # the paper's greedy code

@@ -8,11 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-from stages import prompts, arm, likelihood, models
-from stages.config import ConfigError, load_params
-from stages.intervals import bootstrap_mean_ci, wilcoxon_p
-from stages.prompts import DatasetError, builder_for, load_math500, select_problems
-from stages.store import read_h5
+from meaningless_tokens import scoring
+from meaningless_tokens import prompts, arm, models
+from stages import likelihood
+from meaningless_tokens.config import ConfigError, load_params
+from meaningless_tokens.intervals import bootstrap_mean_ci, wilcoxon_p
+from meaningless_tokens.prompts import DatasetError, builder_for, load_math500, select_problems
+from meaningless_tokens.store import read_h5
 from tests.conftest import ROOT
 from tests.test_extract import ARCHS, tiny_params
 
@@ -38,8 +40,9 @@ def plain_logprobs(model, ids: list[int], start: int) -> np.ndarray:
 def test_stored_logprobs_equal_a_plain_forward_with_log_softmax(arch, tiny_dirs, write_params, cache_dir, tmp_path):
     params = lik_params(write_params, tiny_dirs, arch, conditions=["none", "mless", "mful"])
     out = likelihood.run(params, "tiny", root=tmp_path)
-    prepared = models.prepare(params, "tiny")
-    model, tok = models.load(params, prepared)  # eager attention, the whole model
+    setup = models.resolve(params, "tiny")
+    prepared = setup.prepared
+    model, tok = models.load(setup)  # eager attention, the whole model
     problems, _ = load_math500(params)
     chosen = select_problems(problems, 3, 0)
     builder = builder_for(likelihood.scoring_params(params), "tiny", tok)
@@ -74,9 +77,9 @@ def test_stored_logprobs_equal_a_plain_forward_with_log_softmax(arch, tiny_dirs,
 
 
 def arm_decoding_logprobs(model, settings, index: int, ids: list[int], prompt_len: int, start: int) -> np.ndarray:
-    """The evaluation's ARM hook (stages/arm.py) in step-by-step decoding with a KV cache: the prompt as step 0,
+    """The evaluation's ARM hook (meaningless_tokens/arm.py) in step-by-step decoding with a KV cache: the prompt as step 0,
     then one token per step, as generation feeds them; log-probs of the scored tokens."""
-    hook = arm.ArmHook(arm.layer0_mlp(model, None, "tiny"), settings)
+    hook = arm.ArmHook(arm.layer0_mlp(model, setup), settings)
     hook.begin([index])
     lps = []
     try:
@@ -100,9 +103,10 @@ def test_arm_in_teacher_forcing_equals_decoding_with_the_evaluation_hook(apply, 
     params = lik_params(write_params, tiny_dirs, "llama", conditions=["none", "arm"], n_samples=2, showcase=2)
     params = load_params(write_params({**params.model_dump(), "arm": {**params.arm.model_dump(), "apply": apply}}))
     out = likelihood.run(params, "tiny", root=tmp_path)
-    prepared = models.prepare(params, "tiny")
-    model, tok = models.load(params, prepared)
-    settings = arm.resolve(params, "tiny", arm.model_type(prepared.facts))
+    setup = models.resolve(params, "tiny")
+    prepared = setup.prepared
+    model, tok = models.load(setup)
+    settings = arm.resolve(params.arm, params.dataset.benchmark, setup)
     builder = builder_for(likelihood.scoring_params(params), "tiny", tok)
     sep = builder.encode(params.likelihood.separator)
     problems, _ = load_math500(params)
@@ -119,14 +123,14 @@ def test_arm_in_teacher_forcing_equals_decoding_with_the_evaluation_hook(apply, 
 
 
 def test_alignment_assertion():
-    seq = likelihood.Seq
+    seq = scoring.Seq
     good = [seq(0, "none", "solution", (1, 2, 3, 9, 8), 3, 3), seq(0, "mless", "solution", (1, 5, 2, 3, 9, 8), 4, 4)]
-    likelihood.check_alignment(good)
+    scoring.check_alignment(good)
     bad = good + [seq(0, "mful", "solution", (1, 6, 2, 3, 9, 7), 4, 4)]
     with pytest.raises(AssertionError, match="solution tokens under mful differ"):
-        likelihood.check_alignment(bad)
+        scoring.check_alignment(bad)
     with pytest.raises(AssertionError, match="not after the prompt"):
-        likelihood.check_alignment([seq(0, "none", "answer", (1, 2, 3), 3, 3)])
+        scoring.check_alignment([seq(0, "none", "answer", (1, 2, 3), 3, 3)])
 
 
 def test_rerun_is_byte_identical_and_leaves_no_partial_file(tiny_dirs, write_params, cache_dir, tmp_path):

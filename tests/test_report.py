@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from stages import report
-from stages.config import load_params
-from stages.store import ArtifactError
+from meaningless_tokens.config import load_params
+from meaningless_tokens.store import ArtifactError
 from tests import tiny
 from tests.conftest import ROOT, default_params
 
@@ -184,7 +184,7 @@ def test_text_from_data_is_escaped_and_output_deterministic(project):
 
 
 def test_arm_is_the_fourth_bar_and_has_its_section(project):
-    from stages import arm
+    from meaningless_tokens import arm
 
     root, params, (html_path, md_path) = project
     md = md_path.read_text(encoding="utf-8")
@@ -285,8 +285,8 @@ def test_html_opens_in_headless_chromium(project):
 def test_a_model_of_a_paper_models_shape_is_described_with_traced_numbers(project, monkeypatch):
     """The "at a glance" note for a model shaped exactly like one of the paper's (its manifest's facts): the
     Layer 1 drop, λ and the activation shift, each number read back from its file."""
-    from stages.charts import paper
-    from stages.charts.common import load_context
+    from meaningless_tokens.charts import paper
+    from meaningless_tokens.charts.common import load_context
 
     root, params, _ = project
     facts = json.loads((root / "artifacts/models/tiny-llama.json").read_text())["facts"]

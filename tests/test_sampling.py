@@ -8,10 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from stages import evaluate, models, sampling
-from stages.config import load_params
-from stages.prompts import builder_for, load_problems
-from stages.store import read_h5
+from meaningless_tokens import engines
+from meaningless_tokens import models, sampling
+from stages import evaluate
+from meaningless_tokens.config import load_params
+from meaningless_tokens.prompts import builder_for, load_problems
+from meaningless_tokens.store import read_h5
 
 
 # ---- the estimators ------------------------------------------------------------------------------------
@@ -70,16 +72,16 @@ def sampled_params(write_params, tiny_dirs, n=3, **sampling_cfg):
 
 def test_sampled_outputs_are_the_same_alone_and_inside_a_batch(tiny_dirs, write_params, cache_dir):
     params = sampled_params(write_params, tiny_dirs)
-    engine = evaluate.TransformersEngine(params, models.prepare(params, "tiny"))
+    engine = engines.TransformersEngine(params, models.prepare(params, "tiny"))
     assert engine.sampling["origin"] == {"temperature": "params", "top_p": "transformers default",
                                                      "top_k": "params"}
-    builder = builder_for(params, "tiny", engine.tokenizer)
+    builder = builder_for(params.prompt, setup, engine.tokenizer)
     problems, _ = load_problems(params)
     built = [builder.build(p) for p in problems[:2]]
     # samples of two problems and two conditions (prompts of other lengths: left padding differs) and a greedy row
-    batch = [evaluate.Item(p.index, c, b[c].input_ids, j) for p, b in zip(problems, built) for c in ("none", "mless")
+    batch = [engines.Item(p.index, c, b[c].input_ids, j) for p, b in zip(problems, built) for c in ("none", "mless")
              for j in range(3)]
-    batch.append(evaluate.Item(problems[0].index, "none", built[0]["none"].input_ids))
+    batch.append(engines.Item(problems[0].index, "none", built[0]["none"].input_ids))
     together = {it: text for out in engine.run([batch], set()) for it, text, *_ in out}
     alone = {it: text for one in batch for out in engine.run([[one]], set()) for it, text, *_ in out}
     assert together == alone

@@ -3,7 +3,7 @@
 A module-scoped project with one tiny model ("alice") runs the pipeline, changes only
 `stages/evaluate.py` and reruns (so extraction keeps an older run than evaluation), commits, pushes to
 a bare git remote and a DVC remote (a folder), runs an experiment, publishes it (`dvc exp push`) and
-shares the run-cache (`python -m stages.runcache push`). Other clones, each with its own HOME and DVC
+shares the run-cache (`python -m meaningless_tokens.runcache push`). Other clones, each with its own HOME and DVC
 cache, then: pull and apply the experiment; restore a colleague's extraction and evaluation from the
 run-cache with the model out of reach; rerun everything cold and get the committed dvc.lock. Real
 network remotes: an SSH server (Debian's openssh-server, started here on 127.0.0.1 with throwaway
@@ -85,7 +85,7 @@ def alice(tiny_dirs, tmp_path_factory):
     r.exp_seconds = time.perf_counter() - started
     r.exp_files = r.files(*FOLDERS)
     r.exp_push = r.dvc("exp", "push", "origin", "span5")
-    r.runcache_push = r.run(str(BIN / "python"), "-m", "stages.runcache", "push")
+    r.runcache_push = r.run(str(BIN / "python"), "-m", "meaningless_tokens.runcache", "push")
     yield r
     pool.shutdown(wait=True)
 
@@ -122,11 +122,11 @@ def test_published_experiment_is_pulled_listed_and_applied_with_nothing_rerun(al
 
 def test_runcache_push_to_a_missing_or_unreachable_remote_fails_with_dvcs_message(alice):
     python = str(BIN / "python")
-    proc = alice.run(python, "-m", "stages.runcache", "push", "-r", "nosuch", check=False)
+    proc = alice.run(python, "-m", "meaningless_tokens.runcache", "push", "-r", "nosuch", check=False)
     assert proc.returncode == 1
     assert proc.stderr == "ERROR: failed to push the run-cache - config file error: remote 'nosuch' doesn't exist\n"
     alice.dvc("remote", "add", "--local", "-f", "nothing-there", f"ssh://root@127.0.0.1:{free_port()}/srv/store")
-    proc = alice.run(python, "-m", "stages.runcache", "push", "-r", "nothing-there", check=False)
+    proc = alice.run(python, "-m", "meaningless_tokens.runcache", "push", "-r", "nothing-there", check=False)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     # DVC's own line per record it could not send, then one line saying the push failed
     assert re.fullmatch(r"ERROR: failed to push the run-cache - .*Connect call failed.*",
@@ -228,8 +228,8 @@ def test_cold_repro_in_a_fresh_clone_reproduces_the_committed_lock(alice):
     with h5py.File(alice.cold.path / f"artifacts/attention/{M}.h5", "r") as f:
         prov = json.loads(f.attrs["provenance"])
     assert "git_commit" not in prov and prov["stage"] == "extract"
-    assert set(prov["code_sha256"]) == {"stages/extract.py", "stages/capture.py", "stages/models.py",
-                                        "stages/prompts.py", "stages/store.py", "stages/texts/meaningful.txt"}
+    assert set(prov["code_sha256"]) == {"stages/extract.py", "meaningless_tokens/attention.py", "meaningless_tokens/capture.py",
+                                        "meaningless_tokens/models.py", "meaningless_tokens/prompts.py", "meaningless_tokens/store.py"}
     # the commit that ran is in the run's sidecar: alice's evaluation ran at the evaluate.py commit
     sidecar = json.loads(alice.committed[f"metrics/timing/evaluate-{M}.json"])
     head = alice.git("rev-parse", "HEAD~1").stdout.strip()

@@ -4,11 +4,12 @@ import json
 import numpy as np
 import pytest
 
-from stages import activations, charts, extract, figures, likelihood, stats, sweep
-from stages.charts import span_accuracy
-from stages.charts.common import load_context
-from stages.config import ConfigError, load_params
-from stages.store import ArtifactError, read_h5
+from meaningless_tokens import charts
+from stages import activations, extract, figures, likelihood, stats, sweep
+from meaningless_tokens.charts import span_accuracy
+from meaningless_tokens.charts.common import load_context
+from meaningless_tokens.config import ConfigError, load_params
+from meaningless_tokens.store import ArtifactError, read_h5
 from tests.test_extract import tiny_params
 
 

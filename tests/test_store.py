@@ -1,4 +1,4 @@
-"""stages/store.py: file modes of atomic writes, and the provenance a stage records."""
+"""meaningless_tokens/store.py: file modes of atomic writes, and the provenance a stage records."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import os
 import pytest
 import yaml
 
-from stages.config import StageError
-from stages.store import ROOT, atomic_path, provenance, run_info, write_timing
+from meaningless_tokens.config import StageError
+from meaningless_tokens.store import ROOT, atomic_path, provenance, run_info, write_timing
 
 
 @pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o027, 0o640), (0o002, 0o664)])
@@ -43,10 +43,10 @@ def test_provenance_records_the_code_the_stage_declares_by_content():
     # a folder dep (the report's charts) counts every file in it; a file dep only itself (its templates, not
     # the explorer's beside them)
     report = provenance("report")["code_sha256"]
-    assert {p for p in report if p.startswith("stages/charts/")} == {
-        f"stages/charts/{p.name}" for p in (ROOT / "stages/charts").iterdir() if p.is_file()}
-    assert {p for p in report if p.startswith("stages/templates/")} == {
-        "stages/templates/report.html.j2", "stages/templates/report.md.j2"}
+    assert {p for p in report if p.startswith("meaningless_tokens/charts/")} == {
+        f"meaningless_tokens/charts/{p.name}" for p in (ROOT / "stages/charts").iterdir() if p.is_file()}
+    assert {p for p in report if p.startswith("meaningless_tokens/templates/")} == {
+        "meaningless_tokens/templates/report.html.j2", "meaningless_tokens/templates/report.md.j2"}
 
 
 def test_provenance_of_a_stage_dvc_yaml_does_not_define_names_the_file_and_key():
@@ -82,6 +82,6 @@ def test_every_stage_declares_the_code_it_imports():
         out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True).stdout
         # not the params schema, the command line or the progress bars: they never change an output's bytes
         imported = {os.path.relpath(p, ROOT) for p in out.split() if not p.endswith("__init__.py")} - {
-            "stages/config.py", "stages/cli.py", "stages/progress.py"}
+            "meaningless_tokens/config.py", "meaningless_tokens/cli.py", "meaningless_tokens/progress.py"}
         missing[name] = [p for p in sorted(imported) if not any(p == d or p.startswith(d.rstrip("/") + "/") for d in declared)]
     assert not any(missing.values()), {k: v for k, v in missing.items() if v}

@@ -11,9 +11,11 @@ import json
 import numpy as np
 import pytest
 
-from stages import evaluate, vllm_engine
-from stages.config import load_params
-from stages.store import read_h5
+from meaningless_tokens import engines
+from meaningless_tokens import vllm_engine
+from stages import evaluate
+from meaningless_tokens.config import load_params
+from meaningless_tokens.store import read_h5
 from tests.conftest import SUMMARY, default_params
 
 pytestmark = [pytest.mark.slow,
@@ -37,7 +39,7 @@ def live_engine_processes() -> list[str]:
     found = []
     for p in psutil.process_iter(["cmdline", "status"]):
         cmd = " ".join(p.info["cmdline"] or [])
-        if ("VLLM::" in cmd or "stages.vllm_engine" in cmd) and p.info["status"] != psutil.STATUS_ZOMBIE:
+        if ("VLLM::" in cmd or "meaningless_tokens.vllm_engine" in cmd) and p.info["status"] != psutil.STATUS_ZOMBIE:
             found.append(f"{p.pid} {cmd[:80]}")
     return found
 
@@ -92,7 +94,7 @@ def test_data_parallel_replicas_and_resume(runs, write_params, tmp_path_factory,
     params = engine_params(write_params, "vllm", data_parallel_size=2)
     root = tmp_path_factory.mktemp("dp2")
     appended = []
-    real_append = evaluate.Journal.append
+    real_append = engines.Journal.append
 
     def append_then_stop(self, records):
         real_append(self, records)
@@ -100,13 +102,13 @@ def test_data_parallel_replicas_and_resume(runs, write_params, tmp_path_factory,
         if len(appended) == 5:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(evaluate.Journal, "append", append_then_stop)
+    monkeypatch.setattr(engines.Journal, "append", append_then_stop)
     with pytest.raises(KeyboardInterrupt):
         evaluate.run(params, model, root=root)
     journal = root / f"artifacts/eval/.journal/{model}.jsonl"
     assert journal.read_text().count("\n") == 1 + 5
     assert live_engine_processes() == []  # the workers and every process vLLM started under them are gone
-    monkeypatch.setattr(evaluate.Journal, "append", real_append)
+    monkeypatch.setattr(engines.Journal, "append", real_append)
     capfd.readouterr()
     out = evaluate.run(params, model, root=root)
     assert f"resuming from {journal} (5 of 30 generations done)" in capfd.readouterr().err

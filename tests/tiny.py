@@ -129,7 +129,8 @@ def run_pipeline(params, root: Path) -> tuple[list[Path], list[Path]]:
     model cache of its own (MLESS_CACHE); (figure files, report files)."""
     import os
 
-    from stages import activations, evaluate, extract, figures, likelihood, models, report, stats, sweep
+    from meaningless_tokens import models
+    from stages import activations, evaluate, extract, figures, likelihood, report, stats, sweep
 
     before = os.environ.get("MLESS_CACHE")
     os.environ["MLESS_CACHE"] = str(root / "cache")

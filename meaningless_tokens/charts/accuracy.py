@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from stages.charts.common import COLORS, LABELS, Chart, Context, Text, colour_key, interval
-from stages.config import CONDITIONS
+from meaningless_tokens.charts.common import COLORS, LABELS, Chart, Context, Text, colour_key, interval
+from meaningless_tokens.config import CONDITIONS
 
 KIND = "accuracy"
 PER_MODEL = False

@@ -1,6 +1,6 @@
 """Share the run-cache so that another clone restores stages instead of running them.
 
-    python -m stages.runcache push [-r REMOTE]    # instead of `dvc push --run-cache`
+    python -m meaningless_tokens.runcache push [-r REMOTE]    # instead of `dvc push --run-cache`
 
 `dvc push --run-cache` (DVC 3) uploads the run-cache's records (`.dvc/cache/runs`: for each stage
 run, its deps, params and the hash of every output) but only those output files that a pushed commit
@@ -35,7 +35,7 @@ def push(remote: str | None = None, jobs: int | None = None) -> tuple[int, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m stages.runcache", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m meaningless_tokens.runcache", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("command", choices=["push"])
     ap.add_argument("-r", "--remote", help="DVC remote name (default: core.remote)")

@@ -1,7 +1,7 @@
 """The params.yaml schema: validated once, before any work starts; the only reader of params.yaml.
 
 Every error names the file, the dotted key, the bad value and what is allowed.
-`python -m stages.config` checks a params file; `python -m stages.config use gpu` switches profile.
+`python -m meaningless_tokens.config` checks a params file; `python -m meaningless_tokens.config use gpu` switches profile.
 """
 
 from __future__ import annotations
@@ -31,12 +31,12 @@ ROOT = Path(__file__).resolve().parent.parent
 PARAMS_FILE = Path("params.yaml")  # relative: DVC and the CLI run from the project root
 PROFILES_DIR = ROOT / "profiles"
 
-# arm: the `none` prompt with the paper's activation redistribution on layer 0's MLP (stages/arm.py)
+# arm: the `none` prompt with the paper's activation redistribution on layer 0's MLP (meaningless_tokens/arm.py)
 CONDITIONS = ("none", "mless", "mful", "arm")
 # A family is a model_type of transformers (`models.<name>.family`; null: the model's own). Some
 # families also accept these model_types (gemma-3-4b-it is the multimodal wrapper around gemma3_text).
 # Which model_types are supported is decided when a model is prepared: every decoder-only causal LM
-# of the installed transformers whose attention passes the probe (stages/models.py, stages/capture.py).
+# of the installed transformers whose attention passes the probe (meaningless_tokens/models.py, meaningless_tokens/capture.py).
 FAMILIES = {"gemma3": ("gemma3", "gemma3_text"), "gemma3_text": ("gemma3", "gemma3_text")}
 
 Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
@@ -119,7 +119,7 @@ Source = Annotated[
 
 
 class ModelArm(Strict):
-    """This model's ARM values; null: the paper's value for this model, else the variant's fallback (stages/arm.py)."""
+    """This model's ARM values; null: the paper's value for this model, else the variant's fallback (meaningless_tokens/arm.py)."""
 
     c: float | None = Field(default=None, gt=0, description="llama variant: near-zero radius factor; gemma: share moved")
     percentage: float | None = Field(default=None, ge=0, description="llama: percentile 0..100; gemma: quantile 0..1")
@@ -164,7 +164,7 @@ class MlessSpan(Strict):
 
 
 class MfulSpan(Strict):
-    text_file: str = Field(default="stages/texts/meaningful.txt", description="natural-language text shipped with the project")
+    text_file: str = Field(default="data/texts/meaningful.txt", description="natural-language text shipped with the project")
     seed: int = 0
 
 
@@ -240,7 +240,7 @@ class Extract(Strict):
 
 
 class Vllm(Strict):
-    """evaluate.engine: vllm (stages/vllm_engine.py); passed to vllm.LLM."""
+    """evaluate.engine: vllm (meaningless_tokens/vllm_engine.py); passed to vllm.LLM."""
 
     tensor_parallel_size: PositiveInt = Field(default=1, description="GPUs one model is split over")
     data_parallel_size: PositiveInt = Field(default=1, description="model replicas, each tensor_parallel_size GPUs")
@@ -267,7 +267,7 @@ class Shard(Strict):
 
 
 class Sampling(Strict):
-    """evaluate.sampling: n sampled outputs per (problem, condition) beside the greedy one (stages/sampling.py)."""
+    """evaluate.sampling: n sampled outputs per (problem, condition) beside the greedy one (meaningless_tokens/sampling.py)."""
 
     n: NonNegativeInt = Field(default=0, description="samples per problem and condition; 0 = off (greedy only)")
     temperature: float | None = Field(default=None, gt=0, description="null: the model's generation_config")
@@ -402,7 +402,7 @@ class Likelihood(Strict):
         return v
 
 
-# chart kinds whose models, layers and heads `figures.charts.<kind>` selects (stages/charts/)
+# chart kinds whose models, layers and heads `figures.charts.<kind>` selects (meaningless_tokens/charts/)
 CHART_KINDS = ("layer-sweep", "heads", "conditions", "cross-model", "accuracy")
 # the kinds that draw one layer of heads (layer-sweep draws one head over several layers; accuracy has neither)
 ONE_LAYER_KINDS = ("heads", "conditions", "cross-model")
@@ -426,7 +426,7 @@ class ChartSelection(Strict):
 
 
 class Arm(Strict):
-    """The `arm` condition (stages/arm.py); per-model values are models.<name>.arm."""
+    """The `arm` condition (meaningless_tokens/arm.py); per-model values are models.<name>.arm."""
 
     variant: Literal["auto", "llama", "gemma"] = Field(
         default="auto", description="auto: gemma for gemma model_types, llama (the Qwen2/Llama code) otherwise")
@@ -520,11 +520,16 @@ class Params(Strict):
 
     def resolve(self, p: str) -> Path:
         """Paths in params are relative to the params file's folder (the project root)."""
-        path = Path(p).expanduser()
-        return path if path.is_absolute() else self._file.resolve().parent / path
+        return resolve_path(self._file, p)
 
 
 # ---- loading ------------------------------------------------------------------------------
+
+def resolve_path(params_file: Path, p: str) -> Path:
+    """A path written in the params file `params_file`: relative ones are relative to its folder."""
+    path = Path(p).expanduser()
+    return path if path.is_absolute() else params_file.resolve().parent / path
+
 
 def _format_error(path: Path, err: dict) -> str:
     loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-"))
@@ -685,7 +690,7 @@ def use_profile(profile: str, target: Path = ROOT / "params.yaml") -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m stages.config", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m meaningless_tokens.config", description=__doc__)
     sub = ap.add_subparsers(dest="cmd")
     check = sub.add_parser("check", help="validate a params file (default params.yaml)")
     check.add_argument("path", nargs="?", default=str(PARAMS_FILE))

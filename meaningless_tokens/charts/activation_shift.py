@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from stages.charts.activations import NAMES, views
-from stages.charts.common import COLORS, LABELS, Chart, Context, Text, excludes_zero, interval, label
+from meaningless_tokens.charts.activations import NAMES, views
+from meaningless_tokens.charts.common import COLORS, LABELS, Chart, Context, Text, excludes_zero, interval, label
 
 KIND = "activation-shift"
 PER_MODEL = False

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from stages.charts.common import AXES_LAYERS, Chart, Context, Num, Text, interval, label
+from meaningless_tokens.charts.common import AXES_LAYERS, Chart, Context, Num, Text, interval, label
 
 KIND = "span-sweep"
 PER_MODEL = False

@@ -62,3 +62,12 @@ def wilcoxon_p(diff: np.ndarray) -> float:
     if not np.any(diff != 0):
         return 1.0
     return float(wilcoxon(diff, zero_method="wilcox", alternative="two-sided").pvalue)
+
+
+def paired(treat: np.ndarray, base: np.ndarray, seed: int) -> dict:
+    """Paired comparison of two conditions' per-problem correctness."""
+    diff = treat.astype(np.float64) - base.astype(np.float64)
+    lo, hi = bootstrap_mean_ci(diff, seed)
+    b, c = int((treat & ~base).sum()), int((~treat & base).sum())
+    return {"delta": float(diff.mean()), "ci95_low": float(lo), "ci95_high": float(hi),
+            "mcnemar_p": mcnemar_exact(b, c), "only_this_right": b, "only_none_right": c}

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from stages.config import FIELDS, ROOT, ConfigError, DatasetFields, Params, StageError, model_spec
-from stages.store import put
+from meaningless_tokens.config import FIELDS, ROOT, ConfigError, DatasetFields, Params, Prompt, StageError, resolve_path
+from meaningless_tokens.store import put
 
 
 class DatasetError(StageError):
@@ -240,10 +240,11 @@ class PromptBuilder:
     content, so the `none` tokens are identical in every condition.
     """
 
-    def __init__(self, params: Params, tokenizer, template: str):
+    def __init__(self, prompt: Prompt, tokenizer, template: str, params_file: Path):
         self.tok = tokenizer
-        self.prompt = params.prompt
+        self.prompt = prompt
         self.template = template
+        self.params_file = params_file  # relative paths in params are relative to it; errors name it
         self.before = self.prompt.mless.placement == "before_instruction"
         if template == "chat":
             if not getattr(tokenizer, "chat_template", None):
@@ -263,11 +264,11 @@ class PromptBuilder:
                            else f" {m.token}" * m.count)
         self.mless = self.encode(self.mless_text)
         self.span_len = len(self.mless)
-        self._mful_candidates = self._mful_windows(params) if "mful" in self.prompt.conditions else []
+        self._mful_candidates = self._mful_windows() if "mful" in self.prompt.conditions else []
 
-    def describe(self, params: Params) -> dict:
+    def describe(self) -> dict:
         """Provenance of the prompts: tokenizer, template, instruction and span texts."""
-        text_file = params.resolve(self.prompt.mful.text_file)
+        text_file = resolve_path(self.params_file, self.prompt.mful.text_file)
         return {
             "tokenizer": {"class": type(self.tok).__name__, "vocab_size": len(self.tok),
                           "prefix_ids": self.prefix, "suffix_ids": self.suffix},
@@ -282,13 +283,13 @@ class PromptBuilder:
     def encode(self, text: str) -> list[int]:
         return list(self.tok(text, add_special_tokens=False).input_ids)
 
-    def _mful_windows(self, params: Params) -> list[list[int]]:
+    def _mful_windows(self) -> list[list[int]]:
         """Every sentence start of the shipped text that leaves at least span_len tokens after it."""
-        path = params.resolve(self.prompt.mful.text_file)
+        path = resolve_path(self.params_file, self.prompt.mful.text_file)
         try:
             sentences = _sentences(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
-            raise PromptError(f"{path}: meaningful-span text not found ({params.file}: prompt.mful.text_file)") from None
+            raise PromptError(f"{path}: meaningful-span text not found ({self.params_file}: prompt.mful.text_file)") from None
         lead = "" if self.before else " "
         windows = []
         for k in range(len(sentences)):
@@ -298,7 +299,7 @@ class PromptBuilder:
             windows.append(ids[: self.span_len])
         if not windows:
             raise PromptError(f"{path}: text too short for a meaningful span of {self.span_len} tokens "
-                              f"({params.file}: prompt.mful.text_file)")
+                              f"({self.params_file}: prompt.mful.text_file)")
         return windows
 
     def mful_ids(self, problem: Problem) -> list[int]:
@@ -310,7 +311,7 @@ class PromptBuilder:
         none_ids = self.prefix + self.instruction + question + self.suffix
         out = {}
         for cond in self.prompt.conditions:
-            # arm is the none prompt: ARM edits layer 0's MLP activations instead (stages/arm.py)
+            # arm is the none prompt: ARM edits layer 0's MLP activations instead (meaningless_tokens/arm.py)
             span = self.mless if cond == "mless" else self.mful_ids(problem) if cond == "mful" else []
             head = self.prefix if self.before else self.prefix + self.instruction
             tail = (self.instruction if self.before else []) + question + self.suffix
@@ -327,13 +328,12 @@ class PromptBuilder:
         return out
 
 
-def builder_for(params: Params, name: str, tokenizer) -> PromptBuilder:
-    """The prompt builder of model `name`: its own template, else `prompt.template`."""
-    template = model_spec(params, name).template or params.prompt.template
+def builder_for(prompt: Prompt, setup, tokenizer) -> PromptBuilder:
+    """The prompt builder of a stage's model (a models.ModelSetup): its own template, else `prompt.template`."""
     try:
-        return PromptBuilder(params, tokenizer, template)
+        return PromptBuilder(prompt, tokenizer, setup.spec.template or prompt.template, setup.params_file)
     except PromptError as e:
-        raise ConfigError(f"{params.file}: models.{name}: {e}") from None
+        raise ConfigError(f"{setup.where}: {e}") from None
 
 
 def put_problems(f, chosen: list[Problem], with_answer: bool = False) -> None:

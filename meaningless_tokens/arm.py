@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from stages.config import ConfigError, Params, model_spec
+from meaningless_tokens.config import Arm, ConfigError
 
 VARIANTS = ("llama", "gemma")
 DIFFERENCES = (
@@ -101,27 +101,28 @@ def variant_for(model_type: str) -> str:
     return "gemma" if model_type.startswith("gemma") else "llama"
 
 
-def resolve(params: Params, name: str, model_type: str) -> ArmSettings:
-    """Model `name`'s ARM settings; raises ConfigError naming the key for values outside the variant's range.
+def resolve(cfg: Arm, benchmark: str, setup) -> ArmSettings:
+    """The ARM settings of a stage's model (a models.ModelSetup) under params' `arm` and the dataset's
+    benchmark; raises ConfigError naming the key for values outside the variant's range.
 
     Needs only the model's model_type (from its prepared manifest), so it runs before any model is loaded."""
-    spec = model_spec(params, name)
-    cfg, own = params.arm, spec.arm
-    where = f"{params.file}: models.{name}.arm"
-    variant = variant_for(model_type) if cfg.variant == "auto" else cfg.variant
+    spec, own = setup.spec, setup.spec.arm
+    name, mtype = setup.name, model_type(setup.facts)
+    where = f"{setup.where}.arm"
+    variant = variant_for(mtype) if cfg.variant == "auto" else cfg.variant
     repo = spec.source.repo_id.lower() if spec.source.kind == "hf" else None
-    benchmark = params.dataset.benchmark if params.dataset.benchmark in PAPER_BY_BENCHMARK else "math500"
+    benchmark = benchmark if benchmark in PAPER_BY_BENCHMARK else "math500"
     table = PAPER_BY_BENCHMARK[benchmark]
     if repo in table and table[repo] is OFF and (own.c is None or own.percentage is None):
         raise ConfigError(f"{where}: the paper runs {spec.source.repo_id} on {benchmark} without ARM; set "
                           f"models.{name}.arm.c and percentage to run it anyway, or leave arm out of prompt.conditions")
     paper = table.get(repo) if repo else None
-    if paper is not None and variant_for(model_type) != variant:
+    if paper is not None and variant_for(mtype) != variant:
         paper = None  # the paper's values belong to the variant its code uses for this model
     base_c, base_p = paper or FALLBACK[variant]
-    base_lo, base_hi = PMIN_PMAX.get(model_type, QWEN_PMIN_PMAX)
+    base_lo, base_hi = PMIN_PMAX.get(mtype, QWEN_PMIN_PMAX)
     tag = f"paper ({spec.source.repo_id}, {benchmark})" if paper else f"fallback ({variant} variant)"
-    lo_tag = {"llama": "paper (Llama file)", "qwen2": "paper (Qwen2 file)"}.get(model_type, "fallback (Qwen2 file)")
+    lo_tag = {"llama": "paper (Llama file)", "qwen2": "paper (Qwen2 file)"}.get(mtype, "fallback (Qwen2 file)")
     values, origin = {}, {}
     for key, base, base_tag in (("c", base_c, tag), ("percentage", base_p, tag), ("k", K, "paper (k = 1)"),
                                 ("pmin", base_lo, lo_tag), ("pmax", base_hi, lo_tag)):
@@ -146,16 +147,18 @@ def resolve(params: Params, name: str, model_type: str) -> ArmSettings:
                        cfg.pool, cfg.apply, cfg.seed, origin)
 
 
-def layer0_mlp(model, params: Params, name: str):
-    """Decoder layer 0's MLP, refusing a model whose MLP is not gated (ARM edits act_fn(gate_proj(x)))."""
+def layer0_mlp(model, setup):
+    """Decoder layer 0's MLP, refusing a model whose MLP is not gated (ARM edits act_fn(gate_proj(x)));
+    `setup`: the stage's models.ModelSetup (its name and params file are named in the error)."""
+    name = setup.name
     mlp = getattr(model.get_decoder().layers[0], "mlp", None)
     if not all(hasattr(mlp, k) for k in ("gate_proj", "up_proj", "down_proj", "act_fn")):
         raise ConfigError(
-            f"{params.file}: prompt.conditions: 'arm' needs a gated MLP with gate_proj, up_proj and act_fn in layer 0, "
+            f"{setup.params_file}: prompt.conditions: 'arm' needs a gated MLP with gate_proj, up_proj and act_fn in layer 0, "
             f"but model '{name}' has {type(mlp).__name__} (model_type {model.config.model_type!r})")
     # the hook sits on the act_fn module: one instance shared by several layers would fire in all of them
     if any(getattr(getattr(block, "mlp", None), "act_fn", None) is mlp.act_fn for block in model.get_decoder().layers[1:]):
-        raise ConfigError(f"{params.file}: prompt.conditions: 'arm' needs layer 0's own act_fn module, but model "
+        raise ConfigError(f"{setup.params_file}: prompt.conditions: 'arm' needs layer 0's own act_fn module, but model "
                           f"'{name}' shares one act_fn instance between layers")
     return mlp
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from stages.charts.common import Chart, Context, Text, interval
-from stages.charts.span_sweep import MARKERS, model_colors, token_label
+from meaningless_tokens.charts.common import Chart, Context, Text, interval
+from meaningless_tokens.charts.span_sweep import MARKERS, model_colors, token_label
 
 KIND = "span-accuracy"
 PER_MODEL = False

@@ -3,7 +3,7 @@ vs mless over original positions (top) and the full mless prompt with the span s
 
 from __future__ import annotations
 
-from stages.charts.common import (AXES_LAYERS, AXES_ORIGINAL, AXES_WEIGHT, HYPOTHESIS, PAPER_BAND, Chart, Context,
+from meaningless_tokens.charts.common import (AXES_LAYERS, AXES_ORIGINAL, AXES_WEIGHT, HYPOTHESIS, PAPER_BAND, Chart, Context,
                                   Text, attention_axes, curve, excludes_zero, head_list, interval, label, shade_span)
 
 KIND = "heads"

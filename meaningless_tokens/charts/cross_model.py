@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from stages.charts.common import (AXES_LAYERS, AXES_WEIGHT, HYPOTHESIS, Chart, Context, Text, attention_axes,
+from meaningless_tokens.charts.common import (AXES_LAYERS, AXES_WEIGHT, HYPOTHESIS, Chart, Context, Text, attention_axes,
                                   curve, label, shade_span)
 
 KIND = "cross-model"

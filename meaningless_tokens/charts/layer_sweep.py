@@ -3,7 +3,7 @@ head of figures.heads), none vs mless over original positions."""
 
 from __future__ import annotations
 
-from stages.charts.common import (AXES_LAYERS, AXES_ORIGINAL, AXES_WEIGHT, HYPOTHESIS, Chart, Context, Text,
+from meaningless_tokens.charts.common import (AXES_LAYERS, AXES_ORIGINAL, AXES_WEIGHT, HYPOTHESIS, Chart, Context, Text,
                                   attention_axes, chart_layers, curve, excludes_zero, interval, label, layer_index,
                                   verdict_drop)
 

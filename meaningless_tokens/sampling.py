@@ -23,8 +23,8 @@ from math import comb
 
 import numpy as np
 
-from stages.config import CONDITIONS, Params
-from stages.intervals import bootstrap_mean_ci
+from meaningless_tokens.config import CONDITIONS, Evaluate
+from meaningless_tokens.intervals import bootstrap_mean_ci
 
 # transformers' values when neither the call nor the checkpoint's generation_config sets them
 # (GenerationConfig's "global defaults": what generate(do_sample=True) applies)
@@ -32,9 +32,10 @@ HF_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": 50}
 NGRAMS = (1, 2, 3, 4)
 
 
-def resolve(params: Params, generation_config) -> dict:
-    """The sampling values a run uses and where each came from (params, generation_config, transformers default)."""
-    s = params.evaluate.sampling
+def resolve(cfg: Evaluate, generation_config) -> dict:
+    """The sampling values a run uses (`cfg`: params' evaluate) and where each came from (params,
+    generation_config, transformers default)."""
+    s = cfg.sampling
     values, origin = {}, {}
     for key in ("temperature", "top_p", "top_k"):
         given = getattr(s, key)
@@ -47,7 +48,7 @@ def resolve(params: Params, generation_config) -> dict:
             values[key], origin[key] = HF_DEFAULTS[key], "transformers default"
     values["top_k"] = int(values["top_k"]) if values["top_k"] else 0
     values["temperature"], values["top_p"] = float(values["temperature"]), float(values["top_p"])
-    return {"n": s.n, "max_new_tokens": s.max_new_tokens or params.evaluate.max_new_tokens, "seed": s.seed,
+    return {"n": s.n, "max_new_tokens": s.max_new_tokens or cfg.max_new_tokens, "seed": s.seed,
             **values, "origin": origin,
             "draw": "one uniform per step from numpy PCG64 seeded with (seed, problem index, condition, sample "
                     "index); inverse CDF of the distribution after temperature, top-k, top-p (float64)"}

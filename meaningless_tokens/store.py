@@ -8,7 +8,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from stages.config import StageError
+from meaningless_tokens.config import StageError
 
 
 @contextlib.contextmanager
@@ -130,14 +130,15 @@ def read_h5(path: str | os.PathLike, kind: str, required: tuple[str, ...] = ()):
 
 
 ROOT = Path(__file__).resolve().parent.parent
-CODE_PATHS = ("stages", "pyproject.toml")  # the code: run_info's git_commit is the last commit touching it
+CODE_PATHS = ("stages", "meaningless_tokens", "pyproject.toml")  # the code: run_info's git_commit is the last commit touching it
+CODE_DIRS = ("stages/", "meaningless_tokens/")  # a dvc.yaml dep under one of these is code
 
 
 def code_hashes(stage: str) -> dict[str, str]:
     """{path: sha256} of every code file the stage declares as a dependency in dvc.yaml.
 
-    Code deps are those under `stages/` (a folder dep counts each file in it); data deps (dataset,
-    artifacts) are recorded by the stages themselves. These hashes are what dvc.lock records for the
+    Code deps are those under `stages/` and `meaningless_tokens/` (a folder dep counts each file in it); data
+    deps (dataset, artifacts) are recorded by the stages themselves. These hashes are what dvc.lock records for the
     stage's code, so an artifact carrying them is a function of the stage's declared inputs only."""
     import hashlib
 
@@ -153,7 +154,7 @@ def code_hashes(stage: str) -> dict[str, str]:
     files = []
     for dep in deps:
         path = ROOT / dep
-        if not str(dep).startswith("stages/"):
+        if not str(dep).startswith(CODE_DIRS):
             continue
         if path.is_dir():
             files += [p for p in path.rglob("*") if p.is_file() and "__pycache__" not in p.parts]
@@ -230,3 +231,34 @@ def write_prompt_timing(path: str | os.PathLike, seconds: float, n_prompts: int,
     """The sidecar of a stage that runs the model on prompts: wall time, per prompt, the artifact's size."""
     write_timing(path, {"seconds": round(seconds, 2), "ms_per_prompt": round(1000 * seconds / n_prompts, 1),
                         "prompts": n_prompts, "bytes": artifact.stat().st_size})
+
+
+# ---- where artifacts live (relative to the project root) ---------------------------------------
+
+FIGURES_DIR = Path("reports/figures")
+
+
+def attention_path(name: str) -> Path:
+    return Path("artifacts") / "attention" / f"{name}.h5"
+
+
+def stats_path(name: str) -> Path:
+    return Path("artifacts") / "stats" / f"{name}.h5"
+
+
+def activations_path(name: str) -> Path:
+    return Path("artifacts") / "activations" / f"{name}.h5"
+
+
+def sweep_path(name: str) -> Path:
+    return Path("artifacts") / "sweep" / f"{name}.h5"
+
+
+def likelihood_path(name: str) -> Path:
+    return Path("artifacts") / "likelihood" / f"{name}.h5"
+
+
+def plot_table_path(kind: str, name: str) -> Path:
+    """`artifacts/plots/<kind>/<model>.csv`: one folder per kind, so dvc.yaml's top-level `plots`
+    name each folder once and pick up every model's table."""
+    return Path("artifacts") / "plots" / kind / f"{name}.csv"

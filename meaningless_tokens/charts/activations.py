@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from stages.charts.common import (COLORS, LABELS, Chart, Context, Num, Text, colour_key, excludes_zero, interval,
+from meaningless_tokens.charts.common import (COLORS, LABELS, Chart, Context, Num, Text, colour_key, excludes_zero, interval,
                                    label)
 
 KIND = "activations"

@@ -9,7 +9,7 @@ import argparse
 import sys
 from typing import Callable
 
-from stages.config import PARAMS_FILE, StageError, load_params
+from meaningless_tokens.config import PARAMS_FILE, StageError, load_params
 
 
 def main(stage: str, doc: str | None, run: Callable, argv: list[str] | None = None, per_model: bool = True) -> int:

@@ -7,9 +7,9 @@ install instead of pulling whatever the index serves that day). Its first line r
 what it was made from (pyproject.toml's requirement tables and locks/*.in), so a lock older than
 pyproject.toml is told apart from one that merely satisfies it.
 
-    python -m stages.envlock lock [NAME ...]   # remake the locks (needs uv: `make lock` provides it)
-    python -m stages.envlock record LOCK       # after an install: which lock this environment holds
-    python -m stages.envlock check             # the environment against its lock; pyproject against every lock
+    python -m meaningless_tokens.envlock lock [NAME ...]   # remake the locks (needs uv: `make lock` provides it)
+    python -m meaningless_tokens.envlock record LOCK       # after an install: which lock this environment holds
+    python -m meaningless_tokens.envlock check             # the environment against its lock; pyproject against every lock
 """
 
 from __future__ import annotations
@@ -166,7 +166,7 @@ def drift(lock: Path, have: dict[str, str] | None = None) -> list[str]:
 
 def record(lock: Path) -> None:
     """Note in the environment (sys.prefix) which lock it was installed from; provenance reads it."""
-    from stages.store import ENV_RECORD
+    from meaningless_tokens.store import ENV_RECORD
 
     lock = lock.resolve()
     data = {"lock": lock.relative_to(ROOT).as_posix(), "sha256": hashlib.sha256(lock.read_bytes()).hexdigest()}
@@ -188,7 +188,7 @@ def make(names: list[str], uv: str) -> None:
         print(f"{spec.path.relative_to(ROOT)}: {shown}", flush=True)
         subprocess.run(cmd, cwd=ROOT, check=True)
         body = spec.path.read_text()
-        spec.path.write_text(f"{HEADER}{digest}\n# made by `make lock` (stages/envlock.py, {Path(uv).name} "
+        spec.path.write_text(f"{HEADER}{digest}\n# made by `make lock` (meaningless_tokens/envlock.py, {Path(uv).name} "
                              f"{_uv_version(uv)}): {shown}\n{body}")
 
 
@@ -197,7 +197,7 @@ def _uv_version(uv: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m stages.envlock", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m meaningless_tokens.envlock", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
     p = sub.add_parser("lock", help="remake locks/<name>.txt (all by default)")
@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "record":
             record(args.lock)
         else:
-            from stages.store import ENV_RECORD, environment
+            from meaningless_tokens.store import ENV_RECORD, environment
 
             env = environment()
             problems = [p for s in SPECS.values() for p in pyproject_disagreements(s)]

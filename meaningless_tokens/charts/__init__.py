@@ -2,7 +2,7 @@
 section). `stages/figures.py` and `stages/report.py` only loop over these lists; to change a chart,
 open its module."""
 
-from stages.charts import (accuracy, activation_shift, activations, conditions, cross_model, heads, layer_sweep,
+from meaningless_tokens.charts import (accuracy, activation_shift, activations, conditions, cross_model, heads, layer_sweep,
                            likelihood, pass_at_k, span_accuracy, span_sweep)
 
 PER_MODEL = (layer_sweep, heads, conditions)   # one chart per model: reports/figures/<model>-<KIND>.*

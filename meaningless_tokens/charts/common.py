@@ -2,7 +2,7 @@
 
 A chart kind is a module of this package with `KIND` (its file stem, `<model>-KIND` when `PER_MODEL`),
 `draw(plt, ctx, name)` -> a matplotlib figure and `explain(ctx, name)` -> a `Chart` (its five report
-parts). `figures.py` and `report.py` only loop over `stages.charts.KINDS`.
+parts). `figures.py` and `report.py` only loop over `meaningless_tokens.charts.KINDS`.
 """
 
 from __future__ import annotations
@@ -15,9 +15,8 @@ from pathlib import Path
 import numpy as np
 from markupsafe import Markup, escape
 
-from stages.config import ConfigError, Params, chart_selection, figure_models
-from stages.stats import stats_path
-from stages.store import ArtifactError, read_h5
+from meaningless_tokens.config import ConfigError, Params, chart_selection, figure_models
+from meaningless_tokens.store import ArtifactError, activations_path, likelihood_path, read_h5, stats_path, sweep_path
 
 COLORS = {"none": "#1f77b4", "mless": "#d62728", "mful": "#2ca02c", "arm": "#9467bd"}
 LABELS = {"none": "No insertion (none)", "mless": "Meaningless tokens (mless)", "mful": "Random sentence (mful)",
@@ -63,6 +62,23 @@ def load_metrics(params: Params, name: str) -> dict:
         raise ArtifactError(f"{path}: not valid JSON ({e})") from None
 
 
+def load_likelihood(file: Path) -> dict:
+    """A likelihood file: problems, conditions, per contrast and continuation the per-problem differences and
+    the summaries, and the seed / n_boot it was made with."""
+    with read_h5(file, "likelihood", ("problems/index", "none/solution/mean")) as f:
+        conds = [str(c) for c in f.attrs["conditions"]]
+        data = {"conditions": conds, "index": f["problems/index"][()], "level": f["problems/level"][()],
+                "n": int(f.attrs["n_samples"]), "contrasts": {},
+                "params": json.loads(f.attrs["provenance"])["params"]["likelihood"],
+                "tokens": float(f["none/solution/tokens"][()].mean())}
+        for c in conds:
+            if c == "none":
+                continue
+            data["contrasts"][f"{c}-none"] = {k: {ds: g[ds][()] for ds in g} for k in ("solution", "answer")
+                                              for g in [f[f"contrasts/{c}-none/{k}"]]}
+    return data
+
+
 def load_activations(path: Path) -> dict:
     """An activations file (stages/activations.py) as nested dicts of arrays."""
     with read_h5(path, "activations", ("bin_edges", "none/hist_original", "none/original/l1_mean")) as f:
@@ -102,7 +118,7 @@ class Context:
     _activations: dict | None = None
     _sweep: dict | None = None
     _likelihood: dict | None = None
-    _likelihood_link: dict | None = None
+    _likelihood_link: dict | None = None  # charts.likelihood.problem_links() fills it
 
     @property
     def names(self) -> list[str]:
@@ -125,8 +141,6 @@ class Context:
     def activations(self) -> dict[str, dict]:
         """{model: activations file}, read when a chart first asks for it."""
         if self._activations is None:
-            from stages.activations import activations_path
-
             self._activations = {n: load_activations(self.params.resolve(str(activations_path(n)))) for n in self.names}
         return self._activations
 
@@ -134,30 +148,16 @@ class Context:
     def sweep(self) -> dict[str, dict]:
         """{model: sweep file}, read when a chart first asks for it."""
         if self._sweep is None:
-            from stages.sweep import paths
-
-            self._sweep = {n: load_sweep(self.params.resolve(str(paths(n)["out"]))) for n in self.names}
+            self._sweep = {n: load_sweep(self.params.resolve(str(sweep_path(n)))) for n in self.names}
         return self._sweep
 
     @property
     def likelihood(self) -> dict[str, dict]:
         """{model: likelihood file}, read when a chart first asks for it."""
         if self._likelihood is None:
-            from stages.charts.likelihood import load_likelihood, path
-
-            self._likelihood = {n: load_likelihood(self.params.resolve(path(n))) for n in self.names
+            self._likelihood = {n: load_likelihood(self.params.resolve(str(likelihood_path(n)))) for n in self.names
                                 if n in self.params.scored}  # likelihood.models
         return self._likelihood
-
-    @property
-    def likelihood_link(self) -> dict:
-        """The likelihood's per-problem links, computed from the artifacts when first asked for; the figures stage
-        writes them to reports/likelihood.json, the file the report's numbers quote."""
-        if self._likelihood_link is None:
-            from stages.charts.likelihood import link
-
-            self._likelihood_link = link(self)
-        return self._likelihood_link
 
     @property
     def benchmark(self) -> str:

@@ -9,13 +9,12 @@ written to `reports/likelihood.json` (LINK), which the report quotes: every numb
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
-from stages.charts.common import COLORS, Chart, Context, Text, excludes_zero, interval, label
-from stages.store import read_h5
+from meaningless_tokens.charts.common import COLORS, Chart, Context, Text, excludes_zero, interval, label
+from meaningless_tokens.store import likelihood_path, read_h5
 
 KIND = "likelihood"
 PER_MODEL = False
@@ -34,24 +33,7 @@ UNITS = {"solution": "nats/token", "answer": "nats"}
 
 
 def path(name: str) -> str:
-    return f"artifacts/likelihood/{name}.h5"
-
-
-def load_likelihood(file: Path) -> dict:
-    """A likelihood file: problems, conditions, per contrast and continuation the per-problem differences and
-    the summaries, and the seed / n_boot it was made with."""
-    with read_h5(file, "likelihood", ("problems/index", "none/solution/mean")) as f:
-        conds = [str(c) for c in f.attrs["conditions"]]
-        data = {"conditions": conds, "index": f["problems/index"][()], "level": f["problems/level"][()],
-                "n": int(f.attrs["n_samples"]), "contrasts": {},
-                "params": json.loads(f.attrs["provenance"])["params"]["likelihood"],
-                "tokens": float(f["none/solution/tokens"][()].mean())}
-        for c in conds:
-            if c == "none":
-                continue
-            data["contrasts"][f"{c}-none"] = {k: {ds: g[ds][()] for ds in g} for k in ("solution", "answer")
-                                              for g in [f[f"contrasts/{c}-none/{k}"]]}
-    return data
+    return str(likelihood_path(name))
 
 
 # ---- the per-problem links --------------------------------------------------------------------------------
@@ -109,8 +91,15 @@ def flips(root: Path, name: str) -> tuple[dict[int, dict[str, bool]], list[str]]
         return {int(i): {c: bool(correct[c][k]) for c in conds} for k, i in enumerate(f["problems/index"][()])}, conds
 
 
+def problem_links(ctx: Context) -> dict:
+    """The per-problem links of every model (written to LINK by the figures stage), computed once per context."""
+    if ctx._likelihood_link is None:
+        ctx._likelihood_link = link(ctx)
+    return ctx._likelihood_link
+
+
 def link(ctx: Context) -> dict:
-    """The per-problem links of every model (written to LINK by the figures stage)."""
+    """The per-problem links of every model, from the artifacts."""
     out = {"definitions": {k: d for k, (_, d) in SHIFTS.items()}, "models": {}}
     for n in ctx.likelihood:
         lk = ctx.likelihood[n]
@@ -185,7 +174,7 @@ def draw(plt, ctx: Context, name: None = None):
     ax.grid(alpha=0.3, lw=0.5)
     ax.legend(fontsize=8)
     ax = axes[1, 1]
-    links = ctx.likelihood_link["models"]
+    links = problem_links(ctx)["models"]
     for j, n in enumerate(names):
         lk = ctx.likelihood[n]
         res = lk["contrasts"].get("mless-none")
@@ -240,7 +229,7 @@ def explain(ctx: Context, name: None = None) -> Chart:
                           " (n ", src.h5(f, f"contrasts/mless-none/solution/level_n[{j}]", fmt="d"), ")",
                           "; " if j < len(s["levels"]) - 1 else "."]
             rows.append(Text(*parts))
-        for contrast, per in ctx.likelihood_link["models"][n]["contrasts"].items():
+        for contrast, per in problem_links(ctx)["models"][n]["contrasts"].items():
             entries = per["solution"]
             parts = [f"{ctx.disp(n)}, {contrast}: rank correlation of the solution gain with "]
             shown = [k for k in SHIFTS if k in entries and entries[k]["rho"] is not None]
@@ -253,7 +242,7 @@ def explain(ctx: Context, name: None = None) -> Chart:
                 link_rows.append((n, contrast, k, r, lo, hi))
             if shown:
                 rows.append(Text(*parts))
-        for contrast, acc in ctx.likelihood_link["models"][n]["accuracy"].items():
+        for contrast, acc in problem_links(ctx)["models"][n]["accuracy"].items():
             key = f"models.{n}.accuracy.{contrast}"
             parts = [f"{ctx.disp(n)}, {contrast} against generated accuracy on the ",
                      src.js(link_src, f"{key}.n", fmt="d"), " problems both measured: "]

@@ -9,7 +9,7 @@ right, so they are not math-verify numbers).
 
 from __future__ import annotations
 
-from stages.charts.common import Context, Num, Text, excludes_zero, interval, label
+from meaningless_tokens.charts.common import Context, Num, Text, excludes_zero, interval, label
 
 PAPER_MODELS = ("Qwen2.5-Math-1.5B", "Qwen2.5-Math-7B", "Llama-3.1-8B-Instruct", "Gemma-3-4b-it")
 # MATH-500 accuracy in percent, w/o / w/ Mless / w/ Mful, read from the paper's "Results on Math-500" chart
@@ -148,7 +148,7 @@ SHAPE_KEYS = ("num_layers", "num_heads", "num_kv_heads", "hidden_size", "vocab_s
 def shape_notes(ctx: Context) -> list[Text]:
     """For each model of exactly a paper model's shape (its manifest's facts): what it shows at Layer 1 under
     mless, the paper's measures: the drop of attention on original tokens, λ, the activation shift."""
-    from stages.charts.activations import ActivationView
+    from meaningless_tokens.charts.activations import ActivationView
 
     notes = []
     for n in ctx.names:

@@ -1,0 +1,376 @@
+"""Generation engines and their journal, shared by the evaluate stage and the sweep's accuracy.
+
+The transformers engine: greedy generation (`do_sample=False`, set explicitly: instruct checkpoints would
+otherwise sample by their generation_config), batched with left padding, SDPA attention and a static cache
+sized per batch (a dynamic cache re-concatenates every layer's keys and values at each step: half of the CPU
+time at batch 12; outputs were identical), optionally stopping a row once it has written a complete
+\\boxed{...}; `arm` rows are edited by the ARM hook (meaningless_tokens/arm.py). The vLLM engine runs in
+worker processes (meaningless_tokens/vllm_engine.py). Sampled rows draw each token with their own seed
+(meaningless_tokens/sampling.py).
+
+Each finished batch is appended to a journal; an interrupted run resumes from it with the same batches, so
+the final artifact equals an uninterrupted run's. Shards (evaluate.shard) write parts the merge reads.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterator
+
+from meaningless_tokens import arm, models, progress, sampling, vllm_engine
+from meaningless_tokens.config import CONDITIONS, ConfigError, Evaluate, Params
+from meaningless_tokens.grading import grade, has_complete_box
+from meaningless_tokens.store import ArtifactError
+
+JOURNAL_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Item:
+    index: int              # problem index (row of the dataset file)
+    condition: str
+    input_ids: tuple[int, ...]
+    sample: int = -1        # -1: the greedy output; 0..n-1: a sampled one (evaluate.sampling)
+
+    @property
+    def key(self) -> tuple:
+        return (self.index, self.condition) if self.sample < 0 else (self.index, self.condition, self.sample)
+
+
+@dataclass
+class Record:
+    index: int
+    condition: str
+    output: str
+    n_tokens: int           # generated tokens, end-of-text excluded
+    stop: str               # eos | boxed | length
+    extracted: str
+    correct: bool
+    paper_extracted: str | None
+    paper_correct: bool
+    seconds: float          # wall time of its batch, shared equally by the batch's rows
+    sample: int = -1        # as Item.sample; graded on the output alone when >= 0 (the paper's pass@3)
+
+    @property
+    def key(self) -> tuple:
+        return (self.index, self.condition) if self.sample < 0 else (self.index, self.condition, self.sample)
+
+
+def make_batches(items: list[Item], batch_size: int) -> list[list[Item]]:
+    """Items sorted by prompt length (least padding), cut into fixed batches: a resumed run
+    regenerates exactly the batches an uninterrupted run would."""
+    order = {c: k for k, c in enumerate(CONDITIONS)}
+    ranked = sorted(items, key=lambda it: (len(it.input_ids), it.index, order[it.condition], it.sample))
+    return [ranked[i:i + batch_size] for i in range(0, len(ranked), batch_size)]
+
+
+# ---- generation -----------------------------------------------------------------------------
+
+class _BoxedStop:
+    """Stopping criterion: a row is done once its generated text holds a complete \\boxed{...}."""
+
+    def __init__(self, tokenizer, prompt_len: int):
+        self.tok, self.prompt_len = tokenizer, prompt_len
+
+    def __call__(self, input_ids, scores, **kwargs):
+        import torch
+
+        texts = self.tok.batch_decode(input_ids[:, self.prompt_len:], skip_special_tokens=True)
+        return torch.tensor([has_complete_box(t) for t in texts], dtype=torch.bool, device=input_ids.device)
+
+
+def stop_ids(generation_config, tokenizer) -> list[int]:
+    """End-of-text ids: the generation config's and the tokenizer's eos, plus the pad token (Qwen's
+    `<|endoftext|>` ends raw-prompt generations)."""
+    eos = generation_config.eos_token_id
+    ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    ids |= {i for i in (tokenizer.eos_token_id, tokenizer.pad_token_id) if i is not None}
+    if not ids:
+        raise ConfigError("the model defines no end-of-text token (generation_config.eos_token_id)")
+    return sorted(ids)
+
+
+ATTENTION = "sdpa"  # generation only; extraction needs eager attention's probabilities
+
+
+def load_for_generation(setup: models.ModelSetup) -> tuple:
+    """(model, tokenizer, attention) with SDPA, or eager for a family that has no SDPA path (Gemma 2:
+    its logit softcapping)."""
+    try:
+        return (*models.load(setup, attn_implementation=ATTENTION), ATTENTION)
+    except ValueError as e:
+        if "does not support an attention implementation through torch.nn.functional.scaled_dot_product" not in str(e):
+            raise
+    return (*models.load(setup, attn_implementation="eager"), "eager")
+
+
+@functools.cache
+def _cache_kwarg() -> str:
+    """generate()'s name for a cache passed in: `cache` from the transformers releases that renamed it
+    (they warn on `past_key_values` at every run), `past_key_values` before (the vLLM environment's)."""
+    from transformers.utils import generic
+
+    return "cache" if hasattr(generic, "_rename_kwargs_for_bc") else "past_key_values"
+
+
+
+def generate(model, tokenizer, batch: list[Item], max_new_tokens: int, stop_at_boxed: bool,
+             eos: list[int], arm_hook: arm.ArmHook | None = None,
+             sampler: sampling.RowSampler | None = None) -> list[tuple[str, int, str]]:
+    """Greedy continuations of a batch of prompts: [(text, n_tokens, stop reason)]; `arm_hook` (installed on
+    the model) edits the rows whose condition is `arm`; `sampler` draws each sampled row's tokens with its own seed
+    (greedy search then takes the one token it leaves)."""
+    import torch
+    from transformers import LogitsProcessorList, StaticCache, StoppingCriteriaList
+
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
+    width = max(len(it.input_ids) for it in batch)
+    ids = torch.full((len(batch), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(batch), width), dtype=torch.long)
+    for r, it in enumerate(batch):  # left padding: every prompt ends where generation starts
+        ids[r, width - len(it.input_ids):] = torch.tensor(it.input_ids)
+        mask[r, width - len(it.input_ids):] = 1
+    criteria = StoppingCriteriaList([_BoxedStop(tokenizer, width)] if stop_at_boxed else [])
+    # sized by this batch alone: generate's own static cache grows to the longest of all earlier
+    # calls, which would make a batch's arithmetic depend on what ran before it (and on resuming)
+    cache = StaticCache(config=model.config.get_text_config(decoder=True), max_cache_len=width + max_new_tokens)
+    # a sampled arm row's ARM draws are seeded with its sample index too
+    rows = [(it.index if it.sample < 0 else (it.index, it.sample)) if it.condition == "arm" else None for it in batch]
+    if arm_hook is not None:
+        arm_hook.begin(rows, mask.bool())
+    elif any(r is not None for r in rows):
+        raise ValueError("a batch with arm rows needs the ARM hook (arm_hook)")
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=ids.to(model.device), attention_mask=mask.to(model.device),
+            max_new_tokens=max_new_tokens, do_sample=False, temperature=None, top_p=None, top_k=None,
+            num_beams=1, eos_token_id=eos, pad_token_id=pad, stopping_criteria=criteria, use_cache=True,
+            logits_processor=LogitsProcessorList([sampler] if sampler else []), **{_cache_kwarg(): cache},
+        )
+    if arm_hook is not None:
+        arm_hook.begin([])  # disarmed: a later forward pass of this model is left alone
+    results = []
+    ends = set(eos) | {pad}
+    for row in out[:, width:].tolist():
+        n = next((k for k, t in enumerate(row) if t in ends), len(row))
+        text = tokenizer.decode(row[:n], skip_special_tokens=True)
+        if stop_at_boxed and has_complete_box(text):
+            reason = "boxed"
+        elif n < max_new_tokens:
+            reason = "eos"
+        else:
+            reason = "length"
+        results.append((text, n, reason))
+    return results
+
+
+# ---- journal ------------------------------------------------------------------------------------
+
+class Journal:
+    """Append-only record of finished batches; bound to one configuration by `key`."""
+
+    def __init__(self, path: Path, key: str, foreign: str = "restart"):
+        self.path, self.key, self.foreign = path, key, foreign
+        self.records: dict[tuple, Record] = {}  # by Record.key
+        if path.is_file():
+            self._load()
+
+    def _load(self) -> None:
+        lines = self.path.read_text(encoding="utf-8").split("\n")
+        try:
+            header = json.loads(lines[0])
+        except json.JSONDecodeError:
+            header = {}
+        if header.get("key") != self.key or header.get("version") != JOURNAL_VERSION:
+            if self.foreign == "refuse":
+                raise ArtifactError(f"{self.path}: made for other inputs (params, code, model or engine differ from "
+                                    f"this run's); rerun that shard with these, or delete the file")
+            print(f"{self.path}: made for other inputs; starting afresh", file=sys.stderr)
+            self.path.unlink()
+            return
+        for k, line in enumerate(lines[1:], start=2):
+            if not line:
+                continue
+            try:
+                rec = Record(**json.loads(line))
+            except (json.JSONDecodeError, TypeError) as e:
+                if k == len(lines) or (k == len(lines) - 1 and not lines[-1]):
+                    break  # the run was killed while writing its last line: that batch is redone
+                raise ArtifactError(f"{self.path}:{k}: damaged journal line ({e}); delete the file to start over") from None
+            self.records[rec.key] = rec
+
+    def append(self, records: list[Record]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fresh = not self.path.is_file()
+        with open(self.path, "a", encoding="utf-8") as f:
+            if fresh:
+                f.write(json.dumps({"version": JOURNAL_VERSION, "key": self.key}) + "\n")
+            for rec in records:
+                f.write(json.dumps(asdict(rec), ensure_ascii=False) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        for rec in records:
+            self.records[rec.key] = rec
+
+
+def part_path(journal: Path, index: int, count: int) -> Path:
+    return journal.with_name(f"{journal.stem}.part-{index}-of-{count}.jsonl")
+
+
+def merge_parts(journal: Journal, journal_path: Path) -> dict[Path, int]:
+    """Copy the generations of every shard's part (evaluate.shard) into `journal`: {part: generations}. A part
+    made for other inputs is refused (it names the file): shards of one evaluation share every input."""
+    merged = {}
+    for part in sorted(journal_path.parent.glob(f"{journal_path.stem}.part-*-of-*.jsonl")):
+        recs = Journal(part, journal.key, foreign="refuse").records
+        journal.append([r for k, r in sorted(recs.items()) if k not in journal.records])
+        merged[part] = len(recs)
+    if merged:
+        print(f"merged {sum(merged.values())} generations from {len(merged)} shard parts in {journal_path.parent}",
+              file=sys.stderr)
+    return merged
+
+
+# ---- engines ------------------------------------------------------------------------------------
+
+Generated = tuple[Item, str, int, str, float]  # item, text, n_tokens, stop reason, seconds
+
+
+class TransformersEngine:
+    """transformers.generate over the static batches; `arm` rows are edited by the ARM hook."""
+
+    def __init__(self, cfg: Evaluate, setup: models.ModelSetup, arm_settings: arm.ArmSettings | None = None):
+        self.cfg = cfg
+        self.model, self.tokenizer, attn = load_for_generation(setup)
+        self.arm_hook = arm.ArmHook(arm.layer0_mlp(self.model, setup), arm_settings) if arm_settings else None
+        self.eos = stop_ids(self.model.generation_config, self.tokenizer)
+        self.sampling = sampling.resolve(cfg, self.model.generation_config) if cfg.sampling.n else None
+        self.settings = {"engine": "transformers", **_common_settings(cfg, setup, self.eos, str(self.model.device)),
+                         "batch_size": cfg.batch_size, "attn_implementation": attn, "cache": "static"}
+        self.stats: dict = {}
+
+    def run(self, batches: list[list[Item]], done: set) -> Iterator[list[Generated]]:
+        cfg = self.cfg
+        for batch in batches:  # a batch is regenerated whole: its rows' arithmetic depends on each other
+            t0 = time.perf_counter()
+            sampler, limit = None, cfg.max_new_tokens
+            if any(it.sample >= 0 for it in batch):
+                s = self.sampling
+                sampler = sampling.RowSampler([sampling.sample_seed(s["seed"], it.index, it.condition, it.sample)
+                                               if it.sample >= 0 else None for it in batch],
+                                              s["temperature"], s["top_p"], s["top_k"])
+                limit = s["max_new_tokens"]
+            outs = generate(self.model, self.tokenizer, batch, limit, cfg.stop_at_boxed, self.eos,
+                            self.arm_hook, sampler)
+            share = (time.perf_counter() - t0) / len(batch)
+            yield [(it, text, n, reason, share) for it, (text, n, reason) in zip(batch, outs)]
+
+
+class VllmEngine:
+    """vLLM in worker processes (meaningless_tokens/vllm_engine.py); only the tokenizer is loaded here."""
+
+    def __init__(self, cfg: Evaluate, conditions: list[str], setup: models.ModelSetup):
+        from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+        self.cfg, self.setup, prepared = cfg, setup, setup.prepared
+        self.device = setup.device
+        self.trust = setup.spec.trust_remote_code
+        self.tokenizer = AutoTokenizer.from_pretrained(prepared.path, local_files_only=True, trust_remote_code=self.trust)
+        try:
+            gen = GenerationConfig.from_pretrained(prepared.path, local_files_only=True)
+        except OSError:  # no generation_config.json: the model config's, as from_pretrained builds it
+            gen = GenerationConfig.from_model_config(
+                AutoConfig.from_pretrained(prepared.path, local_files_only=True, trust_remote_code=self.trust))
+        self.eos = stop_ids(gen, self.tokenizer)
+        self.sampling = sampling.resolve(cfg, gen) if cfg.sampling.n else None
+        self.settings = {**_common_settings(cfg, setup, self.eos, self.device),
+                         **vllm_engine.settings(cfg, conditions, setup)}
+        self.stats: dict = {}
+
+    def run(self, batches: list[list[Item]], done: set) -> Iterator[list[Generated]]:
+        cfg = self.cfg
+        items = {":".join(map(str, it.key)): it for b in batches for it in b if it.key not in done}
+        s = self.sampling
+        # a sampled job carries its own seed (vLLM's per-request seed) and sampling values
+        jobs = [(k, list(it.input_ids)) if it.sample < 0 else
+                (k, list(it.input_ids), {"temperature": s["temperature"], "top_p": s["top_p"], "top_k": s["top_k"] or -1,
+                                         "max_tokens": s["max_new_tokens"],
+                                         "seed": vllm_engine.request_seed(sampling.sample_seed(
+                                             s["seed"], it.index, it.condition, it.sample))})
+                for k, it in items.items()]
+        if not jobs:  # every generation is journaled or merged from shards: no engine to start
+            return
+        for job, ids, seconds in vllm_engine.generate(cfg, self.setup, self.settings, jobs, self.eos, self.stats):
+            limit = cfg.max_new_tokens if items[job].sample < 0 else self.sampling["max_new_tokens"]
+            text, n, reason = vllm_engine.cut(self.tokenizer, ids, self.eos, limit, cfg.stop_at_boxed)
+            yield [(items[job], text, n, reason, seconds)]
+
+
+def _common_settings(cfg: Evaluate, setup: models.ModelSetup, eos: list[int], device: str) -> dict:
+    return {"max_new_tokens": cfg.max_new_tokens, "stop_at_boxed": cfg.stop_at_boxed, "greedy": True,
+            "eos_token_ids": eos, "device": device, "dtype": setup.dtype}
+
+
+def check_engine(params: Params) -> None:
+    """The engine's own bad input (vLLM missing, more devices than there are, arm on vLLM), before any work
+    (before the model is prepared: a stage checks this first)."""
+    if params.evaluate.engine == "vllm":
+        vllm_engine.check(params.evaluate, params.prompt.conditions, models.torch_device(params), params.file)
+
+
+def open_engine(cfg: Evaluate, conditions: list[str], setup: models.ModelSetup,
+                arm_settings: arm.ArmSettings | None = None):
+    """The engine `evaluate.engine` names, loaded for the stage's model: `.tokenizer`, `.eos`, `.settings` (what
+    the outputs depend on beyond prompts and weights: provenance and journal key), `.run(batches, done)`."""
+    if cfg.engine == "vllm":
+        return VllmEngine(cfg, conditions, setup)
+    return TransformersEngine(cfg, setup, arm_settings)
+
+
+# ---- journaled generation (evaluate and the sweep's accuracy) -------------------------------------
+
+def run_journaled(engine, batches: list[list[Item]], journal: "Journal", gold: dict[int, str], desc: str, name: str,
+                  conditions: list[str] | None = None) -> int:
+    """Generate and grade every item the journal does not hold yet, appending each as it is done, so an
+    interrupted run resumes with the same batches; `conditions` adds a running score per condition to the bar.
+    Returns how many generations the journal already held."""
+    total = sum(len(b) for b in batches)
+    todo = [b for b in batches if any(it.key not in journal.records for it in b)]
+    done = sum(it.key in journal.records for b in batches for it in b)
+    if done:
+        print(f"{name}: resuming from {journal.path} ({done} of {total} generations done)", file=sys.stderr)
+    bar = progress.bar(total=total, initial=done, desc=desc, unit="gen")
+    tok = engine.tokenizer
+    generations = engine.run(todo, set(journal.records))
+    try:
+        for outs in generations:
+            recs = []
+            for it, text, n, reason, seconds in outs:
+                # the paper grades greedy outputs with the prompt before them, sampled ones alone (its pass@3)
+                prompt = "" if it.sample >= 0 else tok.decode(list(it.input_ids), skip_special_tokens=True)
+                g = grade(text, gold[it.index], prompt)
+                recs.append(Record(it.index, it.condition, text, n, reason, g.extracted, g.correct,
+                                   g.paper_extracted, g.paper_correct, round(seconds, 4), it.sample))
+            fresh = sum(r.key not in journal.records for r in recs)
+            journal.append(recs)
+            bar.update(fresh)
+            if conditions:
+                bar.set_postfix_str(" ".join(
+                    f"{c}={sum(r.correct for r in journal.records.values() if r.condition == c and r.sample < 0)}"
+                    f"/{sum(r.condition == c and r.sample < 0 for r in journal.records.values())}" for c in conditions),
+                    refresh=False)
+    except KeyboardInterrupt:
+        bar.close()
+        print(f"\n{name}: interrupted; {len(journal.records)} of {total} generations kept in "
+              f"{journal.path}; rerun to resume", file=sys.stderr)
+        raise
+    finally:
+        generations.close()  # the vLLM engine's workers stop here, not when the generator is collected
+    bar.close()
+    return done

@@ -1,0 +1,221 @@
+"""Teacher-forced scoring: the log-probability of each token of a continuation given everything before it,
+shared by the likelihood stage and the sweep's likelihood.
+
+A sequence is prompt + context + scored tokens, every part tokenized as a separate segment, as the prompt's parts
+are, so the scored ids are the same in every condition (`check_alignment`). The whole model runs (no early exit);
+the LM head runs only at the positions that predict a scored token, in chunks (never a [T, vocab] tensor for the
+whole prompt); sequences are sorted by length and batched up to a token budget (right padding: causal attention
+keeps the pads out of every real token). `TeacherForcedArm` applies ARM as generation would have applied it had
+the model generated exactly these tokens (stages/likelihood.py's text says how).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from meaningless_tokens import arm, models
+from meaningless_tokens.config import ANSWER_MARK, Likelihood
+from meaningless_tokens.prompts import DatasetError, Problem
+
+
+HEAD_CHUNK = 1 << 23  # logits per chunk of the LM head (32 positions of a 262k vocabulary: 32 MiB in float32)
+
+
+@dataclass(frozen=True)
+class Seq:
+    index: int                  # problem index (line of test.jsonl, 0-based)
+    condition: str
+    continuation: str
+    input_ids: tuple[int, ...]  # prompt + context + scored
+    prompt_len: int             # the condition's prompt (ARM's step 0)
+    start: int                  # first scored position
+
+    @property
+    def scored(self) -> tuple[int, ...]:
+        return self.input_ids[self.start:]
+
+
+class Continuations:
+    """The context and scored token ids of each continuation of a problem, tokenized as separate segments."""
+
+    def __init__(self, cfg: Likelihood, builder, dataset: Path):
+        self.builder, self.cfg = builder, cfg
+        self.dataset = dataset  # the dataset file, named when a continuation is empty
+        sep = cfg.separator if builder.template == "raw" else ""
+        self.sep = builder.encode(sep) if sep else []
+        head, self.tail = cfg.answer_frame.split(ANSWER_MARK)
+        self.head = builder.encode(head) if head else []
+
+    def build(self, problem: Problem) -> dict[str, tuple[list[int], list[int]]]:
+        """{continuation: (context ids, scored ids)}."""
+        solution = self.builder.encode(problem.solution)[:self.cfg.solution_tokens]
+        answer = self.builder.encode(problem.answer + self.tail)
+        for key, ids in (("solution", solution), ("answer", answer)):
+            if not ids or not getattr(problem, key).strip():
+                raise DatasetError(f"{self.dataset}:{problem.index + 1}: key '{key}' is empty (nothing to score)")
+        return {"solution": (self.sep, solution), "answer": (self.sep + self.head, answer)}
+
+
+def check_alignment(seqs: list[Seq]) -> None:
+    """The scored tokens (and the context before them) of a problem's continuation are the same ids in every
+    condition, and sit right after the condition's prompt."""
+    ref: dict[tuple[int, str], tuple] = {}
+    for s in seqs:
+        tail = s.input_ids[s.prompt_len:]
+        if not s.prompt_len <= s.start < len(s.input_ids):
+            raise AssertionError(f"problem {s.index} {s.condition}/{s.continuation}: scored part not after the prompt")
+        if ref.setdefault((s.index, s.continuation), (tail, s.start - s.prompt_len)) != (tail, s.start - s.prompt_len):
+            raise AssertionError(f"problem {s.index}: the {s.continuation} tokens under {s.condition} differ from "
+                                 "those under the other conditions (continuations not aligned)")
+
+
+class TeacherForcedArm:
+    """ARM on layer 0's act_fn for the rows `begin` marks, mapped onto teacher forcing (see the module text).
+
+    begin(rows): rows[r] = (problem index, prompt length, sequence length) of an arm row, or None."""
+
+    def __init__(self, mlp, settings: arm.ArmSettings):
+        self.settings = settings
+        self.rows: list = []
+        self.handle = mlp.act_fn.register_forward_hook(self)
+
+    def begin(self, rows: list) -> None:
+        self.rows = list(rows)
+
+    def remove(self) -> None:
+        self.handle.remove()
+
+    def __call__(self, module, inputs, a):
+        import torch
+
+        if not any(r is not None for r in self.rows):
+            return None
+        if len(self.rows) != a.shape[0]:
+            raise RuntimeError(f"ARM hook: {len(self.rows)} rows marked, the batch has {a.shape[0]}")
+        s = self.settings
+        out = a.clone()
+        for r, row in enumerate(self.rows):
+            if row is None:
+                continue
+            index, p, n = row
+            g = torch.Generator(device=a.device).manual_seed(arm.row_seed(s.seed, index, 0))
+            out[r, :p] = arm.edit(a[r, :p], s, g)
+            if s.apply == "all" and n > p:
+                gens = [torch.Generator(device=a.device).manual_seed(arm.row_seed(s.seed, index, step))
+                        for step in range(1, n - p + 1)]
+                out[r, p:n] = arm.edit_rows(a[r, p:n], s, gens)
+        return out
+
+
+def head_logprobs(model, hidden, targets):
+    """log P(target) from final hidden states [N, D] (after the final norm): the LM head in chunks, with the
+    family's final logit transformations (Gemma's softcapping, Granite's scaling, Cohere's scale); float64 [N]."""
+    import torch
+
+    text = model.config.get_text_config()
+    head = model.get_output_embeddings()
+    cap = getattr(text, "final_logit_softcapping", None)
+    scaling = getattr(text, "logits_scaling", None)
+    scale = getattr(text, "logit_scale", None)
+    step = max(1, HEAD_CHUNK // head.weight.shape[0])
+    out = []
+    for i in range(0, hidden.shape[0], step):
+        logits = head(hidden[i:i + step]).float()
+        if scale is not None:
+            logits = logits * scale
+        if scaling is not None:
+            logits = logits / scaling
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
+        t = targets[i:i + step, None]
+        out.append((logits.gather(1, t) - torch.logsumexp(logits, dim=-1, keepdim=True))[:, 0])
+    return torch.cat(out).double().cpu().numpy() if out else np.zeros(0)
+
+
+def batches(seqs: list[Seq], batch_tokens: int) -> list[list[int]]:
+    """Indices of `seqs` sorted by length, cut so that rows x longest row stays within batch_tokens."""
+    order = sorted(range(len(seqs)), key=lambda k: (len(seqs[k].input_ids), k))
+    out, cur = [], []
+    for k in order:
+        if cur and (len(cur) + 1) * len(seqs[k].input_ids) > batch_tokens:
+            out.append(cur)
+            cur = []
+        cur.append(k)
+    return out + ([cur] if cur else [])
+
+
+def score(model, seqs: list[Seq], batch_tokens: int, pad: int, arm_hook: TeacherForcedArm | None = None,
+          bar=None) -> list[np.ndarray]:
+    """Per sequence, the log-prob of each scored token given everything before it (float64)."""
+    import torch
+
+    device = model.get_output_embeddings().weight.device
+    decoder = model.get_decoder()
+    result: list = [None] * len(seqs)
+    for batch in batches(seqs, batch_tokens):
+        rows = [seqs[k] for k in batch]
+        width = max(len(s.input_ids) for s in rows)
+        ids = torch.full((len(rows), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for r, s in enumerate(rows):
+            ids[r, :len(s.input_ids)] = torch.tensor(s.input_ids)
+            mask[r, :len(s.input_ids)] = 1
+        if arm_hook is not None:
+            arm_hook.begin([(s.index, s.prompt_len, len(s.input_ids)) if s.condition == "arm" else None for s in rows])
+        elif any(s.condition == "arm" for s in rows):
+            raise ValueError("arm rows need the ARM hook")
+        try:
+            with torch.no_grad():
+                hidden = decoder(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False)[0]
+                r_idx = torch.cat([torch.full((len(s.scored),), r) for r, s in enumerate(rows)])
+                pos = torch.cat([torch.arange(s.start - 1, len(s.input_ids) - 1) for s in rows])
+                lp = head_logprobs(model, hidden[r_idx.to(device), pos.to(device)], ids[r_idx, pos + 1].to(device))
+        finally:
+            if arm_hook is not None:
+                arm_hook.begin([])
+        at = 0
+        for k, s in zip(batch, rows):
+            result[k] = lp[at:at + len(s.scored)]
+            at += len(s.scored)
+        if bar is not None:
+            bar.update(len(rows))
+    return result
+
+
+def check_head(model, seq: Seq, pad: int) -> float:
+    """The max abs difference between `score` and the model's own logits + log_softmax on one sequence;
+    refuses a family whose final logits this stage does not reproduce."""
+    import torch
+
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([seq.input_ids], device=model.get_output_embeddings().weight.device),
+                       use_cache=False).logits[0].float()
+        ref = torch.log_softmax(logits, -1)[torch.arange(seq.start - 1, len(seq.input_ids) - 1),
+                                            torch.tensor(seq.scored)].double().cpu().numpy()
+    got = score(model, [seq], len(seq.input_ids), pad)[0]
+    diff = float(np.max(np.abs(got - ref)))
+    if not diff < 1e-3:
+        raise models.UnsupportedModel(
+            f"model_type '{model.config.model_type}': the LM head applied at the scored positions differs from the "
+            f"model's own logits by {diff:.3g} nats (a final-logit transformation this stage does not know)")
+    return diff
+
+
+def load(setup: models.ModelSetup) -> tuple:
+    """(model, tokenizer, attention implementation): the whole model, SDPA where the family has it."""
+    try:
+        return (*models.load(setup, attn_implementation="sdpa"), "sdpa")
+    except ValueError as e:
+        if "scaled_dot_product" not in str(e):
+            raise
+    return (*models.load(setup, attn_implementation="eager"), "eager")
+
+
+def pad_id(tokenizer) -> int:
+    for t in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0):
+        if t is not None:
+            return int(t)
+    return 0

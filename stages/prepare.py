@@ -1,0 +1,51 @@
+"""prepare@<model>: the model's source -> a local Hugging Face folder in the model cache (outside the DVC
+workspace), and its manifest `artifacts/models/<model>.json` (source, weights sha256, architecture facts, the
+attention probe) for later stages.
+
+Sources, conversion and the cache: meaningless_tokens/models.py. A GGUF source is converted only up to the
+layers the layer-only stages run (extract's, activations', the sweep's); the whole-model stages convert the
+rest on first use. The probe refuses, with one line, a model whose attention the capture cannot record
+exactly; `hf` sources record the commit their revision resolved to.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from meaningless_tokens.config import PARAMS_FILE, Params, StageError, load_params
+from meaningless_tokens.models import PreparedModel, manifest_path, prepare, stage_layers
+from meaningless_tokens.store import environment, write_json_atomic
+
+
+def run(params: Params, name: str, out: Path | None = None) -> PreparedModel:
+    started = time.perf_counter()
+    prepared = prepare(params, name, layers=stage_layers(params, name))
+    # the environment's lock: a reinstall from another lock changes the manifest, so every stage reruns
+    write_json_atomic(out or params.resolve(str(manifest_path(name))), {**prepared.manifest(), "environment": environment()})
+    print(f"{name}: {prepared.path} (weights sha256 {prepared.weights_sha256[:12]}…, "
+          f"{prepared.facts['num_layers']} layers, {prepared.facts['num_heads']} heads) "
+          f"in {time.perf_counter() - started:.1f} s")
+    return prepared
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m stages.prepare", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", action="append", help="model name from params.yaml (repeatable; default: all)")
+    ap.add_argument("--params", default=str(PARAMS_FILE))
+    args = ap.parse_args(argv)
+    try:
+        params = load_params(args.params)
+        for name in args.model or list(params.models):
+            run(params, name)
+    except StageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
