@@ -1,6 +1,6 @@
 """A throwaway copy of the project as a git + DVC repository, driven by the real `dvc` command.
 
-Used by tests/test_dvc.py: the project's tracked files (and untracked ones under stages/) are copied
+Used by tests/test_dvc.py: the project's tracked files (and untracked ones under stages/ and meaningless_tokens/) are copied
 into a new folder, without any outputs, with a tiny params.yaml whose models are tiny local models.
 Every command runs with HOME pointing into the test's folder, so the default remote
 (`~/.local/share/...` in .dvc/config) resolves there and nothing touches the user's own store.
@@ -25,11 +25,12 @@ SKIP = ("artifacts/", "metrics/", "reports/", "tests/", "benchmarks/", ".ci/", "
 
 
 def project_files() -> list[str]:
-    """Tracked files, plus untracked (not ignored) files under stages/ (modules not yet committed)."""
+    """Tracked files, plus untracked (not ignored) files under stages/ and meaningless_tokens/ (modules not yet
+    committed)."""
     def ls(*args: str) -> list[str]:
         return subprocess.run(["git", "ls-files", "-z", *args], cwd=ROOT, capture_output=True, text=True,
                               check=True).stdout.split("\0")
-    files = [f for f in ls() if f] + [f for f in ls("--others", "--exclude-standard", "--", "stages") if f]
+    files = [f for f in ls() if f] + [f for f in ls("--others", "--exclude-standard", "--", "stages", "meaningless_tokens") if f]
     return sorted({f for f in files if not f.startswith(SKIP) and (ROOT / f).is_file()})
 
 

@@ -2,13 +2,13 @@
 identity hook that changes nothing, and bad input refused before any work."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from meaningless_tokens import engines
-from meaningless_tokens import arm, models
+from meaningless_tokens import arm, engines, models
 from stages import activations, evaluate
 from meaningless_tokens.config import ConfigError, load_params
 from meaningless_tokens.prompts import builder_for, load_math500
@@ -170,17 +170,16 @@ def arm_params(write_params, tiny_dirs, arch, conditions=("none", "mless", "mful
 
 def loaded(params, identity=False):
     setup = models.resolve(params, "tiny")
-    prepared = setup.prepared
     model, tokenizer = models.load(setup, attn_implementation=engines.ATTENTION)
     s = arm.resolve(params.arm, params.dataset.benchmark, setup)
     hook = arm.ArmHook(arm.layer0_mlp(model, setup), s, identity=identity)
-    return model, tokenizer, hook, engines.stop_ids(model.generation_config, tokenizer)
+    return model, tokenizer, hook, engines.stop_ids(model.generation_config, tokenizer), setup
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
 def test_pool_row_generates_the_same_tokens_alone_and_in_a_batch_of_8(arch, tiny_dirs, write_params, cache_dir):
     params = arm_params(write_params, tiny_dirs, arch)
-    model, tokenizer, hook, eos = loaded(params)
+    model, tokenizer, hook, eos, setup = loaded(params)
     assert hook.settings.variant == ("gemma" if arch == "gemma3" else "llama")
     builder = builder_for(params.prompt, setup, tokenizer)
     problems, _ = load_math500(params)
@@ -200,7 +199,7 @@ def test_pool_row_generates_the_same_tokens_alone_and_in_a_batch_of_8(arch, tiny
 
 def test_identity_hook_generates_exactly_the_none_tokens(tiny_dirs, write_params, cache_dir):
     params = arm_params(write_params, tiny_dirs, "llama")
-    model, tokenizer, hook, eos = loaded(params, identity=True)
+    model, tokenizer, hook, eos, setup = loaded(params, identity=True)
     builder = builder_for(params.prompt, setup, tokenizer)
     problems, _ = load_math500(params)
     prompts = [builder.build(p) for p in problems[:4]]
@@ -245,14 +244,12 @@ def test_activations_store_the_arm_transformed_histogram_from_the_same_hook(tiny
     from meaningless_tokens.capture import install_capture
 
     setup = models.resolve(params, "tiny")
-
-    prepared = setup.prepared
     model, tokenizer = models.load(setup, layers=[0])
     install_capture(model)
     problem = next(p for p in load_math500(params)[0] if p.index == index)
     ids = builder_for(params.prompt, setup, tokenizer).build(problem)["none"].input_ids
-    none_a = torch.from_numpy(activations.forward(model, activations.gated_mlps(model, "tiny", params, [0]), [0], ids)[1][0])
-    s = arm.resolve(params, "tiny", "qwen2")
+    none_a = torch.from_numpy(activations.forward(model, activations.gated_mlps(model, setup, [0]), [0], ids)[1][0])
+    s = arm.resolve(params.arm, params.dataset.benchmark, setup)  # the tiny qwen2
     want = arm.edit(none_a, s, torch.Generator().manual_seed(arm.row_seed(s.seed, index, 0))).numpy()
     np.testing.assert_allclose(arm_a, want, rtol=1e-3, atol=1e-4)  # stored as float16
 
@@ -283,7 +280,7 @@ def test_arm_on_a_model_without_a_gated_mlp_is_refused(write_params, tiny_dirs):
     phi = AutoModelForCausalLM.from_config(PhiConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
                                                      num_hidden_layers=2, num_attention_heads=4))
     with pytest.raises(ConfigError, match=r"prompt.conditions: 'arm' needs a gated MLP .* has PhiMLP \(model_type 'phi'\)"):
-        arm.layer0_mlp(phi, setup)
+        arm.layer0_mlp(phi, models.resolve(params, "tiny"))
 
 
 def test_paper_defaults_by_repo_and_family():
@@ -298,22 +295,31 @@ def test_paper_defaults_by_repo_and_family():
         "o": {"display_name": "o", "source": {"kind": "local_dir", "path": "x"}, "arm": {"c": 0.2}}}
     raw["evaluate"]["models"] = raw["likelihood"]["models"] = None  # every model
     params = Params.model_validate(raw)
-    q, l, g, o = (arm.resolve(params, n, t) for n, t in (("q", "qwen2"), ("l", "llama"), ("g", "gemma3_text"),
-                                                          ("o", "mistral")))
+    q, l, g, o = (resolve_arm(params, n, t) for n, t in (("q", "qwen2"), ("l", "llama"), ("g", "gemma3_text"),
+                                                           ("o", "mistral")))
     assert (q.variant, q.c, q.percentage, q.pmin, q.pmax) == ("llama", 0.1, 95.0, 0.02, 0.25)
     assert (l.variant, l.c, l.percentage, l.pmin, l.pmax) == ("llama", 0.32, 90.0, 0.2, 0.25)
     assert (g.variant, g.c, g.percentage) == ("gemma", 0.25, 0.85) and g.origin["c"].startswith("paper")
     assert (o.c, o.percentage, o.origin["c"], o.origin["percentage"]) == (0.2, 99.5, "params", "fallback (llama variant)")
     # the dataset selects the paper's column: Qwen2.5-Math-7B (0.05, 90) on AIME2024, Llama off on AIME 2025
     raw["dataset"]["benchmark"] = "aime2024"
-    q = arm.resolve(Params.model_validate(raw), "q", "qwen2")
+    q = resolve_arm(Params.model_validate(raw), "q", "qwen2")
     assert (q.c, q.percentage, q.origin["c"]) == (0.05, 90.0, "paper (Qwen/Qwen2.5-Math-7B, aime2024)")
     raw["dataset"]["benchmark"] = "aime2025"
     with pytest.raises(ConfigError, match=r"models.l.arm: the paper runs meta-llama/Llama-3.1-8B-Instruct on aime2025 "
                                           r"without ARM; set models.l.arm.c and percentage"):
-        arm.resolve(Params.model_validate(raw), "l", "llama")
+        resolve_arm(Params.model_validate(raw), "l", "llama")
     raw["models"]["l"]["arm"] = {"c": 0.32, "percentage": 90}   # params still override
-    assert arm.resolve(Params.model_validate(raw), "l", "llama").origin["c"] == "params"
+    assert resolve_arm(Params.model_validate(raw), "l", "llama").origin["c"] == "params"
+
+
+def resolve_arm(params, name: str, model_type: str) -> arm.ArmSettings:
+    """ARM's settings for model `name` of a given model_type, without fetching it (hub sources): the setup a stage
+    would resolve, its manifest holding only the model_type ARM reads."""
+    prepared = models.PreparedModel(name=name, path=Path("unfetched"), weights_sha256="", files={}, source={},
+                                    facts={"model_type": model_type}, probe={})
+    setup = models.ModelSetup(name, params.models[name], prepared, "cpu", "float32", None, params.file)
+    return arm.resolve(params.arm, params.dataset.benchmark, setup)
 
 
 def tiny_params_path():

@@ -14,6 +14,7 @@ attention weights and activation measures agree to BF16_ATOL absolute (shares an
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import warnings
 
@@ -180,9 +181,8 @@ def test_evaluate_with_arm_rows_and_the_boxed_stop(device, dtype, llama_dir, wri
             np.testing.assert_array_equal(have[k], want[k], err_msg=k)
     else:  # bfloat16 logits round near-ties differently: the numerics are checked on the prefill below
         setup = models.resolve(params, "tiny")
-        prepared = setup.prepared
         model, tok = models.load(setup)
-        cpu_model, _ = models.load(setup)
+        cpu_model, _ = models.load(dataclasses.replace(setup, device="cpu", dtype="float32"))  # the reference's
         ids = tok("Please reason step by step. What is 1+1?")["input_ids"]
         with torch.no_grad():
             a = model(torch.tensor([ids], device=model.device)).logits.float().cpu()
@@ -233,7 +233,6 @@ def test_partial_load_takes_a_fraction_of_the_cuda_memory(write_params, cache_di
     big = tiny.build("llama", tmp_path / "llama32", layers=32)
     params = params_for(write_params, big, "llama", "cuda", "float32")
     setup = models.resolve(params, "tiny")
-    prepared = setup.prepared
     peaks = {}
     for label, layers in (("partial", [0, 1, 2]), ("full", None)):
         torch.cuda.empty_cache()

@@ -91,7 +91,6 @@ def test_static_cache_and_sdpa_generate_what_eager_with_a_dynamic_cache_does(arc
 
     params = tiny_eval_params(write_params, tiny_dirs, arch)
     setup = models.resolve(params, "tiny")
-    prepared = setup.prepared
     fast, tokenizer = models.load(setup, attn_implementation=engines.ATTENTION)
     plain, _ = models.load(setup, attn_implementation="eager")
     assert fast.config._attn_implementation == "sdpa"
@@ -112,7 +111,6 @@ def test_static_cache_and_sdpa_generate_what_eager_with_a_dynamic_cache_does(arc
 def test_batches_are_sorted_by_length_and_fixed(tiny_dirs, write_params, cache_dir):
     params = tiny_eval_params(write_params, tiny_dirs)
     setup = models.resolve(params, "tiny")
-    prepared = setup.prepared
     _, tokenizer = models.load(setup)
     builder = builder_for(params.prompt, setup, tokenizer)
     problems, _ = load_math500(params)
@@ -274,7 +272,8 @@ def test_vllm_engine_bad_input_names_the_key(tiny_dirs, write_params, cache_dir,
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     with pytest.raises(ConfigError, match=r"evaluate.vllm.tensor_parallel_size: 2 x data_parallel_size 2 needs 4 GPUs; "
                                           r"this machine has 1"):
-        vllm_engine.check(params_with(tensor_parallel_size=2, data_parallel_size=2), "cuda")
+        p = params_with(tensor_parallel_size=2, data_parallel_size=2)
+        vllm_engine.check(p.evaluate, p.prompt.conditions, "cuda", p.file)
     with pytest.raises(ConfigError, match=r"evaluate.vllm.data_parallel_size: Input should be greater than 0"):
         params_with(data_parallel_size=0)
     assert not (tmp_path / "artifacts/eval").exists()
@@ -309,7 +308,6 @@ def test_vllm_cut_stops_where_the_boxed_criterion_stops(tiny_dirs):
 def test_batched_and_one_at_a_time_greedy_agree_on_a_shipped_model(write_params):
     params = load_params(write_params())
     setup = models.resolve(params, "smollm2-135m")
-    prepared = setup.prepared
     model, tokenizer = models.load(setup, attn_implementation=engines.ATTENTION)
     builder = builder_for(params.prompt, setup, tokenizer)
     problems, _ = load_math500(params)

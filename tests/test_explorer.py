@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 import yaml
 
-from meaningless_tokens import models
-from stages import activations, explorer, extract, stats
+from stages import activations, explorer, extract, prepare, stats
 from meaningless_tokens.config import load_params
 from tests.conftest import ROOT, default_params
 from tests.test_report import EVIL, chromium
@@ -25,7 +24,6 @@ def project(tmp_path_factory, tiny_dirs):
     """Two tiny models (one with a hostile display name), a hostile instruction, two showcase prompts."""
     root = tmp_path_factory.mktemp("explorer")
     shutil.copytree(ROOT / "data", root / "data")
-    shutil.copytree(ROOT / "stages" / "texts", root / "stages" / "texts")
     raw = default_params()
     raw["prompt"]["instruction"] = f"Please reason step by step {EVIL}"
     raw["extract"].update(n_samples=3, showcase=2)
@@ -44,7 +42,7 @@ def project(tmp_path_factory, tiny_dirs):
     mp = pytest.MonkeyPatch()
     mp.setenv("MLESS_CACHE", str(root / "cache"))
     for name in params.models:
-        models.run(params, name)
+        prepare.run(params, name)
         extract.run(params, name)
         stats.run(params, name)
         activations.run(params, name)

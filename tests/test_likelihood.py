@@ -41,11 +41,10 @@ def test_stored_logprobs_equal_a_plain_forward_with_log_softmax(arch, tiny_dirs,
     params = lik_params(write_params, tiny_dirs, arch, conditions=["none", "mless", "mful"])
     out = likelihood.run(params, "tiny", root=tmp_path)
     setup = models.resolve(params, "tiny")
-    prepared = setup.prepared
     model, tok = models.load(setup)  # eager attention, the whole model
     problems, _ = load_math500(params)
     chosen = select_problems(problems, 3, 0)
-    builder = builder_for(likelihood.scoring_params(params), "tiny", tok)
+    builder = builder_for(likelihood.scoring_prompt(params), setup, tok)
     frame_head, tail = params.likelihood.answer_frame.split("<answer>")
     sep = builder.encode(params.likelihood.separator)
     with read_h5(out, "likelihood") as f:
@@ -76,7 +75,7 @@ def test_stored_logprobs_equal_a_plain_forward_with_log_softmax(arch, tiny_dirs,
     assert rows[0] == "contrast,continuation,label,delta,low,high,improved,n" and len(rows) == 5
 
 
-def arm_decoding_logprobs(model, settings, index: int, ids: list[int], prompt_len: int, start: int) -> np.ndarray:
+def arm_decoding_logprobs(model, setup, settings, index: int, ids: list[int], prompt_len: int, start: int) -> np.ndarray:
     """The evaluation's ARM hook (meaningless_tokens/arm.py) in step-by-step decoding with a KV cache: the prompt as step 0,
     then one token per step, as generation feeds them; log-probs of the scored tokens."""
     hook = arm.ArmHook(arm.layer0_mlp(model, setup), settings)
@@ -104,10 +103,9 @@ def test_arm_in_teacher_forcing_equals_decoding_with_the_evaluation_hook(apply, 
     params = load_params(write_params({**params.model_dump(), "arm": {**params.arm.model_dump(), "apply": apply}}))
     out = likelihood.run(params, "tiny", root=tmp_path)
     setup = models.resolve(params, "tiny")
-    prepared = setup.prepared
     model, tok = models.load(setup)
     settings = arm.resolve(params.arm, params.dataset.benchmark, setup)
-    builder = builder_for(likelihood.scoring_params(params), "tiny", tok)
+    builder = builder_for(likelihood.scoring_prompt(params), setup, tok)
     sep = builder.encode(params.likelihood.separator)
     problems, _ = load_math500(params)
     with read_h5(out, "likelihood") as f:
@@ -115,7 +113,7 @@ def test_arm_in_teacher_forcing_equals_decoding_with_the_evaluation_hook(apply, 
             prompt = list(builder.build(p)["none"].input_ids)
             scored = builder.encode(p.solution)[:40]
             ids = prompt + sep + scored
-            ref = arm_decoding_logprobs(model, settings, p.index, ids, len(prompt), len(prompt) + len(sep))
+            ref = arm_decoding_logprobs(model, setup, settings, p.index, ids, len(prompt), len(prompt) + len(sep))
             stored = f[f"showcase/{p.index:03d}/arm/solution/logprob"][()]
             np.testing.assert_allclose(stored, ref, atol=5e-5)
             none = f[f"showcase/{p.index:03d}/none/solution/logprob"][()]

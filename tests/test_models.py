@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from meaningless_tokens import capture
-from meaningless_tokens import models
+from meaningless_tokens import capture, models
+from stages import prepare
 from meaningless_tokens.config import ConfigError, load_params
 from meaningless_tokens.models import ModelSourceError
 from tests.conftest import ROOT
@@ -49,8 +49,8 @@ def test_local_dir_prepare_load_forward(arch, tiny_dirs, write_params, cache_dir
 def test_manifest_is_deterministic_and_machine_independent(tiny_dirs, write_params, cache_dir, tmp_path):
     params = params_with(write_params, "tiny", local_spec(tiny_dirs["llama"], "llama"))
     a, b = tmp_path / "a.json", tmp_path / "b.json"
-    models.run(params, "tiny", out=a)
-    models.run(params, "tiny", out=b)  # second run uses the memo
+    prepare.run(params, "tiny", out=a)
+    prepare.run(params, "tiny", out=b)  # second run uses the memo
     assert a.read_bytes() == b.read_bytes()
     manifest = json.loads(a.read_text())
     assert str(cache_dir) not in a.read_text()
@@ -229,7 +229,7 @@ def test_gguf_file_checks(tmp_path, write_params, cache_dir):
 
 def test_cli_reports_one_line_and_nonzero(tmp_path, write_params):
     path = write_params(models={"x": local_spec(tmp_path / "missing", "llama")})
-    proc = subprocess.run([sys.executable, "-m", "meaningless_tokens.models", "--model", "x", "--params", str(path)],
+    proc = subprocess.run([sys.executable, "-m", "stages.prepare", "--model", "x", "--params", str(path)],
                           cwd=ROOT, capture_output=True, text=True, env={**os.environ, "MLESS_CACHE": str(tmp_path / "c")})
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and proc.stderr.startswith("error: model 'x': folder")
@@ -344,7 +344,6 @@ def test_partial_load_reads_only_the_shards_it_needs(tiny_dirs, write_params, ca
     assert len(set(index.values())) >= 4 and unneeded  # some shards hold only layers 2-3
     params = params_with(write_params, "tiny", {**local_spec(path, "llama"), "layers": [0, 1]})
     setup = models.resolve(params, "tiny")
-    prepared = setup.prepared
     full, _ = models.load(setup)
     for shard in unneeded:  # garbage where the later layers were: a full load fails, a partial one does not read them
         (path / shard).write_bytes(b"\0" * 64)

@@ -29,7 +29,6 @@ def project(tmp_path_factory, tiny_dirs):
     AIME 2024 problems."""
     root = tmp_path_factory.mktemp("project")
     shutil.copytree(ROOT / "data", root / "data")
-    shutil.copytree(ROOT / "stages" / "texts", root / "stages" / "texts")
     raw = default_params()
     # an AIME-layout benchmark: Parquet, no level or subject, zero-padded answers, the 2024 rows by a filter
     raw["dataset"].update(benchmark="aime2024", filter={"field": "url", "contains": "2024_AIME"})

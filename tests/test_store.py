@@ -34,7 +34,7 @@ def test_a_failed_write_leaves_nothing(tmp_path):
 
 def test_provenance_records_the_code_the_stage_declares_by_content():
     spec = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]["evaluate"]["do"]
-    declared = {d for d in spec["deps"] if d.startswith("stages/")}
+    declared = {d for d in spec["deps"] if d.startswith(("stages/", "meaningless_tokens/"))}
     prov = provenance("evaluate")
     assert set(prov["code_sha256"]) == declared
     for path, digest in prov["code_sha256"].items():
@@ -44,7 +44,7 @@ def test_provenance_records_the_code_the_stage_declares_by_content():
     # the explorer's beside them)
     report = provenance("report")["code_sha256"]
     assert {p for p in report if p.startswith("meaningless_tokens/charts/")} == {
-        f"meaningless_tokens/charts/{p.name}" for p in (ROOT / "stages/charts").iterdir() if p.is_file()}
+        f"meaningless_tokens/charts/{p.name}" for p in (ROOT / "meaningless_tokens/charts").iterdir() if p.is_file() and p.suffix == ".py"}
     assert {p for p in report if p.startswith("meaningless_tokens/templates/")} == {
         "meaningless_tokens/templates/report.html.j2", "meaningless_tokens/templates/report.md.j2"}
 
@@ -66,22 +66,88 @@ def test_the_git_commit_goes_to_the_runs_sidecar(tmp_path):
 
 def test_every_stage_declares_the_code_it_imports():
     """A stage's artifacts record the hashes of the code files it lists (provenance, dvc.lock): each module of
-    `stages/` that its command imports, directly or not, must be among them, or a change to it would neither
-    rerun the stage nor show in its provenance."""
+    `stages/` and `meaningless_tokens/` that its command imports, directly or not, must be among them, or a change
+    to it would neither rerun the stage nor show in its provenance; and a stage lists no module it does not
+    import (a change to it would rerun the stage for nothing), save the capture the model probe imports when
+    it runs."""
     import subprocess
     import sys
 
     stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
-    missing = {}
+    missing, extra = {}, {}
     for name, spec in stages.items():
         spec = spec.get("do", spec)
         module = spec["cmd"].split()[2]  # python -m stages.<module> ...
-        declared = [d for d in spec["deps"] if d.startswith("stages/")]
+        declared = [d for d in spec["deps"] if d.startswith(("stages/", "meaningless_tokens/"))]
         probe = (f"import sys, {module}; print('\\n'.join(sorted(m.__file__ for k, m in sys.modules.items() "
-                 f"if k.startswith('stages.') and getattr(m, '__file__', None))))")
+                 f"if k.split('.')[0] in ('stages', 'meaningless_tokens') and getattr(m, '__file__', None))))")
         out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True).stdout
         # not the params schema, the command line or the progress bars: they never change an output's bytes
         imported = {os.path.relpath(p, ROOT) for p in out.split() if not p.endswith("__init__.py")} - {
             "meaningless_tokens/config.py", "meaningless_tokens/cli.py", "meaningless_tokens/progress.py"}
         missing[name] = [p for p in sorted(imported) if not any(p == d or p.startswith(d.rstrip("/") + "/") for d in declared)]
+        lazy = {"meaningless_tokens/capture.py"} if "meaningless_tokens/models.py" in imported else set()
+        extra[name] = [d for d in declared if d.endswith(".py") and d not in imported | lazy]
     assert not any(missing.values()), {k: v for k, v in missing.items() if v}
+    assert not any(extra.values()), {k: v for k, v in extra.items() if v}
+
+
+def test_stages_holds_exactly_the_stage_modules():
+    """stages/ is what dvc.yaml runs, one module per stage; the shared code lives in meaningless_tokens/."""
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    run = {(s.get("do", s))["cmd"].split()[2] for s in stages.values()}
+    assert all(m.startswith("stages.") for m in run), run
+    here = {f"stages.{p.stem}" for p in (ROOT / "stages").iterdir() if p.suffix == ".py" and p.stem != "__init__"}
+    assert here == run, {"not a stage": sorted(here - run), "missing": sorted(run - here)}
+    assert not [p.name for p in (ROOT / "stages").iterdir() if p.is_dir() and p.name != "__pycache__"]
+
+
+def _imports(path) -> set[str]:
+    """The project modules a file imports, at module level or inside a function."""
+    import ast
+
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in ("stages", "meaningless_tokens"):
+            subs = [f"{node.module}.{a.name}" for a in node.names]
+            found |= {m for m in subs if _module_file(m)} or {node.module}
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.split(".")[0] in ("stages", "meaningless_tokens")}
+    return found
+
+
+def _module_file(module: str):
+    base = ROOT.joinpath(*module.split("."))
+    return next((p for p in (base.with_suffix(".py"), base / "__init__.py") if p.is_file()), None)
+
+
+def test_the_import_graph_keeps_its_layers():
+    """No library module imports a stage; no stage imports another stage; the library's imports form no cycle."""
+    graph = {}
+    for path in sorted([*(ROOT / "meaningless_tokens").rglob("*.py"), *(ROOT / "stages").glob("*.py")]):
+        rel = path.relative_to(ROOT).with_suffix("")
+        module = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+        graph[module] = {m for m in _imports(path) if m != module}
+    upward = {m: sorted(d for d in deps if d.startswith("stages")) for m, deps in graph.items()
+              if m.startswith("meaningless_tokens")}
+    assert not any(upward.values()), {m: d for m, d in upward.items() if d}
+    sideways = {m: sorted(d for d in deps if d.startswith("stages.")) for m, deps in graph.items() if m.startswith("stages.")}
+    assert not any(sideways.values()), {m: d for m, d in sideways.items() if d}
+    # a package imports its submodules (charts/__init__ lists the chart kinds): not an edge back up
+    library = {m: {d for d in deps if d in graph and not d.startswith(m + ".")} for m, deps in graph.items()
+               if m.startswith("meaningless_tokens")}
+    state: dict[str, int] = {}
+
+    def visit(m: str, trail: list[str]) -> None:
+        state[m] = 1
+        for d in sorted(library.get(m, ())):
+            if state.get(d) == 1:
+                raise AssertionError(f"import cycle: {' -> '.join(trail[trail.index(d):] + [d])}")
+            if d not in state:
+                visit(d, trail + [d])
+        state[m] = 2
+
+    for m in library:
+        if m not in state:
+            visit(m, [m])
+    assert len(library) > 20 and sum(map(len, library.values())) > 40  # the walk saw the real graph

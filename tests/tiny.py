@@ -129,14 +129,13 @@ def run_pipeline(params, root: Path) -> tuple[list[Path], list[Path]]:
     model cache of its own (MLESS_CACHE); (figure files, report files)."""
     import os
 
-    from meaningless_tokens import models
-    from stages import activations, evaluate, extract, figures, likelihood, report, stats, sweep
+    from stages import activations, evaluate, extract, figures, likelihood, prepare, report, stats, sweep
 
     before = os.environ.get("MLESS_CACHE")
     os.environ["MLESS_CACHE"] = str(root / "cache")
     try:
         for name in params.models:
-            models.run(params, name)
+            prepare.run(params, name)
             extract.run(params, name)
             evaluate.run(params, name, root=root)
             stats.run(params, name)
