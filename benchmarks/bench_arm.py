@@ -40,7 +40,7 @@ def main() -> None:
     import torch
 
     from meaningless_tokens import arm, models
-    from stages.evaluate import ATTENTION, Item, generate, make_batches, stop_ids
+    from meaningless_tokens.engines import ATTENTION, Item, generate, make_batches, stop_ids
     from meaningless_tokens.prompts import builder_for, load_math500, select_problems
 
     params = common.load_params()
@@ -51,7 +51,6 @@ def main() -> None:
     others = common.OtherLoad()
     started = time.perf_counter()
     setup = models.resolve(params, args.model)
-    prepared = setup.prepared
     settings = arm.resolve(params.arm, params.dataset.benchmark, setup)
     model, tokenizer = models.load(setup, attn_implementation=ATTENTION)
     torch.set_num_threads(args.threads)

@@ -57,10 +57,12 @@ params = load_params({params!r})
 from transformers import AutoTokenizer
 tok = AutoTokenizer.from_pretrained(folder)
 problems, _ = load_math500(params)
-builder = builder_for(params.prompt, setup, tok)
-prompts = [builder.build(p)["mless"].input_ids for p in select_problems(problems, n_prompts, 0)]
 prepared = models.PreparedModel(name=name, path=folder, weights_sha256="", files={{}}, source={{}},
                                 facts=models.model_facts(folder), probe={{}})
+setup = models.ModelSetup(name, params.models[name], prepared, "cpu", params.runtime.dtype, params.runtime.threads,
+                          params.file)
+builder = builder_for(params.prompt, setup, tok)
+prompts = [builder.build(p)["mless"].input_ids for p in select_problems(problems, n_prompts, 0)]
 t0 = time.perf_counter()
 model, _ = models.load(setup, layers=[0, 1, 2])
 install_capture(model)

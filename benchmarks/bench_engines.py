@@ -4,7 +4,7 @@
 
 Needs the vLLM environment (`make install-vllm`). The workload is the evaluate stage's for each model:
 `evaluate.n_samples` problems (or --n) under every condition, prompts from the project's prompt builder,
-the evaluate settings of params.yaml. Both arms are the stage's own engines (stages.engines.open_engine
+the evaluate settings of params.yaml. Both arms are the stage's own engines (meaningless_tokens.engines.open_engine
 with evaluate.engine transformers, then vllm) and run the same items through `engine.run`, as
 `stages.engines.run_journaled` does; the arms alternate per model (A B, B A, ...). Start: transformers
 loads the model; vLLM starts its worker and engine (the model load included). Tokens are the generated
@@ -30,7 +30,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from meaningless_tokens import models, vllm_engine
-    from stages.evaluate import Item, make_batches, open_engine
+    from meaningless_tokens.engines import Item, make_batches, open_engine
     from meaningless_tokens.grading import grade
     from meaningless_tokens.prompts import builder_for, load_math500, select_problems
 
@@ -51,12 +51,11 @@ def main() -> None:
     rows, ratios, compared = [], {}, []
     for k, name in enumerate(names):
         setup = models.resolve(base, name)
-        prepared = setup.prepared
         result = {}
         for engine_name in (("transformers", "vllm") if k % 2 == 0 else ("vllm", "transformers")):
             params = with_engine[engine_name]
             t0 = time.perf_counter()
-            engine = open_engine(params, prepared)
+            engine = open_engine(params.evaluate, params.prompt.conditions, setup)
             loaded = time.perf_counter() - t0
             builder = builder_for(params.prompt, setup, engine.tokenizer)
             items = [Item(p.index, c, builder.build(p)[c].input_ids) for p in chosen for c in params.prompt.conditions]

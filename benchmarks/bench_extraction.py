@@ -34,7 +34,7 @@ ARMS = ("naive", "project")
 TAG = "@@"  # marks protocol lines on a worker's stdout (libraries may print there too)
 
 
-def prompt_ids(params, name, tokenizer, n):
+def prompt_ids(params, setup, tokenizer, n):
     """Token ids of every condition of the first n problems of the extraction subset."""
     from meaningless_tokens.prompts import builder_for, load_math500, select_problems
 
@@ -56,7 +56,8 @@ def worker(args) -> None:
 
     params = common.load_params()
     layers = list(model_spec(params, args.model).layers)
-    model, tokenizer = models.load(models.resolve(params, args.model))  # eager attention
+    setup = models.resolve(params, args.model)
+    model, tokenizer = models.load(setup)  # eager attention
     torch.set_num_threads(args.threads)
     if args.worker == "project":
         capture.install_capture(model)  # what extract.run does
@@ -72,7 +73,7 @@ def worker(args) -> None:
                 raise RuntimeError(f"got {len(out.attentions)} attention layers")
             return np.stack([out.attentions[layer][0].float().cpu().numpy() for layer in layers])
 
-    prompts = prompt_ids(params, args.model, tokenizer, args.n)
+    prompts = prompt_ids(params, setup, tokenizer, args.n)
     run(prompts[0])  # warm-up: first-call allocations are not the steady cost
     send(ready=len(prompts), rss_mib=common.rss_mib(), layers=layers, n_layers=model.config.num_hidden_layers)
     for line in sys.stdin:

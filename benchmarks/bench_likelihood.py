@@ -73,13 +73,12 @@ def setup(args):
         params = load_params(f.name)
     finally:
         os.unlink(f.name)
-    setup = models.resolve(params, name)
-    prepared = setup.prepared
-    model, tok, attn = scoring.load(params, prepared)
+    model_setup = models.resolve(params, name)
+    model, tok, attn = scoring.load(model_setup)
     problems, _ = load_math500(params)
     chosen = select_problems(problems, args.n, params.likelihood.seed)
-    sp = likelihood.scoring_params(params)
-    seqs = likelihood.build_sequences(sp, name, builder_for(sp.prompt, setup, tok), chosen, None)
+    seqs = likelihood.build_sequences(params, name, builder_for(likelihood.scoring_prompt(params), model_setup, tok),
+                                      chosen, None)
     vocab = model.get_output_embeddings().weight.shape[0]
     what = (f"{name} ({'generated, ' if args.tiny_vocab else ''}vocabulary {vocab}, {attn}), {len(chosen)} problems x "
             f"2 conditions x 2 continuations = {len(seqs)} sequences, {sum(len(s.input_ids) for s in seqs)} tokens, "

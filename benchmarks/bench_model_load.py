@@ -59,7 +59,6 @@ def worker(args) -> None:
         prepare = 0.0
     else:  # MLESS_CACHE (set by the parent) picks the empty or the warm cache
         setup = models.resolve(params, args.model)
-        prepared = setup.prepared
         prepare = time.perf_counter() - started
         models.load(setup)
     total = time.perf_counter() - started

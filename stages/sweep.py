@@ -1,10 +1,10 @@
 """sweep@<model>: the effect against the span's length and character (the paper's dose-response).
 
 For every span token of `sweep.tokens` and count of `sweep.counts` (the paper's 0, 10, 25, 40, 55, 70)
-the `mless` prompt is rebuilt with that span (stages/prompts.py; count 0 is the `none` prompt) and,
+the `mless` prompt is rebuilt with that span (meaningless_tokens/prompts.py; count 0 is the `none` prompt) and,
 on `sweep.attention_samples` problems, layer `sweep.layer`'s attention is captured and reduced exactly
-as extraction does (stages/extract.py: `attention`, `reduce`) and summarized exactly as the statistics
-do (stages/stats.py: `sample_stats`), so the value at count 55 is the main pipeline's number:
+as extraction does (meaningless_tokens/capture.py: `attention`; attention.py: `reduce`) and summarized exactly as
+the statistics do (meaningless_tokens/attention.py: `sample_stats`), so the value at count 55 is the main pipeline's number:
 
   drop[k, h]           mean over samples of orig_mean[none] - orig_mean[count k], head h (attention
                        an original token receives, mean over original tokens; stats.query_set and
@@ -18,10 +18,10 @@ do (stages/stats.py: `sample_stats`), so the value at count 55 is the main pipel
   span_tokens[k]       the span's length in this model's tokens (what a count of characters becomes)
 
 With `sweep.accuracy_samples` > 0, MATH-500 accuracy too: greedy generation as evaluation does
-(stages/evaluate.py: `generate`, `grade`, the resumable journal), count 0 once (= none), each other
+(meaningless_tokens/engines.py: `generate`, `grade`, the resumable journal), count 0 once (= none), each other
 (token, count) against it with the paired difference, its bootstrap interval and McNemar p.
 
-With `sweep.likelihood_samples` > 0, the likelihood of the reference solution too (stages/likelihood.py: the
+With `sweep.likelihood_samples` > 0, the likelihood of the reference solution too (meaningless_tokens/scoring.py: the
 same continuation, likelihood.solution_tokens and likelihood.separator, scored the same way on the whole model):
 per (token, count) the mean log-prob per token of each problem, and its paired difference to count 0 with a
 bootstrap interval and the Wilcoxon p: the dose-response with a continuous, paired outcome.
