@@ -1,13 +1,17 @@
 """The library the pipeline's stages share (the stages themselves: stages/, one module per dvc.yaml stage).
 
-Layers, lowest first; a module imports only from its own layer or below, never from stages/:
-  config, progress, intervals, grading, attention          params schema and plain helpers
-  store, cli, envlock, runcache                            artifacts on disk, the command line, the environment
-  capture, prompts, sampling, models, arm                  attention capture, prompts, model sources and loading
-  engines, vllm_engine, scoring                            generation and teacher-forced scoring
-  charts/                                                  one module per chart kind (draw + explain)
+LAYERS lists its modules lowest first; a module imports only from its own layer or below, never from stages/
+(tests/test_store.py checks it, and that the imports form no cycle).
 """
 
 from pathlib import Path
+
+LAYERS = (
+    ("config", "progress", "intervals", "grading", "attention"),  # params schema and plain helpers
+    ("store", "cli", "envlock", "runcache"),                       # artifacts on disk, command line, environment
+    ("capture", "prompts", "sampling", "models", "arm"),           # attention capture, prompts, model sources
+    ("engines", "vllm_engine", "scoring"),                         # generation and teacher-forced scoring
+    ("charts",),                                                   # one module per chart kind (draw + explain)
+)
 
 TEMPLATES = Path(__file__).parent / "templates"  # the report's and the explorer's Jinja templates

@@ -128,8 +128,17 @@ def test_the_import_graph_keeps_its_layers():
         rel = path.relative_to(ROOT).with_suffix("")
         module = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
         graph[module] = {m for m in _imports(path) if m != module}
-    upward = {m: sorted(d for d in deps if d.startswith("stages")) for m, deps in graph.items()
-              if m.startswith("meaningless_tokens")}
+    from meaningless_tokens import LAYERS
+
+    layer = {f"meaningless_tokens.{m}": k for k, names in enumerate(LAYERS) for m in names}
+
+    def level(module: str) -> int:
+        parts = module.split(".")
+        return layer[".".join(parts[:2])] if len(parts) > 1 else -1  # the package itself: TEMPLATES, LAYERS
+
+    library = [m for m in graph if m.startswith("meaningless_tokens.")]
+    assert sorted({".".join(m.split(".")[:2]) for m in library}) == sorted(layer), "LAYERS lists every module once"
+    upward = {m: sorted(d for d in graph[m] if d.startswith("stages") or level(d) > level(m)) for m in library}
     assert not any(upward.values()), {m: d for m, d in upward.items() if d}
     sideways = {m: sorted(d for d in deps if d.startswith("stages.")) for m, deps in graph.items() if m.startswith("stages.")}
     assert not any(sideways.values()), {m: d for m, d in sideways.items() if d}
