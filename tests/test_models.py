@@ -408,12 +408,14 @@ def test_layer_only_conversion_holds_exactly_the_full_conversions_tensors(name, 
         if (full.path / f).exists():
             assert json.loads((part.path / f).read_text()) == json.loads((full.path / f).read_text()), f
     # extraction's partial load reads it; the whole model is refused in one line naming the missing tensors
-    model, _ = models.load(params, part, layers=[0, 1, 2])
+    setup = models.resolve(params, name, layers=[0, 1, 2])
+    assert setup.prepared == part
+    model, _ = models.load(setup, layers=[0, 1, 2])
     assert model.config.num_hidden_layers == 3
     again = models.prepare(params, name, layers=[0])  # a smaller request reuses the conversion
     assert again.path == part.path
     with pytest.raises(models.ModelSourceError, match=r"lacks \d+ tensor\(s\) the model needs"):
-        models.load(params, part)
+        models.load(setup)
 
 
 def test_gguf_with_a_tensor_type_gguf_cannot_dequantize_is_refused_naming_it(tmp_path, write_params, cache_dir):
