@@ -12,7 +12,7 @@ edit into copied model files for three families). Two variants, as in that code:
 
 with u uniform on [0, 1), one draw per moved element in position order, and 0 counted as positive.
 
-Differences from the paper's code: DIFFERENCES below (the README and the report list the same).
+Differences from the paper's code: DIFFERENCES below (docs/measures.md and the report list the same).
 """
 
 from __future__ import annotations

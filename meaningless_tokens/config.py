@@ -172,7 +172,7 @@ class Prompt(Strict):
     instruction: str = Field(min_length=1)
     template: Literal["raw", "chat"] = "raw"
     # the default leaves `arm` out (about a fifth more evaluation time); add it with
-    # dvc exp run -S 'prompt.conditions=[none,mless,mful,arm]' -S evaluate.batch_size=40 (README, "ARM")
+    # dvc exp run -S 'prompt.conditions=[none,mless,mful,arm]' -S evaluate.batch_size=40 (docs/measures.md, "ARM")
     conditions: list[Literal["none", "mless", "mful", "arm"]] = Field(default=list(CONDITIONS[:3]), min_length=1)
     mless: MlessSpan = MlessSpan()
     mful: MfulSpan = MfulSpan()

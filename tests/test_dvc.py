@@ -55,7 +55,7 @@ GRID = (0, 25, 55)
 
 def second_checkout(other: Repo) -> dict:
     """A clone's cold `dvc repro` (its dvc.lock afterwards), then a span-length experiment, then the
-    DVC-native grid of the README: queue one experiment per count, run the queue, wait for it."""
+    DVC-native grid of docs/sharing.md: queue one experiment per count, run the queue, wait for it."""
     cold = other.repro()
     lock = other.lock_hashes()
     span = ran(other.dvc("exp", "run", "-n", "span", "-S", "prompt.mless.count=5"))
@@ -384,7 +384,7 @@ def test_span_length_experiment(repo, tmp_path):
 
 
 def test_span_grid_as_queued_experiments(repo, tmp_path):
-    """The README's grid over any param: `dvc exp run --queue -S 'prompt.mless.count=0,25,55'`, `dvc queue
+    """docs/sharing.md's grid over any param: `dvc exp run --queue -S 'prompt.mless.count=0,25,55'`, `dvc queue
     start`, then `dvc exp show` and `dvc plots diff` across the queued experiments."""
     got, other = repo.background.result(), repo.other
     assert len(re.findall(r"Queued experiment '[^']+' for future execution", got["queued"])) == len(GRID), got["queued"]
@@ -401,7 +401,7 @@ def test_span_grid_as_queued_experiments(repo, tmp_path):
             assert acc["accuracy"]["mless"] == acc["accuracy"]["none"]
         assert data["metrics"][f"metrics/sweep/{A}.json"]["data"]["tokens"]["/"]["counts"]["55"]["span_tokens"] > 0
     names = [by_count[c] for c in GRID]
-    assert set(names) <= set(other.dvc("exp", "ls", "--name-only").stdout.split())  # the README's `$(dvc exp ls ...)`
+    assert set(names) <= set(other.dvc("exp", "ls", "--name-only").stdout.split())  # docs/sharing.md's `$(dvc exp ls ...)`
     plots = json.loads(other.dvc("plots", "diff", *names, "--json").stdout)["data"]
     assert set(plots) == plot_ids()
     values = plots[f"artifacts/plots/full/{A}.csv"][0]["content"]["data"]["values"]
