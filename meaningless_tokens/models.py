@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import hashlib
 import json
 import os
@@ -449,6 +450,7 @@ def gguf_header(path: Path) -> tuple[str, list[str]]:
 GGUF_HEAD = "output.weight"
 
 
+@functools.cache
 def _fast_reader_class():
     """gguf's GGUFReader reading its memory map through a plain ndarray view: the same bytes and fields,
     but slicing a np.memmap runs its __array_finalize__ for every one of the millions of parts of a
@@ -551,36 +553,31 @@ def convert_gguf(name: str, gguf_path: Path, gguf_sha256: str, cache: Path, n_la
         try:
             with _gguf_reader():
                 config = AutoConfig.from_pretrained(src_dir, gguf_file="model.gguf")
-            full_layers = config.get_text_config().num_hidden_layers
-            if n_layers is not None:  # the attention probe's layers come along (layer 0 and the first of each type)
-                from meaningless_tokens.capture import probe_layers
+                full_layers = config.get_text_config().num_hidden_layers
+                if n_layers is not None:  # the attention probe's layers come along (layer 0 and the first of each type)
+                    from meaningless_tokens.capture import probe_layers
 
-                types = list(getattr(config.get_text_config(), "layer_types", None) or [])
-                n_layers = max(n_layers, max(probe_layers({"layer_types": types})) + 1)
-                if n_layers >= full_layers:
-                    n_layers = None
-                    found = cached_conversion(cache, gguf_sha256, None)
-                    if found is not None:
-                        return found
-            final = _conversion_dir(cache, gguf_sha256, n_layers)
-            if (final / MANIFEST).is_file():
-                return final
-            with _gguf_reader():
+                    types = list(getattr(config.get_text_config(), "layer_types", None) or [])
+                    n_layers = max(n_layers, max(probe_layers({"layer_types": types})) + 1)
+                    if n_layers >= full_layers:
+                        n_layers = None
+                final = _conversion_dir(cache, gguf_sha256, n_layers)
+                if (final / MANIFEST).is_file():  # finished meanwhile, or the probe's layers made it the whole model
+                    return final
                 tokenizer = AutoTokenizer.from_pretrained(src_dir, gguf_file="model.gguf")
-            if n_layers is None:
-                with _gguf_reader():
+                if n_layers is None:
                     model = AutoModelForCausalLM.from_pretrained(
                         src_dir, gguf_file="model.gguf", dtype=torch.float32, attn_implementation="eager")
-            else:
-                verbosity = hf_logging.get_verbosity()
-                hf_logging.set_verbosity_error()  # the untied LM head, absent on purpose, is reported missing
-                try:
-                    with _gguf_reader(n_layers):
-                        model = AutoModelForCausalLM.from_pretrained(
-                            src_dir, gguf_file="model.gguf", config=truncated_config(copy.deepcopy(config), n_layers),
-                            dtype=torch.float32, attn_implementation="eager")
-                finally:
-                    hf_logging.set_verbosity(verbosity)
+                else:
+                    verbosity = hf_logging.get_verbosity()
+                    hf_logging.set_verbosity_error()  # the untied LM head, absent on purpose, is reported missing
+                    try:
+                        with _gguf_reader(n_layers):  # nested: sees the first n_layers blocks only
+                            model = AutoModelForCausalLM.from_pretrained(
+                                src_dir, gguf_file="model.gguf", config=truncated_config(copy.deepcopy(config), n_layers),
+                                dtype=torch.float32, attn_implementation="eager")
+                    finally:
+                        hf_logging.set_verbosity(verbosity)
         except ModelSourceError:
             raise
         except Exception as e:  # noqa: BLE001

@@ -242,6 +242,10 @@ def attention_path(name: str) -> Path:
     return Path("artifacts") / "attention" / f"{name}.h5"
 
 
+def eval_path(name: str) -> Path:
+    return Path("artifacts") / "eval" / f"{name}.h5"
+
+
 def stats_path(name: str) -> Path:
     return Path("artifacts") / "stats" / f"{name}.h5"
 

@@ -55,7 +55,7 @@ from meaningless_tokens.config import ConfigError, Params, Prompt
 from meaningless_tokens.intervals import bootstrap_mean_ci, wilcoxon_p
 from meaningless_tokens.prompts import Problem, builder_for, dataset_spec, load_problems, put_problems, require_field, select_problems
 from meaningless_tokens.scoring import Seq, TeacherForcedArm, check_head, pad_id, score
-from meaningless_tokens.store import provenance, put, put_json_attr, write_csv_atomic, write_h5, write_json_atomic, write_timing
+from meaningless_tokens.store import likelihood_path, plot_table_path, provenance, put, put_json_attr, write_csv_atomic, write_h5, write_json_atomic, write_timing
 
 CONTINUATIONS = ("solution", "answer")
 # what each continuation's contrasts compare: the solution's mean log-prob per token (nats/token), the
@@ -67,9 +67,9 @@ MODEL_KEYS = ("family", "source", "template", "trust_remote_code", "arm")
 
 
 def paths(name: str) -> dict[str, Path]:
-    return {"out": Path("artifacts/likelihood") / f"{name}.h5",
+    return {"out": likelihood_path(name),
             "metrics": Path("metrics/likelihood") / f"{name}.json",
-            "table": Path("artifacts/plots/likelihood") / f"{name}.csv",
+            "table": plot_table_path("likelihood", name),
             "timing": Path("metrics/timing") / f"likelihood-{name}.json"}
 
 

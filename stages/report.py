@@ -28,13 +28,9 @@ from meaningless_tokens import TEMPLATES, arm, charts, cli, grading
 from meaningless_tokens.charts import paper
 from meaningless_tokens.charts.common import Sources, label, load_context, md_escape
 from meaningless_tokens.config import Params
-from meaningless_tokens.store import FIGURES_DIR, ArtifactError, atomic_path, read_h5, stats_path
+from meaningless_tokens.store import FIGURES_DIR, ArtifactError, atomic_path, eval_path, read_h5, stats_path
 
 OUT_DIR = Path("reports")
-
-
-def eval_path(name: str) -> Path:
-    return Path("artifacts/eval") / f"{name}.h5"
 
 # ---- examples and provenance -------------------------------------------------------------------------
 

@@ -48,7 +48,7 @@ from meaningless_tokens.config import ConfigError, Params, Prompt
 from meaningless_tokens.engines import Item, Journal, check_engine, open_engine, run_journaled
 from meaningless_tokens.intervals import bootstrap_mean_ci, bootstrap_ratio_ci, paired, wilcoxon_p
 from meaningless_tokens.prompts import PromptBuilder, PromptError, dataset_spec, load_problems, put_problems, select_problems
-from meaningless_tokens.store import (provenance, put, put_json_attr, sweep_path, write_csv_atomic, write_h5,
+from meaningless_tokens.store import (plot_table_path, provenance, put, put_json_attr, sweep_path, write_csv_atomic, write_h5,
                                       write_json_atomic, write_timing)
 
 JOURNAL_VERSION = 1
@@ -61,7 +61,7 @@ LIKELIHOOD_KEYS = ("solution_tokens", "separator", "batch_tokens")
 def paths(name: str) -> dict[str, Path]:
     return {"out": sweep_path(name),
             "metrics": Path("metrics/sweep") / f"{name}.json",
-            "table": Path("artifacts/plots/sweep") / f"{name}.csv",
+            "table": plot_table_path("sweep", name),
             "timing": Path("metrics/timing") / f"sweep-{name}.json",
             "journal": Path("artifacts/sweep/.journal") / f"{name}.jsonl"}
 
