@@ -14,7 +14,7 @@ export PYTHONDONTWRITEBYTECODE := 1
 # pip's notice that a newer pip exists is no news to a newcomer: the venv's own pip installs the locks.
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install install-vllm lock check-torch system-packages repro test test-vllm test-gpu gpu-wheels clean-venv
+.PHONY: install install-vllm lock check-torch system-packages repro verify test test-vllm test-gpu gpu-wheels clean-venv
 
 install: $(VENV)/.installed
 
@@ -61,6 +61,12 @@ $(VLLM_VENV)/.installed: pyproject.toml Makefile $(VLLM_LOCK) | check-torch
 repro: install
 	$(BIN)/python -m meaningless_tokens.config check
 	$(BIN)/dvc repro
+
+# Whether the workspace's outputs reproduce those of REV (a git revision or `dvc exp` name): every output of
+# dvc.lock compared by value within the tolerances of docs/sharing.md, one row each and a verdict line.
+REV ?= HEAD
+verify: install
+	$(BIN)/python -m meaningless_tokens.verify $(REV)
 
 # Debian packages some tests need, installed when missing and we may (root or passwordless sudo);
 # otherwise those tests are skipped with the reason: `chromium` (the report and `dvc plots show`

@@ -219,7 +219,33 @@ def run_info() -> dict:
         dirty = bool(git("status", "--porcelain", "--", *CODE_PATHS))
     except (OSError, subprocess.CalledProcessError):
         commit, dirty = "unknown", None
-    return {"git_commit": commit, "git_dirty": dirty}
+    return {"git_commit": commit, "git_dirty": dirty, **machine()}
+
+
+def machine() -> dict:
+    """What explains a float output's last digits on another machine (`python -m meaningless_tokens.verify`
+    prints both sides'): `cpu_model`, `cpu_capability` (the instruction set torch dispatches its kernels to,
+    e.g. AVX2 or AVX512), `threads` (torch's intra-op threads) and `device` (cpu, or the CUDA device's name).
+    The torch facts only where the stage ran torch (None otherwise: statistics and figures are numpy only).
+    """
+    import platform
+    import sys
+
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    facts = {"cpu_model": model, "cpu_capability": None, "threads": None, "device": "cpu"}
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+        facts.update(cpu_capability=torch.backends.cpu.get_cpu_capability(), threads=torch.get_num_threads(),
+                     device=torch.cuda.get_device_name() if cuda else "cpu")
+    return facts
 
 
 def write_timing(path: str | os.PathLike, data: dict) -> None:

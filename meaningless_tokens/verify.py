@@ -1,0 +1,603 @@
+"""Did the workspace's outputs reproduce a revision's? `python -m meaningless_tokens.verify [REV]` (`make verify`).
+
+DVC compares hashes, and across CPUs of different instruction sets float kernels round differently, so a
+rerun elsewhere shows every float output as modified. This compares every output in dvc.lock with the same
+output at REV (default HEAD; any git revision or `dvc exp` name) by value: metrics and other JSON number by
+number, HDF5 files dataset by dataset (shape, dtype, values, attributes except the declared provenance keys),
+CSV tables cell by cell, each float within the tolerance of its kind of quantity (TOLERANCES, `numpy.isclose`:
+|a - b| <= atol + rtol * |b|); counts, token ids, grades and text exactly. Figures and pages (PNG, SVG, HTML,
+Markdown) are drawn from other outputs: they count as reproduced when their stage's code, data and params are
+unchanged and every output they read is identical or within tolerance (the dependency graph of dvc.lock).
+
+REV's outputs are read through DVC (`dvc.api.DVCFileSystem`): git-tracked metrics from git, cached outputs from
+the DVC cache or the default remote. What neither holds is "not compared", never taken as equal. The answer is
+one row per output and a verdict line; exit status 0 when everything was compared and reproduced, 1 when an
+output differs or is missing, 3 when nothing differs but some outputs could not be compared. The tolerances,
+and the measured differences they rest on: docs/sharing.md#reproduced-or-not-make-verify.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import fnmatch
+import hashlib
+import io
+import json
+import math
+import os
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from meaningless_tokens.progress import bar
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    atol: float
+    rtol: float
+    covers: str
+
+
+# One place for every tolerance: the kind of quantity -> numpy.isclose's atol and rtol. Chosen from measured
+# cross-CPU and cross-instruction-set differences with a margin (docs/sharing.md#tolerances-and-their-basis).
+TOLERANCES = {
+    "exact": Tolerance(0.0, 0.0, "counts, token ids, indices, grades and accuracies, generated text, any non-float"),
+    "attention": Tolerance(1e-5, 0.0, "attention weights and what is averaged from them: means, drops, span mass, "
+                                      "lambda, their intervals (fractions, 0..1)"),
+    "percent": Tolerance(1e-3, 0.0, "the same measures in percent (`*_pct`)"),
+    "activation": Tolerance(2e-3, 1e-2, "layer 0's MLP activations (float16) and the measures and intervals "
+                                        "computed from them"),
+    "loglik": Tolerance(1e-5, 1e-4, "log-likelihoods, their sums and means, paired differences, intervals, "
+                                    "p-values and shares"),
+}
+
+# Which kind a float belongs to: the first pattern matching "<output file>:<dataset, key or column>" wins.
+# Non-float values (integers, booleans, strings) are always compared exactly.
+KINDS = (
+    ("metrics/accuracy/*", "exact"),
+    ("artifacts/eval/*", "exact"),
+    ("reports/accuracy.csv:*", "exact"),
+    ("*likelihood*", "loglik"),  # artifacts/likelihood, its plot table and metrics, reports/likelihood.json,
+    ("artifacts/sweep/*:*likelihood*", "loglik"),  # and the sweep's likelihood datasets
+    ("artifacts/activations/*", "activation"),
+    ("*_pct*", "percent"),
+    ("*", "attention"),
+)
+
+# Keys of the provenance attribute (and model manifests) that name the code and environment, not the result:
+# left out of the comparison, as h5diff's --exclude-attribute would.
+PROVENANCE_KEYS = frozenset({"code_sha256", "libraries", "environment", "package_version"})
+# Outputs that record a run (wall times, the machine), not a result: shown, never counted as differing.
+RUN_RECORDS = ("metrics/timing/*",)
+# Outputs drawn from other outputs: reproduced when what they draw is (see the module's docstring).
+DRAWN = (".png", ".svg", ".html", ".md")
+# The run facts printed for both sides when an output is not identical (the stage's sidecar).
+RUN_FACTS = ("cpu_model", "cpu_capability", "threads", "device", "git_commit")
+
+IDENTICAL, WITHIN, DIFFERS, MISSING, NOT_COMPARED, RUN_RECORD = (
+    "identical", "within tolerance", "differs", "missing", "not compared", "run record")
+
+
+def kind_of(file: str, key: str) -> str:
+    where = f"{file}:{key}"
+    return next(kind for pattern, kind in KINDS if fnmatch.fnmatchcase(where, pattern))
+
+
+# ---- comparing values ---------------------------------------------------------------------------------
+
+
+class Differs(Exception):
+    """The first difference beyond tolerance found in a file: where, and both values."""
+
+
+@dataclass
+class Largest:
+    """The largest within-tolerance difference seen so far, measured as a share of its tolerance."""
+    share: float = -1.0
+    text: str = ""
+
+    def offer(self, where: str, a: float, b: float, kind: str) -> None:
+        tol = TOLERANCES[kind]
+        diff = abs(a - b)
+        allowed = tol.atol + tol.rtol * abs(b)
+        share = diff / allowed if allowed else 0.0
+        if diff > 0 and share > self.share:
+            rel = f", relative {diff / abs(b):.1e}" if b else ""
+            self.share, self.text = share, f"{where}: {a!r} here, {b!r} in the revision (|diff| {diff:.1e}{rel}; {kind})"
+
+
+def _index(idx) -> str:
+    return "[" + ", ".join(str(int(i)) for i in idx) + "]" if len(idx) else ""
+
+
+def compare_arrays(where: str, a: np.ndarray, b: np.ndarray, kind: str, largest: Largest) -> None:
+    """`a` (workspace) against `b` (the revision): exact unless both are floats; raises Differs."""
+    if a.shape != b.shape:
+        raise Differs(f"{where}: shape {a.shape} here, {b.shape} in the revision")
+    floats = a.dtype.kind == "f" and b.dtype.kind == "f"
+    if a.dtype != b.dtype and not (floats and a.dtype.itemsize == b.dtype.itemsize):
+        raise Differs(f"{where}: dtype {a.dtype} here, {b.dtype} in the revision")
+    if not floats or kind == "exact":
+        if a.dtype.kind == "f":
+            bad = ~((a == b) | (np.isnan(a) & np.isnan(b)))
+        else:
+            bad = a != b
+        bad = np.asarray(bad)
+        if bad.any():
+            i = tuple(np.argwhere(bad)[0]) if bad.ndim else ()
+            raise Differs(f"{where}{_index(i)}: {_item(a, i)!r} here, {_item(b, i)!r} in the revision (exact)")
+        return
+    tol = TOLERANCES[kind]
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    close = np.isclose(a64, b64, atol=tol.atol, rtol=tol.rtol, equal_nan=True)
+    if not close.all():
+        i = tuple(np.argwhere(~close)[0]) if close.ndim else ()
+        raise Differs(f"{where}{_index(i)}: {_item(a, i)!r} here, {_item(b, i)!r} in the revision "
+                      f"({kind}: atol {tol.atol:g}, rtol {tol.rtol:g})")
+    diff = np.where(np.isnan(a64) | np.isnan(b64), 0.0, np.abs(a64 - b64))
+    if diff.size and diff.max() > 0:
+        share = diff / (tol.atol + tol.rtol * np.abs(np.nan_to_num(b64)))
+        i = np.unravel_index(int(np.argmax(share)), share.shape) if share.ndim else ()
+        largest.offer(f"{where}{_index(i)}", float(a64[i]), float(b64[i]), kind)
+
+
+def _item(x: np.ndarray, i: tuple):
+    v = x[i] if i else x[()]
+    v = v.item() if hasattr(v, "item") else v
+    if isinstance(v, bytes):
+        v = v.decode("utf-8", "replace")
+    if isinstance(v, str) and len(v) > 60:
+        v = v[:57] + "..."
+    return v
+
+
+def compare_json(file: str, a, b, largest: Largest, path: str = "") -> None:
+    """Two parsed JSON values, key by key; numbers within their kind's tolerance; raises Differs."""
+    where = path or "(top level)"
+    if isinstance(a, dict) and isinstance(b, dict):
+        keys_a, keys_b = set(a) - PROVENANCE_KEYS, set(b) - PROVENANCE_KEYS
+        if keys_b - keys_a:
+            raise Differs(f"{file}: key {_join(path, sorted(keys_b - keys_a)[0])}: in the revision, not here")
+        if keys_a - keys_b:
+            raise Differs(f"{file}: key {_join(path, sorted(keys_a - keys_b)[0])}: here, not in the revision")
+        for k in sorted(keys_a, key=str):
+            compare_json(file, a[k], b[k], largest, _join(path, k))
+    elif isinstance(a, list) and isinstance(b, list):
+        if len(a) != len(b):
+            raise Differs(f"{file}: {where}: {len(a)} items here, {len(b)} in the revision")
+        for i, (x, y) in enumerate(zip(a, b)):
+            compare_json(file, x, y, largest, f"{path}[{i}]")
+    elif _is_float(a) and _is_float(b) and (isinstance(a, float) or isinstance(b, float)):
+        kind = kind_of(file, path)
+        compare_arrays(f"{file}: {where}", np.float64(a), np.float64(b), kind, largest)
+    elif a != b or type(a) is not type(b):
+        raise Differs(f"{file}: {where}: {a!r} here, {b!r} in the revision (exact)")
+
+
+def _is_float(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _join(path: str, key) -> str:
+    return f"{path}.{key}" if path else str(key)
+
+
+def compare_csv(file: str, a: str, b: str, largest: Largest) -> None:
+    rows_a, rows_b = list(csv.reader(io.StringIO(a))), list(csv.reader(io.StringIO(b)))
+    if not rows_a or not rows_b or rows_a[0] != rows_b[0]:
+        raise Differs(f"{file}: header {rows_a[:1]} here, {rows_b[:1]} in the revision")
+    header = rows_a[0]
+    if len(rows_a) != len(rows_b):
+        raise Differs(f"{file}: {len(rows_a) - 1} rows here, {len(rows_b) - 1} in the revision")
+    for r, (ra, rb) in enumerate(zip(rows_a[1:], rows_b[1:]), start=1):
+        if len(ra) != len(rb):
+            raise Differs(f"{file}: row {r}: {len(ra)} cells here, {len(rb)} in the revision")
+        for column, x, y in zip(header, ra, rb):
+            if x == y:
+                continue
+            fx, fy = _float(x), _float(y)
+            where = f"{file}: row {r}, column {column}"
+            if fx is None or fy is None:
+                raise Differs(f"{where}: {x!r} here, {y!r} in the revision (exact)")
+            compare_arrays(where, np.float64(fx), np.float64(fy), kind_of(file, column), largest)
+
+
+def _float(s: str):
+    try:
+        return float(s)
+    except ValueError:
+        return None
+
+
+def compare_h5(file: str, path_a: Path, path_b: Path, largest: Largest) -> None:
+    """Two HDF5 files, as h5diff would: the same objects, each dataset's shape, dtype and values, and every
+    attribute except the provenance keys (PROVENANCE_KEYS inside the `provenance` attribute)."""
+    import h5py
+
+    def open_(p: Path, side: str):
+        try:
+            return h5py.File(p, "r")
+        except OSError as e:
+            raise Differs(f"{file}: not a readable HDF5 file {side} (truncated or corrupt?): {e}") from None
+
+    fa = open_(path_a, "here")
+    try:
+        fb = open_(path_b, "in the revision")
+        try:
+            names_a, names_b = _objects(fa), _objects(fb)
+            gone, new = sorted(set(names_b) - set(names_a)), sorted(set(names_a) - set(names_b))
+            if gone:
+                raise Differs(f"{file}: {gone[0]}: in the revision, not here")
+            if new:
+                raise Differs(f"{file}: {new[0]}: here, not in the revision")
+            for name in names_b:
+                oa, ob = (fa[name], fb[name]) if name != "/" else (fa, fb)
+                if names_b[name] != names_a[name]:
+                    raise Differs(f"{file}: {name}: a {names_a[name]} here, a {names_b[name]} in the revision")
+                _compare_attrs(file, name, oa, ob, largest)
+                if names_b[name] == "dataset":
+                    try:
+                        va, vb = oa[()], ob[()]
+                    except (OSError, KeyError, ValueError) as e:
+                        raise Differs(f"{file}: {name}: cannot be read (truncated or corrupt?): {e}") from None
+                    compare_arrays(f"{file}: {name}", np.asarray(va), np.asarray(vb), kind_of(file, name), largest)
+        finally:
+            fb.close()
+    finally:
+        fa.close()
+
+
+def _objects(f) -> dict[str, str]:
+    import h5py
+
+    names = {"/": "group"}
+    try:
+        f.visititems(lambda n, o: names.__setitem__(n, "dataset" if isinstance(o, h5py.Dataset) else "group"))
+    except (OSError, KeyError, RuntimeError) as e:
+        raise Differs(f"{f.filename}: cannot list its objects (truncated or corrupt?): {e}") from None
+    return names
+
+
+def _compare_attrs(file: str, name: str, oa, ob, largest: Largest) -> None:
+    ka, kb = set(oa.attrs), set(ob.attrs)
+    if kb - ka:
+        raise Differs(f"{file}: {name} attribute {sorted(kb - ka)[0]}: in the revision, not here")
+    if ka - kb:
+        raise Differs(f"{file}: {name} attribute {sorted(ka - kb)[0]}: here, not in the revision")
+    for key in sorted(ka):
+        a, b = oa.attrs[key], ob.attrs[key]
+        where = f"{name} attribute {key}" if name != "/" else f"attribute {key}"
+        ja, jb = _as_json(a), _as_json(b)
+        if ja is not None and jb is not None:
+            compare_json(f"{file}: {where}", ja, jb, largest)
+        else:
+            compare_arrays(f"{file}: {where}", np.asarray(a), np.asarray(b), kind_of(file, f"{name}@{key}"), largest)
+
+
+def _as_json(v):
+    if isinstance(v, bytes):
+        v = v.decode("utf-8", "replace")
+    if isinstance(v, str) and v[:1] in "{[":
+        try:
+            return json.loads(v)
+        except ValueError:
+            return None
+    return None
+
+
+def compare_file(file: str, path_a: Path, path_b: Path, largest: Largest) -> None:
+    """One file of an output, by its type; raises Differs at the first difference beyond tolerance."""
+    suffix = Path(file).suffix
+    if suffix in (".h5", ".hdf5"):
+        compare_h5(file, path_a, path_b, largest)
+        return
+    a, b = path_a.read_bytes(), path_b.read_bytes()
+    if suffix == ".json":
+        try:
+            ja = json.loads(a)
+        except ValueError as e:
+            raise Differs(f"{file}: not valid JSON here: {e}") from None
+        compare_json(file, ja, json.loads(b), largest)
+    elif suffix == ".csv":
+        compare_csv(file, a.decode("utf-8", "replace"), b.decode("utf-8", "replace"), largest)
+    elif a != b:
+        raise Differs(f"{file}: the bytes differ (compared byte for byte: no reader of values for '{suffix}')")
+
+
+# ---- the pipeline's outputs on both sides -------------------------------------------------------------
+
+
+@dataclass
+class Output:
+    path: str
+    stage: str
+    md5: str | None  # the revision's, from its dvc.lock
+    status: str = ""
+    detail: str = ""
+    files: list[str] = field(default_factory=list)
+
+
+def read_lock(text: str, source: str) -> dict:
+    try:
+        lock = yaml.safe_load(text) or {}
+        return lock["stages"]
+    except (yaml.YAMLError, KeyError, TypeError) as e:
+        raise VerifyError(f"{source}: stages: not a dvc.lock ({type(e).__name__}: {e})") from None
+
+
+class VerifyError(Exception):
+    """Bad input (a revision that does not exist, no dvc.lock): one line, exit status 2."""
+
+
+def md5_file(path: Path) -> str:
+    h = hashlib.md5()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _covers(dep: str, out: str) -> bool:
+    return dep == out or out.startswith(dep.rstrip("/") + "/") or dep.startswith(out.rstrip("/") + "/")
+
+
+class Verifier:
+    def __init__(self, root: Path, rev: str):
+        from dvc.api import DVCFileSystem
+
+        self.root, self.rev = root, rev
+        self.sha = self._resolve(rev)
+        self.fs = DVCFileSystem(str(root), rev=self.sha)
+        try:
+            ws_lock = (root / "dvc.lock").read_text()
+        except OSError as e:
+            raise VerifyError(f"{root / 'dvc.lock'}: cannot read it ({e}); run `dvc repro` first") from None
+        self.ws = read_lock(ws_lock, "dvc.lock")
+        try:
+            rev_lock = self.fs.read_text("dvc.lock")
+        except (OSError, FileNotFoundError) as e:
+            raise VerifyError(f"{rev}:dvc.lock: no dvc.lock at that revision ({e})") from None
+        self.old = read_lock(rev_lock, f"{rev}:dvc.lock")
+        self.tmp = tempfile.TemporaryDirectory(prefix="verify-")
+
+    def _resolve(self, rev: str) -> str:
+        """A git revision or an experiment name -> its commit."""
+        from dvc.repo import Repo
+
+        with Repo(str(self.root)) as repo:
+            scm = repo.scm
+            try:
+                return scm.resolve_rev(rev)
+            except Exception:  # noqa: BLE001 - scmrepo raises its own RevError; try it as an experiment next
+                pass
+            from dvc.repo.experiments.utils import resolve_name
+
+            ref = resolve_name(scm, rev).get(rev)
+            if ref is None:
+                raise VerifyError(f"{rev}: neither a git revision nor an experiment name of this repository")
+            return scm.get_ref(str(ref))
+
+    def outputs(self) -> list[Output]:
+        """Every output of either dvc.lock, in the workspace lock's order, then those only the revision has."""
+        rows, seen = [], set()
+        for locks in (self.ws, self.old):
+            for stage, entry in locks.items():
+                for out in entry.get("outs") or []:
+                    if out["path"] not in seen:
+                        seen.add(out["path"])
+                        old = next((o for o in (self.old.get(stage) or {}).get("outs") or []
+                                    if o["path"] == out["path"]), None)
+                        rows.append(Output(out["path"], stage, old["md5"] if old else None))
+        return rows
+
+    # -- reading the revision's bytes through DVC
+
+    def rev_files(self, out: Output) -> dict[str, str]:
+        """{file path: md5} of the output at the revision (a folder's files from its .dir listing)."""
+        if out.md5 is None or not out.md5.endswith(".dir"):
+            return {out.path: out.md5}
+        listing = self.fs.find(out.path, detail=True)
+        return {p: (info.get("dvc_info") or {}).get("md5") or info.get("md5") for p, info in listing.items()}
+
+    def fetch(self, path: str) -> Path:
+        """The revision's file, copied by DVC from git, the cache or the remote into a temporary folder."""
+        dest = Path(self.tmp.name) / path
+        if not dest.exists():
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            self.fs.get_file(path, str(dest))
+        return dest
+
+    # -- one output
+
+    def check(self, out: Output, results: dict[str, Output]) -> None:
+        here = self.root / out.path
+        if any(fnmatch.fnmatchcase(out.path, p) for p in RUN_RECORDS):
+            out.status, out.detail = RUN_RECORD, "wall times and the machine; not a result"
+            return
+        if out.stage not in self.ws or not any(o["path"] == out.path for o in self.ws[out.stage].get("outs") or []):
+            out.status, out.detail = MISSING, "in the revision's dvc.lock, not in the workspace's"
+            return
+        if not here.exists():
+            out.status, out.detail = MISSING, "not in the workspace (dvc checkout, dvc pull or dvc repro)"
+            return
+        if out.md5 is None:
+            out.status, out.detail = NOT_COMPARED, f"not in {self.rev}'s dvc.lock"
+            return
+        try:
+            theirs = self.rev_files(out)
+        except Exception as e:  # noqa: BLE001 - whatever DVC raises for a listing it cannot get
+            out.status, out.detail = NOT_COMPARED, f"its listing is in no cache or remote ({type(e).__name__})"
+            return
+        mine = ({str(p.relative_to(self.root)): p for p in sorted(here.rglob("*")) if p.is_file()}
+                if here.is_dir() else {out.path: here})
+        gone = sorted(set(theirs) - set(mine))
+        if gone:
+            out.status, out.detail = MISSING, f"{gone[0]}: in the revision, not here"
+            return
+        extra = sorted(set(mine) - set(theirs))
+        if extra:
+            out.status, out.detail = DIFFERS, f"{extra[0]}: here, not in the revision"
+            return
+        changed = [p for p in sorted(theirs) if md5_file(mine[p]) != theirs[p]]
+        out.files = changed
+        if not changed:
+            out.status = IDENTICAL
+            return
+        largest = Largest()
+        drawn = [p for p in changed if Path(p).suffix in DRAWN]
+        try:
+            for p in changed:
+                if p in drawn:
+                    continue
+                try:
+                    theirs_path = self.fetch(p)
+                except Exception as e:  # noqa: BLE001 - not in the cache, not on the remote, remote unreachable
+                    out.status, out.detail = NOT_COMPARED, f"{p}: in no cache or remote ({type(e).__name__})"
+                    return
+                compare_file(p, mine[p], theirs_path, largest)
+        except Differs as e:
+            out.status, out.detail = DIFFERS, str(e)
+            return
+        if drawn:
+            status, why = self.drawn_from(out, results)
+            if status != WITHIN:
+                out.status, out.detail = status, f"{drawn[0]}: {why}"
+                return
+            if largest.share < 0:
+                out.status, out.detail = WITHIN, f"{len(drawn)} drawn file(s) differ in bytes; {why}"
+                return
+        out.status = WITHIN
+        out.detail = f"largest: {largest.text}" if largest.share >= 0 else "values equal; only provenance keys differ"
+
+    def drawn_from(self, out: Output, results: dict[str, Output]) -> tuple[str, str]:
+        """Whether a figure or page counts as reproduced: its stage's code, data and params are those of the
+        revision, and every output it reads is identical or within tolerance (a run record counts as equal)."""
+        mine, theirs = self.ws.get(out.stage) or {}, self.old.get(out.stage) or {}
+        if mine.get("params") != theirs.get("params"):
+            changed = sorted(k for f in set(mine.get("params") or {}) | set(theirs.get("params") or {})
+                             for k in _changed((mine.get("params") or {}).get(f), (theirs.get("params") or {}).get(f)))
+            return DIFFERS, f"drawn with other params ({', '.join(changed[:3]) or 'params files'})"
+        deps_theirs = {d["path"]: d.get("md5") for d in theirs.get("deps") or []}
+        read = []
+        for dep in mine.get("deps") or []:
+            outs = [r for r in results.values() if _covers(dep["path"], r.path) and r.path != out.path]
+            if outs:
+                read += outs
+            elif deps_theirs.get(dep["path"]) != dep.get("md5"):
+                return DIFFERS, f"its stage's input {dep['path']} differs from the revision's"
+        for r in read:
+            if not r.status:  # an output it reads, not checked yet (dvc.lock's order is not promised)
+                self.check(r, results)
+            if r.status in (DIFFERS, MISSING):
+                return DIFFERS, f"drawn from {r.path}, which {r.status.replace('missing', 'is missing')}"
+            if r.status == NOT_COMPARED:
+                return NOT_COMPARED, f"drawn from {r.path}, which was not compared"
+        return WITHIN, "drawn from outputs that are identical or within tolerance, same code and params"
+
+    def run_facts(self, out: Output) -> tuple[dict, dict] | None:
+        """Both sides' run facts from the stage's sidecar (metrics/timing/<stage>-<model>.json)."""
+        sidecar = f"metrics/timing/{out.stage.replace('@', '-')}.json"
+        try:
+            mine = json.loads((self.root / sidecar).read_text())
+        except (OSError, ValueError):
+            return None
+        try:
+            theirs = json.loads(self.fs.read_text(sidecar))
+        except Exception:  # noqa: BLE001 - not at that revision
+            theirs = {}
+        return ({k: mine.get(k, "not recorded") for k in RUN_FACTS},
+                {k: theirs.get(k, "not recorded") for k in RUN_FACTS})
+
+    def run(self) -> list[Output]:
+        """Every output checked; a single file's detail does not repeat its path."""
+        rows = self.outputs()
+        results = {r.path: r for r in rows}
+        with bar(rows, desc=f"verify against {self.rev}", unit="output") as progress:
+            for out in progress:
+                progress.set_postfix_str(out.path, refresh=False)
+                if not out.status:  # drawn_from may have checked it already
+                    self.check(out, results)
+        for out in rows:
+            out.detail = out.detail.removeprefix(f"{out.path}: ")
+        return rows
+
+
+def _changed(a, b, prefix: str = "") -> list[str]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [k for key in sorted(set(a) | set(b), key=str) for k in _changed(a.get(key), b.get(key), _join(prefix, key))]
+    return [] if a == b else [prefix]
+
+
+# ---- the answer -----------------------------------------------------------------------------------------
+
+
+def table(rows: list[Output]) -> str:
+    width = max(len("Path"), *(len(r.path) for r in rows))
+    swidth = max(len(s) for s in (IDENTICAL, WITHIN, DIFFERS, MISSING, NOT_COMPARED, RUN_RECORD))
+    lines = [f"{'Path':<{width}}  {'Status':<{swidth}}  Detail"]
+    lines += [f"{r.path:<{width}}  {r.status:<{swidth}}  {r.detail}".rstrip() for r in rows]
+    return "\n".join(lines)
+
+
+def verdict(rows: list[Output]) -> tuple[str, int]:
+    count = {s: sum(r.status == s for r in rows) for s in (IDENTICAL, WITHIN, DIFFERS, MISSING, NOT_COMPARED, RUN_RECORD)}
+    if count[DIFFERS] or count[MISSING]:
+        word, code = "not reproduced", 1
+    elif count[NOT_COMPARED]:
+        word, code = "not verified", 3
+    else:
+        word, code = "reproduced", 0
+    parts = [f"{len(rows)} outputs", f"{count[IDENTICAL]} identical", f"{count[WITHIN]} within tolerance",
+             f"{count[DIFFERS]} differ"]
+    parts += [f"{count[s]} {s}" for s in (MISSING, NOT_COMPARED) if count[s]]
+    parts.append(f"{count[RUN_RECORD]} run records")
+    return f"{word}: {', '.join(parts)}", code
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m meaningless_tokens.verify", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("rev", nargs="?", default="HEAD", help="a git revision or a `dvc exp` name (default HEAD)")
+    ap.add_argument("--json", action="store_true", help="the rows and the verdict as JSON on stdout")
+    args = ap.parse_args(argv)
+    root = Path.cwd()
+    try:
+        v = Verifier(root, args.rev)
+        try:
+            rows = v.run()
+        finally:
+            v.tmp.cleanup()
+    except VerifyError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    line, code = verdict(rows)
+    if args.json:
+        print(json.dumps({"rev": args.rev, "commit": v.sha, "verdict": line,
+                          "outputs": [{"path": r.path, "status": r.status, "detail": r.detail} for r in rows]}, indent=2))
+        return code
+    print(table(rows))
+    facts = []
+    for r in rows:
+        if r.status in (WITHIN, DIFFERS):
+            got = v.run_facts(r)
+            if got and got[0] != got[1]:
+                facts.append(f"  {r.stage}: " + "; ".join(
+                    f"{k} {got[0][k]} here, {got[1][k]} at {args.rev}" if got[0][k] != got[1][k] else f"{k} {got[0][k]}"
+                    for k in RUN_FACTS))
+    if facts:
+        print(f"\nRun facts of the stages whose outputs are not identical (workspace vs {args.rev}):")
+        print("\n".join(dict.fromkeys(facts)))
+    print(f"\n{line}")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
