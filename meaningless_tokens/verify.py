@@ -588,7 +588,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         if r.status in (WITHIN, DIFFERS):
             got = v.run_facts(r)
-            if got and got[0] != got[1]:
+            if got:
                 facts.append(f"  {r.stage}: " + "; ".join(
                     f"{k} {got[0][k]} here, {got[1][k]} at {args.rev}" if got[0][k] != got[1][k] else f"{k} {got[0][k]}"
                     for k in RUN_FACTS))

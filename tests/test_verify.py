@@ -1,0 +1,169 @@
+"""`python -m meaningless_tokens.verify`: the workspace's outputs against a revision's, by value, on a real DVC repository.
+
+One tiny repository (one tiny model, the whole pipeline through `dvc repro`, committed) is built per module and
+shared; every test leaves it as it found it (git and the DVC cache put back the committed results).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import yaml
+
+from meaningless_tokens.verify import TOLERANCES
+from tests.dvc_repo import Repo
+
+pytestmark = pytest.mark.slow  # runs the pipeline through dvc
+
+A = "tiny-a"
+
+
+@pytest.fixture(scope="module")
+def repo(tiny_dirs, tmp_path_factory) -> Repo:
+    base = tmp_path_factory.mktemp("verify")
+    r = Repo.create(base / "project", base / "home", base / "model-cache", {A: ("llama", tiny_dirs["llama"])})
+    r.repro()
+    r.git("add", "-A")
+    r.git("commit", "-q", "-m", "results")
+    return r
+
+
+@pytest.fixture
+def clean(repo):
+    yield repo
+    repo.git("reset", "-q", "--hard")
+    repo.git("clean", "-q", "-f", "-d")
+    repo.dvc("config", "--local", "--unset", "cache.dir", check=False)
+    repo.dvc("checkout", "--force", "--quiet")
+
+
+def verify(repo: Repo, *args: str) -> tuple[int, dict[str, dict], str]:
+    """(exit status, {output path: row}, verdict line) of `python -m meaningless_tokens.verify --json ARGS`."""
+    proc = repo.run("python", "-m", "meaningless_tokens.verify", "--json", *args, check=False)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert proc.returncode in (0, 1, 3), proc.stderr
+    got = json.loads(proc.stdout)
+    return proc.returncode, {row["path"]: row for row in got["outputs"]}, got["verdict"]
+
+
+def lock_outputs(repo: Repo, text: str | None = None) -> dict[str, str]:
+    lock = yaml.safe_load(text if text is not None else (repo.path / "dvc.lock").read_text())
+    return {o["path"]: o["md5"] for st in lock["stages"].values() for o in st.get("outs", [])}
+
+
+def edit_h5(path: Path, name: str, fn) -> None:
+    """Rewrite one dataset of an HDF5 file in place (fn: old values -> new values, any shape)."""
+    with h5py.File(path, "r+") as f:
+        old, attrs = f[name][()], dict(f[name].attrs)
+        del f[name]
+        f[name] = fn(old)
+        f[name].attrs.update(attrs)
+
+
+def test_verify_against_itself_is_identical_with_a_row_per_output(clean):
+    repo = clean
+    proc = repo.run("python", "-m", "meaningless_tokens.verify")  # the table and verdict a user reads; exit 0
+    outputs = lock_outputs(repo)
+    rows = [line.split()[0] for line in proc.stdout.splitlines()[1:] if line and not line.startswith(("reproduced", " "))]
+    assert sorted(rows) == sorted(outputs)
+    timing = [p for p in outputs if p.startswith("metrics/timing/")]
+    assert proc.stdout.strip().endswith(
+        f"reproduced: {len(outputs)} outputs, {len(outputs) - len(timing)} identical, 0 within tolerance, 0 differ, "
+        f"{len(timing)} run records")
+    code, got, _ = verify(repo, "HEAD")
+    assert code == 0 and {r["status"] for p, r in got.items() if p not in timing} == {"identical"}
+    # the run's sidecar records the machine facts that explain a float's last digits
+    sidecar = json.loads((repo.path / f"metrics/timing/likelihood-{A}.json").read_text())
+    assert sidecar["cpu_capability"] and sidecar["threads"] == 1 and sidecar["device"] == "cpu" and sidecar["cpu_model"]
+
+
+def test_hdf5_values_within_and_beyond_tolerance(clean):
+    repo = clean
+    lik, att = repo.path / f"artifacts/likelihood/{A}.h5", repo.path / f"artifacts/attention/{A}.h5"
+    rtol, atol = TOLERANCES["loglik"].rtol, TOLERANCES["attention"].atol
+
+    def scale(factor):
+        def fn(v):
+            v = v.copy()
+            v[1] *= factor
+            return v
+        return fn
+
+    edit_h5(lik, "none/solution/sum", scale(1 + rtol / 4))
+    code, got, line = verify(repo)
+    row = got[f"artifacts/likelihood/{A}.h5"]
+    assert code == 0 and line.startswith("reproduced:") and "1 within tolerance" in line
+    assert row["status"] == "within tolerance" and "none/solution/sum[1]" in row["detail"] and "loglik" in row["detail"]
+    assert got[f"artifacts/attention/{A}.h5"]["status"] == "identical"
+
+    def nudge(v):
+        v = v.copy()
+        v[0, 1, 7] += 3 * atol
+        return v
+
+    edit_h5(att, "mless/recv_all", nudge)
+    code, got, line = verify(repo)
+    row = got[f"artifacts/attention/{A}.h5"]
+    assert code == 1 and line.startswith("not reproduced:") and "1 differ" in line
+    assert row["status"] == "differs" and row["detail"].startswith("mless/recv_all[0, 1, 7]: ")
+    assert "here" in row["detail"] and "in the revision" in row["detail"]
+    # both sides' run facts are printed for an output that is not identical
+    proc = repo.run("python", "-m", "meaningless_tokens.verify", check=False)
+    assert f"extract@{A}: cpu_model" in proc.stdout
+
+
+def test_damaged_outputs_each_get_a_clear_status(clean):
+    repo = clean
+    edit_h5(repo.path / f"artifacts/stats/{A}.h5", "mless/drop", lambda v: v[:, :2])  # a changed shape
+    with h5py.File(repo.path / f"artifacts/activations/{A}.h5", "r+") as f:  # a deleted dataset
+        del f["none/original/gini"]
+    metrics = repo.path / f"metrics/likelihood/{A}.json"  # a metrics key removed
+    data = json.loads(metrics.read_text())
+    del data["contrasts"]["mless-none"]["answer"]["delta"]
+    metrics.write_text(json.dumps(data))
+    sweep = repo.path / f"artifacts/sweep/{A}.h5"  # a truncated HDF5 file
+    sweep.write_bytes(sweep.read_bytes()[:4000])
+    (repo.path / f"artifacts/plots/full/{A}.csv").unlink()  # a deleted output
+    code, got, line = verify(repo)
+    assert code == 1 and "4 differ" in line and "1 missing" in line
+    assert got[f"artifacts/stats/{A}.h5"]["detail"] == "mless/drop: shape (3, 2) here, (3, 4) in the revision"
+    assert got[f"artifacts/activations/{A}.h5"]["detail"] == "none/original/gini: in the revision, not here"
+    assert got[f"metrics/likelihood/{A}.json"]["detail"] == "key contrasts.mless-none.answer.delta: in the revision, not here"
+    assert got[f"artifacts/sweep/{A}.h5"]["detail"].startswith("not a readable HDF5 file here (truncated or corrupt?)")
+    assert got[f"artifacts/plots/full/{A}.csv"]["status"] == "missing"
+    assert got["reports/report.html"]["status"] == "identical"  # its bytes are the revision's
+
+
+def test_a_revision_whose_artifacts_are_in_no_cache_is_not_compared(clean, tmp_path):
+    repo = clean
+    edit_h5(repo.path / f"artifacts/likelihood/{A}.h5", "none/solution/sum", lambda v: v * (1 + 1e-6))
+    metrics = repo.path / f"metrics/likelihood/{A}.json"
+    metrics.write_text(metrics.read_text())  # unchanged: git holds the revision's copy
+    repo.dvc("cache", "dir", "--local", str(tmp_path / "empty-cache"))  # no cache, and nothing was pushed
+    code, got, line = verify(repo)
+    row = got[f"artifacts/likelihood/{A}.h5"]
+    assert row["status"] == "not compared" and "no cache or remote" in row["detail"]
+    assert code == 3 and line.startswith("not verified:") and "1 not compared" in line
+    assert got[f"metrics/likelihood/{A}.json"]["status"] == "identical"  # in git: always comparable
+    assert got[f"artifacts/attention/{A}.h5"]["status"] == "identical"  # dvc.lock's hash suffices
+
+
+def test_an_experiment_reports_exactly_what_its_parameter_changed(clean):
+    repo = clean
+    repo.dvc("exp", "run", "-n", "span5", "-S", "prompt.mless.count=5")
+    before, after = lock_outputs(repo, repo.git("show", "HEAD:dvc.lock").stdout), lock_outputs(repo)
+    changed = {p for p in after if after[p] != before[p] and not p.startswith("metrics/timing/")}
+    code, got, line = verify(repo, "HEAD")
+    assert code == 1 and line.startswith("not reproduced:")
+    assert {p for p, r in got.items() if r["status"] == "differs"} == changed
+    assert {p for p, r in got.items() if r["status"] == "identical"} == {
+        p for p in after if p not in changed and not p.startswith("metrics/timing/")}
+    assert f"artifacts/sweep/{A}.h5" not in changed  # the sweep sets its own span lengths
+    assert any("params.prompt.mless.count: 5 here, 55 in the revision" in r["detail"] for r in got.values())
+    # the experiment against itself, by name: reproduced
+    code, got, line = verify(repo, "span5")
+    assert code == 0 and "0 differ" in line
