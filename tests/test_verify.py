@@ -167,3 +167,15 @@ def test_an_experiment_reports_exactly_what_its_parameter_changed(clean):
     # the experiment against itself, by name: reproduced
     code, got, line = verify(repo, "span5")
     assert code == 0 and "0 differ" in line
+
+
+def test_the_documented_tolerances_are_the_declared_ones():
+    """docs/sharing.md's table of tolerances lists every kind of TOLERANCES with its atol and rtol."""
+    text = (Path(__file__).resolve().parent.parent / "docs" / "sharing.md").read_text()
+    section = text.split("### Tolerances and their basis", 1)[1].split("\n#", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 3 and cells[0].startswith("`") and cells[0].strip("`") in TOLERANCES:
+            rows[cells[0].strip("`")] = (float(cells[1]), float(cells[2]))
+    assert rows == {k: (t.atol, t.rtol) for k, t in TOLERANCES.items()}
