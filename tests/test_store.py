@@ -55,9 +55,14 @@ def test_provenance_of_a_stage_dvc_yaml_does_not_define_names_the_file_and_key()
 
 
 def test_the_git_commit_goes_to_the_runs_sidecar(tmp_path):
+    import torch
+
     info = run_info()
-    assert set(info) == {"git_commit", "git_dirty"}
+    assert set(info) == {"git_commit", "git_dirty", "cpu_model", "cpu_capability", "threads", "device"}
     assert len(info["git_commit"]) == 40 or info["git_commit"] == "unknown"
+    # the machine facts `python -m meaningless_tokens.verify` prints when an output is not identical
+    assert info["cpu_capability"] == torch.backends.cpu.get_cpu_capability() and info["threads"] == torch.get_num_threads()
+    assert info["device"] == "cpu" and info["cpu_model"]
     write_timing(tmp_path / "metrics/timing/x.json", {"seconds": 1.5})
     import json
 
