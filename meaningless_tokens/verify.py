@@ -24,11 +24,9 @@ import fnmatch
 import hashlib
 import io
 import json
-import math
-import os
 import sys
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -327,7 +325,6 @@ class Output:
     md5: str | None  # the revision's, from its dvc.lock
     status: str = ""
     detail: str = ""
-    files: list[str] = field(default_factory=list)
     largest: Largest | None = None  # the largest within-tolerance difference, for the closing line
 
 
@@ -453,7 +450,6 @@ class Verifier:
             out.status, out.detail = DIFFERS, f"{extra[0]}: here, not in the revision"
             return
         changed = [p for p in sorted(theirs) if md5_file(mine[p]) != theirs[p]]
-        out.files = changed
         if not changed:
             out.status = IDENTICAL
             return
@@ -481,7 +477,7 @@ class Verifier:
                 out.status, out.detail = WITHIN, f"{len(drawn)} drawn file(s) differ in bytes; {why}"
                 return
         out.status, out.largest = WITHIN, largest if largest.share >= 0 else None
-        out.detail = f"largest: {largest.text}" if largest.share >= 0 else "values equal; only provenance keys differ"
+        out.detail = f"largest: {largest.text}" if largest.share >= 0 else "values and attributes equal; only the bytes differ (provenance keys or layout)"
 
     def drawn_from(self, out: Output, results: dict[str, Output]) -> tuple[str, str]:
         """Whether a figure or page counts as reproduced: its stage's code, data and params are those of the
