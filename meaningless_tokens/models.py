@@ -696,6 +696,10 @@ HUB_PATTERNS = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "token
 def fetch_hub(name: str, source, cache: Path, offline: bool) -> tuple[Path, str]:
     from huggingface_hub import snapshot_download
 
+    if not re.fullmatch(r"[0-9a-f]{40}", source.revision) and not source.allow_moving_revision:
+        raise ModelSourceError(f"model '{name}': source.revision '{source.revision}' is not a full commit hash: a branch "
+                               f"or tag moves, and a rerun would read other weights; pin the commit (docs/gpu.md) or set "
+                               f"models.{name}.source.allow_moving_revision: true")
     try:
         path = snapshot_download(
             repo_id=source.repo_id, revision=source.revision, cache_dir=str(cache / "hub"),

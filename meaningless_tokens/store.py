@@ -20,12 +20,12 @@ def os_reason(e: OSError) -> str:
     """The reason of an OSError in a few words: its strerror, or the errno h5py buries in its message."""
     import re
 
-    if e.strerror:
-        return e.strerror
+    if e.errno:
+        return os.strerror(e.errno)
     m = re.search(r"errno = (\d+)", str(e))
     if m:
         return os.strerror(int(m.group(1)))
-    return " ".join(str(e).split())[:300] or type(e).__name__
+    return " ".join(str(e.strerror or e).split())[:300] or type(e).__name__
 
 
 def os_error_line(e: OSError) -> str:
@@ -124,32 +124,29 @@ _WRITING: dict[str, Path] = {}  # temporary file name -> the artifact it becomes
 def write_h5(final: str | os.PathLike):
     """An HDF5 file opened for writing at a temporary path, renamed onto `final` on success.
 
-    Fixed library version bounds and no timestamps, so equal inputs give byte-identical files. The file is
-    closed before any exception leaves (h5py objects outliving a failed write crash the interpreter at exit);
-    a full or read-only disk is one OutputError naming `final`."""
+    Fixed library version bounds and no timestamps, so equal inputs give byte-identical files. The file is built
+    in memory (HDF5's core driver, no backing store) and its image written out with plain file I/O: a full or
+    read-only disk is then one OutputError naming `final`, never an HDF5 library that fails to flush its
+    caches at close and crashes the interpreter at exit (as it did with the disk driver)."""
     import h5py
 
     final = Path(final)
     with atomic_path(final) as tmp:
-        try:
-            f = h5py.File(tmp, "w", libver=("earliest", "v110"), track_order=True)
-        except OSError as e:
-            raise fs_error(e, final) from None
+        f = h5py.File(tmp.name, "w", driver="core", backing_store=False, libver=("earliest", "v110"),
+                      track_order=True)
         key = f.filename
         _WRITING[key] = final
         try:
             f.attrs["format_version"] = FORMAT_VERSION
             yield f
-        except OSError as e:
-            _close_quietly(f)
-            raise fs_error(e, final) from None
-        except BaseException:
-            _close_quietly(f)
-            raise
+            f.flush()
+            image = f.id.get_file_image()
         finally:
             _WRITING.pop(key, None)
+            _close_quietly(f)
         try:
-            f.close()
+            with open(tmp, "wb") as out:
+                out.write(image)
         except OSError as e:
             raise fs_error(e, final) from None
 
@@ -175,7 +172,7 @@ def check_finite(data, where: str) -> None:
     bad = ~np.isfinite(data)
     if bad.any():
         first = np.unravel_index(int(np.argmax(bad)), data.shape) if data.ndim else ()
-        raise NonFiniteError(f"{where}: non-finite value {data[first]!r} at index {list(map(int, first))} "
+        raise NonFiniteError(f"{where}: non-finite value {data[first].item()!r} at index {list(map(int, first))} "
                              f"({int(bad.sum())} of {data.size} values)")
 
 
@@ -235,7 +232,7 @@ def read_h5(path: str | os.PathLike, kind: str, required: tuple[str, ...] = (), 
         f.close()
 
 
-KIND_STAGE = {"attention": "extract"}  # the stage that writes an artifact kind, where its name differs
+KIND_STAGE = {"attention": "extract", "eval": "evaluate"}  # the stage that writes an artifact kind, where its name differs
 
 
 def _check_origin(f, path: Path, kind: str, model: str | None) -> None:

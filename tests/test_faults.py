@@ -120,3 +120,151 @@ def test_evaluate_killed_at_random_moments_ends_with_the_uninterrupted_result(ti
     assert out.read_bytes() == reference, f"FAULT_SEED={seed}: {kills} kills, journal sizes {sizes}"
     assert not journal.exists()
     assert kills >= 3, f"FAULT_SEED={seed}: the run finished before it was killed often enough ({kills})"
+
+
+# ---- nothing wrong passes as right ---------------------------------------------------------------------
+
+def test_non_finite_values_are_refused_with_file_dataset_and_index(tmp_path):
+    import numpy as np
+
+    from meaningless_tokens.store import NonFiniteError, put, write_h5
+
+    out = tmp_path / "artifacts/stats/tiny.h5"
+    data = np.zeros((3, 4))
+    data[1, 2] = np.nan
+    with pytest.raises(NonFiniteError, match=r"artifacts/stats/tiny.h5: /none/drop: non-finite value nan at index "
+                                             r"\[1, 2\] \(1 of 12 values\)"):
+        with write_h5(out) as f:
+            put(f.create_group("none"), "drop", data)
+    assert not out.exists() and list(out.parent.iterdir()) == []  # no output, no temporary file
+
+
+def _write_artifact(path, model="tiny", stage="stats", kind="stats", values=None):
+    import numpy as np
+
+    from meaningless_tokens.store import put, put_json_attr, write_h5
+
+    with write_h5(path) as f:
+        f.attrs["kind"], f.attrs["model"] = kind, model
+        put_json_attr(f, "provenance", {"stage": stage})
+        put(f, "values", np.arange(64, dtype=np.float64) if values is None else values)
+    return path
+
+
+def test_fletcher32_makes_a_flipped_byte_a_read_error_and_keeps_values(tmp_path):
+    import numpy as np
+
+    from meaningless_tokens.store import ArtifactError, read_h5
+
+    values = np.linspace(0, 1, 64)
+    path = _write_artifact(tmp_path / "artifacts/stats/tiny.h5", values=values)
+    with read_h5(path, "stats") as f:
+        assert f["values"].fletcher32 and np.array_equal(f["values"][()], values)  # the same values, bit for bit
+        offset = f["values"].id.get_chunk_info(0).byte_offset
+    raw = bytearray(path.read_bytes())
+    raw[offset + 100] ^= 0x01  # one bit of one float
+    path.write_bytes(bytes(raw))
+    with pytest.raises(ArtifactError, match=r"tiny.h5: cannot read .*filter returned failure during read.*corrupt or truncated"):
+        with read_h5(path, "stats") as f:
+            f["values"][()]
+
+
+def test_another_models_or_stages_artifact_is_refused(tmp_path, write_params, capsys):
+    from meaningless_tokens.store import ArtifactError, read_h5
+
+    wrong_model = _write_artifact(tmp_path / "artifacts/stats/tiny.h5", model="other")
+    with pytest.raises(ArtifactError, match=r"tiny.h5: written for model 'other', read as model 'tiny'"):
+        with read_h5(wrong_model, "stats"):
+            pass
+    wrong_stage = _write_artifact(tmp_path / "artifacts/attention/tiny.h5", kind="attention", stage="sweep")
+    with pytest.raises(ArtifactError, match=r"tiny.h5: written by stage 'sweep', expected 'extract'"):
+        with read_h5(wrong_stage, "attention"):
+            pass
+
+
+# ---- filesystem faults are one line ----------------------------------------------------------------------
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 2 MiB tmpfs (root and mount(8) needed; skipped where they are not)."""
+    where = tmp_path / "disk"
+    where.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(where)],
+                                           capture_output=True).returncode:
+        pytest.skip("no tmpfs mount here (needs root and mount): the full-disk cases are untested")
+    yield where
+    subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+FULL_DISK_SCRIPT = """
+import sys
+import numpy as np
+from meaningless_tokens import cli
+from meaningless_tokens.store import put, put_json_attr, write_h5
+
+def run(params):
+    with write_h5(sys.argv[1]) as f:
+        f.attrs["kind"] = "stats"
+        put(f, "big", np.random.default_rng(0).random((1024, 1024)))  # 8 MiB, gzip cannot squeeze random floats
+sys.exit(cli.main("faults", None, run, sys.argv[2:], per_model=False))
+"""
+
+
+def test_full_disk_is_one_error_line_not_a_crash(small_disk, tmp_path):
+    out = small_disk / "artifacts/stats/tiny.h5"
+    out.parent.mkdir(parents=True)
+    out.write_bytes(b"previous output")
+    (out.parent / ".tiny.h5.killed.partial").write_bytes(b"x" * 4096)  # a killed run's temporary file
+    for _ in range(3):
+        p = subprocess.run([sys.executable, "-c", FULL_DISK_SCRIPT, str(out), "--params", str(ROOT / "params.yaml")],
+                           capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=tmp_path)
+        assert p.returncode == 2, (p.returncode, p.stderr[-2000:])
+        assert one_error_line(p.stderr) == f"error: {out}: No space left on device"
+        assert out.read_bytes() == b"previous output"
+        assert sorted(x.name for x in out.parent.iterdir()) == ["tiny.h5"]  # the stale and the new partial gone
+
+
+def test_read_only_model_cache_and_output_folder_are_one_error_line(small_disk, tiny_dirs, write_params, monkeypatch,
+                                                                   capsys):
+    from meaningless_tokens.store import OutputError
+    from stages import prepare
+
+    params = tiny_eval_params(write_params, tiny_dirs)
+    subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
+    monkeypatch.setenv("MLESS_CACHE", str(small_disk / "cache"))
+    assert prepare.main(["--model", "tiny", "--params", str(params.file)]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert line.startswith(f"error: {small_disk / 'cache'}") and line.endswith(": Read-only file system"), line
+    monkeypatch.setenv("MLESS_CACHE", str(params.file.parent / "cache"))
+    assert prepare.main(["--model", "tiny", "--params", str(params.file)]) == 0
+    capsys.readouterr()
+    with pytest.raises(OutputError) as e:
+        prepare.run(params, "tiny", out=small_disk / "artifacts/models/tiny.json")
+    assert str(e.value) == f"{small_disk / 'artifacts'}: Read-only file system"  # the folder it could not make
+
+
+# ---- config check catches what a stage would -------------------------------------------------------------
+
+def test_config_check_catches_duplicate_keys_empty_model_lists_and_missing_files(write_params, capsys):
+    import yaml
+
+    from meaningless_tokens import config
+
+    path = write_params()
+
+    def check(text):
+        path.write_text(text)
+        assert config.main(["check", str(path)]) == 2
+        return one_error_line(capsys.readouterr().err)
+
+    good = path.read_text()
+    twice = good.replace("\nevaluate:\n", "\nevaluate:\n  seed: 1\n", 1)  # evaluate.seed follows further down
+    assert "key 'seed' given twice" in check(twice) and str(path) in check(twice)
+    raw = yaml.safe_load(good)
+    for key in ("evaluate", "likelihood"):
+        bad = {**raw, key: {**raw[key], "models": []}}
+        assert check(yaml.safe_dump(bad, sort_keys=False)) == f"error: {path}: {key}.models: empty; the stages that " \
+            f"read it need at least one model (e.g. {list(raw['models'])[:1]})"
+    bad = {**raw, "prompt": {**raw["prompt"], "mful": {**raw["prompt"]["mful"], "text_file": "no/such.txt"}}}
+    assert check(yaml.safe_dump(bad, sort_keys=False)) == \
+        f"error: {path}: prompt.mful.text_file: {path.parent / 'no/such.txt'} does not exist"
