@@ -268,3 +268,39 @@ def test_config_check_catches_duplicate_keys_empty_model_lists_and_missing_files
     bad = {**raw, "prompt": {**raw["prompt"], "mful": {**raw["prompt"]["mful"], "text_file": "no/such.txt"}}}
     assert check(yaml.safe_dump(bad, sort_keys=False)) == \
         f"error: {path}: prompt.mful.text_file: {path.parent / 'no/such.txt'} does not exist"
+
+
+def test_weights_overwritten_in_place_are_rehashed_and_their_nan_refused(tiny_dirs, write_params, cache_dir,
+                                                                        tmp_path, capsys):
+    """The issue's case: bytes of model.safetensors overwritten, size and mtime kept. The digest is recomputed (its
+    memo is keyed on inode and ctime too) and the probe, comparing NaN-aware, refuses the model in one line."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from meaningless_tokens import models
+    from stages import extract, prepare
+
+    model_dir = tmp_path / "model"
+    shutil.copytree(tiny_dirs["llama"], model_dir)
+    raw = load_params(write_params()).model_dump()
+    raw["models"] = {"tiny": {"display_name": "Tiny llama", "family": "llama", "layers": [0, 1], "heads": "all",
+                              "source": {"kind": "local_dir", "path": str(model_dir)}}}
+    params = load_params(write_params(raw))
+    before = models.prepare(params, "tiny").weights_sha256
+    weights = model_dir / "model.safetensors"
+    st = weights.stat()
+    tensors = load_file(weights)
+    name = next(k for k in tensors if "layers.0.self_attn.q_proj" in k)
+    tensors[name] = torch.full_like(tensors[name], float("nan"))
+    save_file(tensors, weights, metadata={"format": "pt"})
+    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert weights.stat().st_size == st.st_size and weights.stat().st_mtime_ns == st.st_mtime_ns
+    assert extract.main(["--model", "tiny", "--params", str(params.file)]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "non-finite values" in line and "layer 0" in line, line
+    assert not (params.file.parent / "artifacts/attention/tiny.h5").exists()
+    assert prepare.main(["--model", "tiny", "--params", str(params.file)]) == 2
+    capsys.readouterr()
+    assert models._describe_dir(model_dir, cache_dir, False)["weights_sha256"] != before
