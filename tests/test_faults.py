@@ -81,7 +81,7 @@ def test_evaluate_killed_at_random_moments_ends_with_the_uninterrupted_result(ti
     from a server that has imported torch and transformers once (a fresh interpreter spends seconds on that)."""
     import multiprocessing
 
-    params = tiny_eval_params(write_params, tiny_dirs, n_samples=8, max_new_tokens=24, batch_size=2)
+    params = tiny_eval_params(write_params, tiny_dirs, n_samples=6, max_new_tokens=16, batch_size=1)
     root = params.file.parent
     journal, out = root / "artifacts/eval/.journal/tiny.jsonl", root / "artifacts/eval/tiny.h5"
     ctx = multiprocessing.get_context("forkserver")
@@ -97,7 +97,7 @@ def test_evaluate_killed_at_random_moments_ends_with_the_uninterrupted_result(ti
     seed = int(os.environ.get("FAULT_SEED", time.time_ns() % 100_000))
     rng = random.Random(seed)
     kills, sizes = 0, []
-    for k in range(10):
+    for k in range(int(os.environ.get("FAULT_KILLS", 10))):
         err = tmp_path / f"run{k}.err"
         proc = start(root, err)
         while proc.exitcode is None and not journal.is_file():  # model loading is not the interesting part
