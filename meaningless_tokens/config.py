@@ -704,9 +704,12 @@ def check_files(p: Params) -> None:
     named = [("dataset.path", p.dataset.path), ("prompt.mful.text_file", p.prompt.mful.text_file)]
     named += [(f"models.{n}.source.path", m.source.path) for n, m in p.models.items()
               if m.source.kind in ("local_dir", "gguf_file")]
+    # a profile's paths are relative to the project root, where `use` copies it
+    base = ROOT / "params.yaml" if p.file.resolve().parent == PROFILES_DIR.resolve() else p.file
     for key, value in named:
-        if value and not p.resolve(str(value)).exists():
-            raise ConfigError(f"{p.file}: {key}: {p.resolve(str(value))} does not exist")
+        where = resolve_path(base, str(value)) if value else None
+        if where and not where.exists():
+            raise ConfigError(f"{p.file}: {key}: {where} does not exist")
 
 
 def use_profile(profile: str, target: Path = ROOT / "params.yaml") -> Path:
