@@ -14,7 +14,7 @@ export PYTHONDONTWRITEBYTECODE := 1
 # pip's notice that a newer pip exists is no news to a newcomer: the venv's own pip installs the locks.
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install install-vllm lock check-torch system-packages repro verify test test-vllm test-gpu gpu-wheels clean-venv
+.PHONY: install install-vllm lock check-torch system-packages repro verify test faults test-vllm test-gpu gpu-wheels clean-venv
 
 install: $(VENV)/.installed
 
@@ -89,6 +89,11 @@ PYTEST_WORKERS ?= -n 2 --dist loadfile
 
 test: install system-packages
 	$(BIN)/python -m pytest $(PYTEST_WORKERS) $(PYTEST_ARGS)
+
+# The fault-injection cases alone (docs/faults.md; `make test` runs them too); FAULT_SEED=<n> replays a kill
+# sequence, FAULT_KILLS=<n> sets how many kills.
+faults: install
+	$(BIN)/python -m pytest $(PYTEST_ARGS) tests/test_faults.py
 
 # The tests of the vLLM engine (tests/test_vllm.py) in the vLLM environment; `make test` skips them.
 test-vllm: install-vllm

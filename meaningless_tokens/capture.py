@@ -157,6 +157,12 @@ def compare(model, input_ids, layers, tolerance: float = TOLERANCE) -> dict:
         got, want = captured[layer], ref[layer][0].float()
         if got.shape != want.shape:
             raise CaptureError(f"layer {layer}: captured shape {tuple(got.shape)} != eager {tuple(want.shape)}")
+        for what, t in (("captured", got), ("eager", want)):  # max() with a NaN would pass it as "diff 0"
+            bad = ~torch.isfinite(t)
+            if bad.any():
+                first = [int(i) for i in bad.nonzero()[0].tolist()]
+                raise CaptureError(f"layer {layer}: {what} attention holds non-finite values ({int(bad.sum())} of "
+                                   f"{t.numel()}, the first at [head, query, key] {first}): damaged weights?")
         diff = max(diff, (got - want).abs().max().item())
         rows = max(rows, (got.sum(-1) - 1).abs().max().item())
         if got[:, above].abs().max().item() > 0:

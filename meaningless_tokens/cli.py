@@ -1,6 +1,7 @@
 """The command line the per-model stages share: `python -m stages.<stage> --model NAME [--params FILE]`.
 
-Bad input (any StageError) is one `error: ...` line and exit status 2; Ctrl-C is exit status 130.
+Bad input (any StageError) is one `error: ...` line and exit status 2, and so is a filesystem fault (full disk,
+read-only or missing folder, permission denied: `error: <path>: <reason>`); Ctrl-C is exit status 130.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import sys
 from typing import Callable
 
 from meaningless_tokens.config import PARAMS_FILE, StageError, load_params
+from meaningless_tokens.store import os_error_line
 
 
 def main(stage: str, doc: str | None, run: Callable, argv: list[str] | None = None, per_model: bool = True) -> int:
@@ -25,6 +27,10 @@ def main(stage: str, doc: str | None, run: Callable, argv: list[str] | None = No
     except StageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # a filesystem fault the stage met outside the writers (store.py names those)
+        print(f"error: {os_error_line(e)}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
     return 0
+

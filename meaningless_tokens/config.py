@@ -110,7 +110,10 @@ class LocalDirSource(Strict):
 class HubSource(Strict):
     kind: Literal["hf"]
     repo_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")]
-    revision: str = "main"
+    revision: str = Field(default="main", description="a full 40-hex commit hash; a branch or tag moves, so prepare "
+                          "refuses one unless allow_moving_revision is true")
+    allow_moving_revision: bool = Field(default=False, description="accept a branch or tag as revision (the commit "
+                                        "it resolved to is recorded in the manifest)")
 
 
 Source = Annotated[
@@ -543,12 +546,31 @@ def _format_error(path: Path, err: dict) -> str:
     return f"{path}: {loc or '<root>'}: {msg}{shown}"
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """safe_load that refuses a key given twice in one mapping (YAML says keys are unique; PyYAML keeps the last,
+    DVC refuses the file: both stages and `config check` refuse it as DVC does)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise ConfigError(f"line {key_node.start_mark.line + 1}: key '{key}' given twice (first at line "
+                                  f"{seen[key] + 1}); YAML keys are unique: keep one")
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep)
+
+
 def load_params(path: str | os.PathLike = PARAMS_FILE) -> Params:
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)
     except FileNotFoundError:
         raise ConfigError(f"{path}: params file not found") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: {e.strerror or e}") from None
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
     if not isinstance(raw, dict):
@@ -677,6 +699,19 @@ def check_model_facts(params: Params, name: str, facts: dict) -> None:
 
 # ---- CLI ----------------------------------------------------------------------------------
 
+def check_files(p: Params) -> None:
+    """Every file the params name exists (a stage would stop on it later, after minutes of work)."""
+    named = [("dataset.path", p.dataset.path), ("prompt.mful.text_file", p.prompt.mful.text_file)]
+    named += [(f"models.{n}.source.path", m.source.path) for n, m in p.models.items()
+              if m.source.kind in ("local_dir", "gguf_file")]
+    # a profile's paths are relative to the project root, where `use` copies it
+    base = ROOT / "params.yaml" if p.file.resolve().parent == PROFILES_DIR.resolve() else p.file
+    for key, value in named:
+        where = resolve_path(base, str(value)) if value else None
+        if where and not where.exists():
+            raise ConfigError(f"{p.file}: {key}: {where} does not exist")
+
+
 def use_profile(profile: str, target: Path = ROOT / "params.yaml") -> Path:
     src = Path(profile) if profile.endswith((".yaml", ".yml")) else PROFILES_DIR / f"{profile}.yaml"
     if not src.is_file():
@@ -708,6 +743,12 @@ def main(argv: list[str] | None = None) -> int:
                 if chosen is None:  # in-process callers may leave it out; dvc.yaml's foreach cannot
                     raise ConfigError(f"{path}: {key}.models: null; dvc.yaml runs one {key} stage per model "
                                       f"listed there: list them (e.g. {list(p.models)})")
+            for key, chosen in (("evaluate.models", p.evaluate.models), ("likelihood.models", p.likelihood.models),
+                                ("figures.models", p.figures.models)):
+                if chosen == []:
+                    raise ConfigError(f"{path}: {key}: empty; the stages that read it need at least one model "
+                                      f"(e.g. {list(p.models)[:1]})")
+            check_files(p)
             print(f"{path}: ok (profile {p.profile}; models {', '.join(p.models)}; evaluated {', '.join(p.evaluated)})")
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -26,7 +26,7 @@ from typing import Iterator
 from meaningless_tokens import arm, models, progress, sampling, vllm_engine
 from meaningless_tokens.config import CONDITIONS, ConfigError, Evaluate, Params
 from meaningless_tokens.grading import grade, has_complete_box
-from meaningless_tokens.store import ArtifactError
+from meaningless_tokens.store import ArtifactError, fs_error
 
 JOURNAL_VERSION = 1
 
@@ -182,7 +182,26 @@ class Journal:
             self._load()
 
     def _load(self) -> None:
-        lines = self.path.read_text(encoding="utf-8").split("\n")
+        try:
+            data = self.path.read_bytes()
+        except OSError as e:
+            raise ArtifactError(f"{self.path}: {e.strerror or e}") from None
+        # A kill mid-write leaves a torn last line (no newline after it): cut back to the last complete
+        # record before appending, or the next record would be glued onto the torn one.
+        end = data.rfind(b"\n") + 1
+        if end < len(data):
+            if end == 0:  # not even the header was written: nothing was saved
+                self.path.unlink()
+                return
+            try:
+                with open(self.path, "r+b") as f:
+                    f.truncate(end)
+                    os.fsync(f.fileno())
+            except OSError as e:
+                raise ArtifactError(f"{self.path}: cannot cut its torn last line: {e.strerror or e}") from None
+            print(f"{self.path}: cut a torn last line ({len(data) - end} bytes, a run killed while writing); "
+                  f"that batch is redone", file=sys.stderr)
+        lines = data[:end].decode("utf-8", errors="replace").split("\n")[:-1]
         try:
             header = json.loads(lines[0])
         except json.JSONDecodeError:
@@ -195,26 +214,25 @@ class Journal:
             self.path.unlink()
             return
         for k, line in enumerate(lines[1:], start=2):
-            if not line:
-                continue
             try:
                 rec = Record(**json.loads(line))
             except (json.JSONDecodeError, TypeError) as e:
-                if k == len(lines) or (k == len(lines) - 1 and not lines[-1]):
-                    break  # the run was killed while writing its last line: that batch is redone
                 raise ArtifactError(f"{self.path}:{k}: damaged journal line ({e}); delete the file to start over") from None
             self.records[rec.key] = rec
 
     def append(self, records: list[Record]) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fresh = not self.path.is_file()
-        with open(self.path, "a", encoding="utf-8") as f:
-            if fresh:
-                f.write(json.dumps({"version": JOURNAL_VERSION, "key": self.key}) + "\n")
-            for rec in records:
-                f.write(json.dumps(asdict(rec), ensure_ascii=False) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        try:  # a full disk leaves at most a torn last line, which the next run cuts
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fresh = not self.path.is_file()
+            with open(self.path, "a", encoding="utf-8") as f:
+                if fresh:
+                    f.write(json.dumps({"version": JOURNAL_VERSION, "key": self.key}) + "\n")
+                for rec in records:
+                    f.write(json.dumps(asdict(rec), ensure_ascii=False) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as e:
+            raise fs_error(e, self.path) from None
         for rec in records:
             self.records[rec.key] = rec
 

@@ -646,10 +646,17 @@ def _converted(name: str, gguf_path: Path, gguf_sha256: str, cache: Path,
 
 # ---- local folders and the hub --------------------------------------------------------------
 
+def _stat_key(path: Path) -> list:
+    """What changes whenever a file's content could have: a write moves ctime (which, unlike mtime, no tool sets
+    back) and a replacement moves the inode."""
+    st = path.stat()
+    return [st.st_dev, st.st_ino, st.st_size, st.st_ctime_ns, st.st_mtime_ns]
+
+
 def _describe_dir(model_dir: Path, cache: Path, trust_remote_code: bool) -> dict:
-    """Weights digest and facts of a model folder, memoized by path, size and mtime of its files
+    """Weights digest and facts of a model folder, memoized by path, inode, size, ctime and mtime of its files
     (hashing GBs of weights and importing transformers on every run would cost seconds to minutes)."""
-    stat = {p.name: [p.stat().st_size, p.stat().st_mtime_ns] for p in sorted(model_dir.iterdir()) if p.is_file()}
+    stat = {p.name: _stat_key(p) for p in sorted(model_dir.iterdir()) if p.is_file()}
     key = hashlib.sha256(json.dumps([str(model_dir.resolve()), stat, trust_remote_code]).encode()).hexdigest()
     memo = cache / "digests" / f"{key}.json"
     if memo.is_file():
@@ -658,6 +665,22 @@ def _describe_dir(model_dir: Path, cache: Path, trust_remote_code: bool) -> dict
     d = {"weights_sha256": digest, "files": files, "facts": model_facts(model_dir, trust_remote_code)}
     write_json_atomic(memo, d)
     return d
+
+
+def _verify_conversion(name: str, path: Path, manifest: dict, cache: Path) -> None:
+    """A converted model's safetensors still hold what its conversion wrote (the manifest's sha256 of each file):
+    the weights_sha256 of a GGUF source is the GGUF's, so a damaged conversion would otherwise pass as it."""
+    stat = {p.name: _stat_key(p) for p in sorted(path.glob("*.safetensors"))}
+    key = hashlib.sha256(json.dumps([str(path.resolve()), stat, "conversion"]).encode()).hexdigest()
+    memo = cache / "digests" / f"{key}.json"
+    if memo.is_file() and json.loads(memo.read_text()) == manifest["files"]:
+        return
+    _, files = weights_digest(path)
+    if files != manifest["files"]:
+        changed = sorted(k for k in set(files) | set(manifest["files"]) if files.get(k) != manifest["files"].get(k))
+        raise ModelSourceError(f"model '{name}': {path / changed[0]}: sha256 differs from its conversion's manifest "
+                               f"(changed since it was converted: {changed}); delete {path} to convert again")
+    write_json_atomic(memo, files)
 
 
 def _check_hf_dir(name: str, model_dir: Path) -> None:
@@ -673,6 +696,10 @@ HUB_PATTERNS = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "token
 def fetch_hub(name: str, source, cache: Path, offline: bool) -> tuple[Path, str]:
     from huggingface_hub import snapshot_download
 
+    if not re.fullmatch(r"[0-9a-f]{40}", source.revision) and not source.allow_moving_revision:
+        raise ModelSourceError(f"model '{name}': source.revision '{source.revision}' is not a full commit hash: a branch "
+                               f"or tag moves, and a rerun would read other weights; pin the commit (docs/gpu.md) or set "
+                               f"models.{name}.source.allow_moving_revision: true")
     try:
         path = snapshot_download(
             repo_id=source.repo_id, revision=source.revision, cache_dir=str(cache / "hub"),
@@ -758,6 +785,7 @@ def _prepare(params: Params, name: str, spec: ModelSpec, layers) -> PreparedMode
             if src.sha256 and gguf_sha != src.sha256:
                 raise ModelSourceError(f"model '{name}': {gguf_path} sha256 {gguf_sha} != expected {src.sha256}")
         path, desc = _converted(name, gguf_path, gguf_sha, cache, None if layers is None else max(layers) + 1)
+        _verify_conversion(name, path, desc, cache)
         resolved["gguf_sha256"] = gguf_sha
         desc = {**desc, "weights_sha256": gguf_sha, "files": {"model.gguf": gguf_sha}}
     else:

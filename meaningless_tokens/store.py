@@ -11,25 +11,70 @@ from pathlib import Path
 from meaningless_tokens.config import StageError
 
 
+class OutputError(StageError):
+    """A file cannot be written or read back (disk full, read-only or missing folder, permission denied):
+    one line naming the file and the reason."""
+
+
+def os_reason(e: OSError) -> str:
+    """The reason of an OSError in a few words: its strerror, or the errno h5py buries in its message."""
+    import re
+
+    if e.errno:
+        return os.strerror(e.errno)
+    m = re.search(r"errno = (\d+)", str(e))
+    if m:
+        return os.strerror(int(m.group(1)))
+    return " ".join(str(e.strerror or e).split())[:300] or type(e).__name__
+
+
+def os_error_line(e: OSError) -> str:
+    """`<path>: <reason>` of an OSError (the command line's `error:` line for a filesystem fault)."""
+    return f"{e.filename if e.filename is not None else '?'}: {os_reason(e)}"
+
+
+def fs_error(e: OSError, path: str | os.PathLike) -> OutputError:
+    """`<path>: <reason>` for an OSError met while writing `path` (the OSError's own file where it names one)."""
+    return OutputError(f"{e.filename or path}: {os_reason(e)}")
+
+
 @contextlib.contextmanager
 def atomic_path(final: str | os.PathLike):
     """Yield a temporary path beside `final`; rename it onto `final` only if the block succeeds.
 
-    A crash or Ctrl-C leaves the old `final` (or nothing) in place, never a half-written file. The
-    file gets the mode any tool's output gets (0666 less the umask: 0644 with the usual 022), not
+    A crash or Ctrl-C leaves the old `final` (or nothing) in place, never a half-written file; a temporary
+    file a killed run left behind (`.<name>.*.partial`) is removed when the next writer of `final` starts.
+    A filesystem fault (full disk, read-only or missing folder, permission denied) is an OutputError naming the
+    file. The file gets the mode any tool's output gets (0666 less the umask: 0644 with the usual 022), not
     mkstemp's private 0600, so a shared workspace or a web server can read what the pipeline wrote.
     """
     final = Path(final)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".partial", dir=final.parent)
-    os.close(fd)
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        for stale in final.parent.glob(f".{glob_escape(final.name)}.*.partial"):
+            stale.unlink(missing_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".partial", dir=final.parent)
+        os.close(fd)
+    except OSError as e:
+        raise fs_error(e, final) from None
     tmp = Path(tmp)
     try:
         yield tmp
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, final)
+    except OSError as e:
+        raise fs_error(e, final) from None
     finally:
-        tmp.unlink(missing_ok=True)
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+
+
+def glob_escape(name: str) -> str:
+    import glob
+
+    return glob.escape(name)
 
 
 def _umask() -> int:
@@ -72,27 +117,81 @@ class ArtifactError(StageError):
     """An artifact a stage reads is missing, corrupt, truncated or of another format; names the file."""
 
 
+_WRITING: dict[str, Path] = {}  # temporary file name -> the artifact it becomes, while write_h5 holds it open
+
+
 @contextlib.contextmanager
 def write_h5(final: str | os.PathLike):
     """An HDF5 file opened for writing at a temporary path, renamed onto `final` on success.
 
-    Fixed library version bounds and no timestamps, so equal inputs give byte-identical files."""
+    Fixed library version bounds and no timestamps, so equal inputs give byte-identical files. The file is built
+    in memory (HDF5's core driver, no backing store) and its image written out with plain file I/O: a full or
+    read-only disk is then one OutputError naming `final`, never an HDF5 library that fails to flush its
+    caches at close and crashes the interpreter at exit (as it did with the disk driver)."""
     import h5py
 
+    final = Path(final)
     with atomic_path(final) as tmp:
-        with h5py.File(tmp, "w", libver=("earliest", "v110"), track_order=True) as f:
+        f = h5py.File(tmp.name, "w", driver="core", backing_store=False, libver=("earliest", "v110"),
+                      track_order=True)
+        key = f.filename
+        _WRITING[key] = final
+        try:
             f.attrs["format_version"] = FORMAT_VERSION
             yield f
+            f.flush()
+            image = f.id.get_file_image()
+        finally:
+            _WRITING.pop(key, None)
+            _close_quietly(f)
+        try:
+            with open(tmp, "wb") as out:
+                out.write(image)
+        except OSError as e:
+            raise fs_error(e, final) from None
 
 
-def put(group, name: str, data, compress: bool = True, **attrs):
-    """A dataset with fixed dtype, chunked + gzip-compressed when large enough, no timestamps."""
+def _close_quietly(f) -> None:
+    try:
+        f.close()
+    except Exception:  # noqa: BLE001 - the write already failed; that error is the one reported
+        pass
+
+
+class NonFiniteError(ArtifactError):
+    """NaN or infinity in a value about to be written: a wrong number is worse than no number."""
+
+
+def check_finite(data, where: str) -> None:
+    """Raise NonFiniteError naming `where` and the first non-finite value's index, if `data` holds one."""
     import numpy as np
 
     data = np.asarray(data)
+    if data.dtype.kind not in "fc":
+        return
+    bad = ~np.isfinite(data)
+    if bad.any():
+        first = np.unravel_index(int(np.argmax(bad)), data.shape) if data.ndim else ()
+        raise NonFiniteError(f"{where}: non-finite value {data[first].item()!r} at index {list(map(int, first))} "
+                             f"({int(bad.sum())} of {data.size} values)")
+
+
+def put(group, name: str, data, compress: bool = True, **attrs):
+    """A dataset with fixed dtype, chunked + gzip-compressed when large enough, fletcher32-checksummed (a flipped
+    byte is a read error, not a number), no timestamps. NaN or infinity is refused (NonFiniteError)."""
+    import numpy as np
+
+    data = np.asarray(data)
+    final = _WRITING.get(group.file.filename, group.file.filename)
+    check_finite(data, f"{final}: {group.name.rstrip('/')}/{name}")
     kw = {}
-    if compress and data.size >= 1024:
-        kw = dict(compression="gzip", compression_opts=4, shuffle=True, chunks=True)
+    if data.dtype.kind == "O":  # variable-length strings: the checksum would cover only their heap pointers
+        if compress and data.size >= 1024:
+            kw = dict(compression="gzip", compression_opts=4, shuffle=True, chunks=True)
+    elif data.size and data.ndim:  # fletcher32 needs a chunked layout: small arrays are one chunk
+        kw = dict(chunks=True if data.size >= 1024 else data.shape, fletcher32=True)
+        if compress and data.size >= 1024:
+            kw |= dict(compression="gzip", compression_opts=4, shuffle=True)
     ds = group.create_dataset(name, data=data, track_times=False, **kw)
     for k, v in attrs.items():
         ds.attrs[k] = v
@@ -104,8 +203,11 @@ def put_json_attr(obj, name: str, value) -> None:
 
 
 @contextlib.contextmanager
-def read_h5(path: str | os.PathLike, kind: str, required: tuple[str, ...] = ()):
-    """Open an artifact for reading; every failure is an ArtifactError naming the file."""
+def read_h5(path: str | os.PathLike, kind: str, required: tuple[str, ...] = (), model: str | None = None):
+    """Open an artifact for reading; every failure is an ArtifactError naming the file.
+
+    The artifact must be of `kind`, written by that kind's stage, and of `model` (by default, at
+    `artifacts/<kind>/<model>.h5`, the model its file name says): another model's file copied in place is refused."""
     import h5py
 
     path = Path(path)
@@ -119,6 +221,7 @@ def read_h5(path: str | os.PathLike, kind: str, required: tuple[str, ...] = ()):
         if f.attrs.get("kind") != kind or f.attrs.get("format_version") != FORMAT_VERSION:
             raise ArtifactError(f"{path}: expected a '{kind}' artifact of format {FORMAT_VERSION}, found "
                                 f"kind={f.attrs.get('kind')!r} format={f.attrs.get('format_version')!r}")
+        _check_origin(f, path, kind, model)
         missing = [name for name in required if name not in f]
         if missing:
             raise ArtifactError(f"{path}: missing datasets {missing} (truncated or written by another version?)")
@@ -127,6 +230,27 @@ def read_h5(path: str | os.PathLike, kind: str, required: tuple[str, ...] = ()):
         raise ArtifactError(f"{path}: cannot read ({type(e).__name__}: {e}); corrupt or truncated?") from None
     finally:
         f.close()
+
+
+KIND_STAGE = {"attention": "extract", "eval": "evaluate"}  # the stage that writes an artifact kind, where its name differs
+
+
+def _check_origin(f, path: Path, kind: str, model: str | None) -> None:
+    import json as _json
+
+    if model is None and path.parent.name == kind:  # the artifact's own place: artifacts/<kind>/<model>.h5
+        model = path.stem
+    found = f.attrs.get("model")
+    if model is not None and found is not None and str(found) != model:
+        raise ArtifactError(f"{path}: written for model '{found}', read as model '{model}' (another model's file "
+                            f"copied in place?); rerun its stage: dvc repro")
+    try:
+        stage = _json.loads(f.attrs["provenance"]).get("stage") if "provenance" in f.attrs else None
+    except (ValueError, TypeError, AttributeError):
+        raise ArtifactError(f"{path}: its provenance attribute is not JSON (corrupt or written by another tool?)") from None
+    want = KIND_STAGE.get(kind, kind)
+    if stage is not None and stage != want:
+        raise ArtifactError(f"{path}: written by stage '{stage}', expected '{want}'")
 
 
 ROOT = Path(__file__).resolve().parent.parent

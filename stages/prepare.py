@@ -17,7 +17,7 @@ from pathlib import Path
 
 from meaningless_tokens.config import PARAMS_FILE, Params, StageError, load_params
 from meaningless_tokens.models import PreparedModel, manifest_path, prepare, stage_layers
-from meaningless_tokens.store import environment, write_json_atomic
+from meaningless_tokens.store import environment, os_error_line, write_json_atomic
 
 
 def run(params: Params, name: str, out: Path | None = None) -> PreparedModel:
@@ -43,6 +43,9 @@ def main(argv: list[str] | None = None) -> int:
             run(params, name)
     except StageError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"error: {os_error_line(e)}", file=sys.stderr)
         return 2
     return 0
 

@@ -82,8 +82,9 @@ def test_unknown_model_and_missing_folder(write_params, cache_dir, tmp_path):
         models.prepare(params, "tiny")
 
 
-def hub_spec(repo_id="acme/tiny-llama", revision="main"):
-    return {"display_name": "hub", "family": "llama", "source": {"kind": "hf", "repo_id": repo_id, "revision": revision}}
+def hub_spec(repo_id="acme/tiny-llama", revision="main", allow_moving_revision=True):
+    return {"display_name": "hub", "family": "llama", "source": {"kind": "hf", "repo_id": repo_id, "revision": revision,
+                                                                 "allow_moving_revision": allow_moving_revision}}
 
 
 def test_hub_source_offline_uses_huggingface_cache(tiny_dirs, write_params, cache_dir):
@@ -105,6 +106,12 @@ def test_hub_source_offline_uses_huggingface_cache(tiny_dirs, write_params, cach
     assert prepared.path == snapshot
     assert prepared.source["resolved_commit"] == commit
     assert json.loads(json.dumps(prepared.manifest()))["source"]["resolved_commit"] == commit
+    raw["models"] = {"hub": hub_spec(revision=commit, allow_moving_revision=False)}  # pinned: no flag needed
+    assert models.prepare(load_params(write_params(raw)), "hub").source["resolved_commit"] == commit
+    raw["models"] = {"hub": hub_spec(allow_moving_revision=False)}
+    with pytest.raises(ModelSourceError, match=r"model 'hub': source.revision 'main' is not a full commit hash.*"
+                                               r"models.hub.source.allow_moving_revision: true"):
+        models.prepare(load_params(write_params(raw)), "hub")
     raw["models"] = {"hub": hub_spec("acme/not-cached")}
     with pytest.raises(ModelSourceError) as e:
         models.prepare(load_params(write_params(raw)), "hub")
