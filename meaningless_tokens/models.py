@@ -700,6 +700,16 @@ def stage_layers(params: Params, name: str) -> list[int]:
     return sorted({*model_spec(params, name).layers, *params.activations.layers, params.sweep.layer})
 
 
+def prepare_layers(params: Params, name: str) -> list[int] | None:
+    """The layers the prepare stage converts a GGUF source to: None (the whole model) when a whole-model stage
+    of these params runs the model (evaluate, likelihood, the sweep's accuracy or likelihood), so that one
+    conversion serves every stage; else only the layer-only stages' (`stage_layers`)."""
+    sweep_whole = params.sweep.accuracy_samples > 0 or params.sweep.likelihood_samples > 0
+    if name in params.evaluated or name in params.scored or sweep_whole:
+        return None
+    return stage_layers(params, name)
+
+
 @dataclass(frozen=True)
 class ModelSetup:
     """One model as a stage runs it, resolved once from params (`resolve`) and passed down whole, so the

@@ -239,7 +239,7 @@ def test_explorer_converts_nothing_on_a_cache_with_only_a_layer_only_conversion(
     name = "smollm2-135m"
     raw = default_params()
     raw["models"] = {name: raw["models"][name]}
-    raw["evaluate"]["models"] = raw["likelihood"]["models"] = [name]
+    raw["evaluate"]["models"] = raw["likelihood"]["models"] = []  # no whole-model stage: prepare converts layers 0-2
     raw["extract"].update(n_samples=2, showcase=1)
     raw["stats"].update(n_boot=20)
     shutil.copytree(ROOT / "data", tmp_path / "data")
