@@ -12,10 +12,10 @@ sequences, in one run.
 The workload: `--n` problems (seeded, stratified, as the stage picks them) x the none and mless prompts x the two
 continuations (the reference solution's first `--solution-tokens` tokens; the gold answer in the frame), built
 by stages/likelihood.py. Arms, on the same loaded model (SDPA, float32, the same threads):
-- `stage`: scoring.score_all, what the stage runs: each prompt once (batched), both continuations from its KV
-  cache, the LM head only at the positions that predict a scored token, in chunks;
-- `per-sequence`: scoring.score, every sequence whole, batched by length up to likelihood.batch_tokens (the
-  stage before each prompt was computed once);
+- `stage`: scoring.score, what the stage runs: every sequence whole, batched by length up to
+  likelihood.batch_tokens, the LM head only at the positions that predict a scored token, in chunks;
+- `shared`: scoring.score_shared: each prompt once (batched, left-padded), both continuations from its KV
+  cache, the same LM head;
 - `lm-eval`: lm-evaluation-harness's HFLM(pretrained=<the model>, batch_size=--lmeval-batch)
   `_loglikelihood_tokens` on the identical (context ids, continuation ids) pairs (skipped, saying so, where
   lm_eval is not installed);
@@ -115,13 +115,13 @@ def naive(model, tok, seqs, params, pad):
 def staged(model, tok, seqs, params, pad):
     from meaningless_tokens import scoring
 
-    return [a.sum() for a in scoring.score_all(model, seqs, params.likelihood.batch_tokens, pad)]
+    return [a.sum() for a in scoring.score(model, seqs, params.likelihood.batch_tokens, pad)]
 
 
-def per_sequence(model, tok, seqs, params, pad):
+def shared(model, tok, seqs, params, pad):
     from meaningless_tokens import scoring
 
-    return [a.sum() for a in scoring.score(model, seqs, params.likelihood.batch_tokens, pad)]
+    return [a.sum() for a in scoring.score_shared(model, seqs, params.likelihood.batch_tokens, pad)]
 
 
 def lm_eval_available() -> bool:
@@ -148,7 +148,7 @@ def lm_eval(model, tok, seqs, params, pad, batch_size: int = 8):
     return [ll for ll, _ in lm._loglikelihood_tokens(requests, disable_tqdm=True)]
 
 
-ARMS = {"stage": staged, "per-sequence": per_sequence, "lm-eval": lm_eval, "naive": naive}
+ARMS = {"stage": staged, "shared": shared, "lm-eval": lm_eval, "naive": naive}
 
 
 def memory_child(args) -> None:
@@ -188,7 +188,7 @@ def main() -> None:
     ap.add_argument("--solution-tokens", type=int, default=32)
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
-    ap.add_argument("--arms", default="stage,per-sequence,lm-eval,naive", help="comma-separated, from " + ",".join(ARMS))
+    ap.add_argument("--arms", default="stage,shared,lm-eval,naive", help="comma-separated, from " + ",".join(ARMS))
     ap.add_argument("--memory", choices=list(ARMS), help=argparse.SUPPRESS)
     args = ap.parse_args()
 

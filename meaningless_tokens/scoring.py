@@ -5,7 +5,8 @@ A sequence is prompt + context + scored tokens, every part tokenized as a separa
 are, so the scored ids are the same in every condition (`check_alignment`). The whole model runs (no early exit);
 the LM head runs only at the positions that predict a scored token, in chunks (never a [T, vocab] tensor for the
 whole prompt); sequences are sorted by length and batched up to a token budget (right padding: causal attention
-keeps the pads out of every real token). `TeacherForcedArm` applies ARM as generation would have applied it had
+keeps the pads out of every real token). `score_shared` computes each prompt once and its continuations from
+its KV cache (the same log-probs within 1e-4 nats; not faster on a 2-core CPU: docs/benchmarks.md). `TeacherForcedArm` applies ARM as generation would have applied it had
 the model generated exactly these tokens (stages/likelihood.py's text says how).
 """
 
@@ -267,22 +268,6 @@ def score_shared(model, seqs: list[Seq], batch_tokens: int, pad: int, bar=None) 
         batch.append((n, ks))
     if batch:
         run(batch)
-    return result
-
-
-def score_all(model, seqs: list[Seq], batch_tokens: int, pad: int, arm_hook: TeacherForcedArm | None = None,
-              bar=None) -> list[np.ndarray]:
-    """Per sequence, the log-prob of each scored token: `score_shared` (each prompt once) for every condition
-    but `arm`, whose rows `score` runs whole with the ARM hook."""
-    result: list = [None] * len(seqs)
-    for is_arm in (False, True):
-        ks = [k for k, s in enumerate(seqs) if (s.condition == "arm") == is_arm]
-        if not ks:
-            continue
-        part = [seqs[k] for k in ks]
-        got = score(model, part, batch_tokens, pad, arm_hook, bar) if is_arm else score_shared(model, part, batch_tokens, pad, bar)
-        for k, lp in zip(ks, got):
-            result[k] = lp
     return result
 
 

@@ -24,11 +24,10 @@ what the hook does at each decode step; with arm.apply: prefill only the prompt'
 statistics are each sequence's own (arm.pool: row); batch pooling has no counterpart in scoring one sequence.
 
 The whole model runs (no early exit); the LM head runs only at the positions that predict a scored token, in
-chunks (never a [T, vocab] tensor for the whole prompt). A problem's prompt under one condition and the context
-its two continuations share are computed once: one batched forward of the prompts, then both continuations
-from their prompt's KV cache (meaningless_tokens/scoring.py, score_shared; `arm` rows run whole, the hook
-editing the prompt in one pass); problems are sorted by length and batched up to likelihood.batch_tokens padded
-tokens of their whole sequences.
+chunks (never a [T, vocab] tensor for the whole prompt); sequences are sorted by length and batched up to
+likelihood.batch_tokens padded tokens (right padding: causal attention keeps the pads out of every real token).
+(scoring.score_shared computes each prompt once and both continuations from its KV cache, equal within 1e-4
+nats; on the 2-core CPU it was not faster, docs/benchmarks.md, so the stage scores each sequence whole.)
 
 Outputs:
   artifacts/likelihood/<model>.h5    per condition and continuation: sum, mean (nats/token) and tokens per
@@ -57,7 +56,7 @@ from meaningless_tokens import arm, cli, models, progress, scoring
 from meaningless_tokens.config import ConfigError, Params, Prompt
 from meaningless_tokens.intervals import bootstrap_mean_ci, wilcoxon_p
 from meaningless_tokens.prompts import Problem, builder_for, dataset_spec, load_problems, put_problems, require_field, select_problems
-from meaningless_tokens.scoring import Seq, TeacherForcedArm, check_head, pad_id, score_all
+from meaningless_tokens.scoring import Seq, TeacherForcedArm, check_head, pad_id, score
 from meaningless_tokens.store import likelihood_path, plot_table_path, provenance, put, put_json_attr, write_csv_atomic, write_h5, write_json_atomic, write_timing
 
 CONTINUATIONS = ("solution", "answer")
@@ -175,7 +174,7 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
     hook = TeacherForcedArm(arm.layer0_mlp(model, setup), arm_settings) if arm_settings else None
     bar = progress.bar(total=len(seqs), desc=f"likelihood {name}", unit="seq")
     t0 = time.perf_counter()
-    logprobs = score_all(model, seqs, cfg.batch_tokens, pad, hook, bar)
+    logprobs = score(model, seqs, cfg.batch_tokens, pad, hook, bar)
     seconds = time.perf_counter() - t0
     bar.close()
     if hook is not None:
