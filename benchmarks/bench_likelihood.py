@@ -1,20 +1,32 @@
-"""Benchmark: the likelihood stage's scoring vs the naive way, on the same sequences, in one run.
+"""Benchmark: the likelihood stage's scoring vs lm-evaluation-harness and the naive way, on the same token
+sequences, in one run.
 
-    python benchmarks/bench_likelihood.py [--model gemma3-270m] [--n 6] [--solution-tokens 64] [--reps 2]
+    python benchmarks/bench_likelihood.py [--model gemma3-270m] [--n 40] [--solution-tokens 32] [--reps 2]
     python benchmarks/bench_likelihood.py --tiny-vocab 262144     # a generated 2-layer Gemma 3 with that vocabulary
+
+    # the lm-eval arm needs lm_eval, which the project never installs; a benchmark-only environment:
+    python3 -m venv .venv-bench && .venv-bench/bin/pip install --require-hashes --no-deps -r locks/cpu.txt
+    .venv-bench/bin/pip install lm_eval==0.4.13 && .venv-bench/bin/pip install --no-deps --no-build-isolation -e .
+    .venv-bench/bin/python benchmarks/bench_likelihood.py --n 40
 
 The workload: `--n` problems (seeded, stratified, as the stage picks them) x the none and mless prompts x the two
 continuations (the reference solution's first `--solution-tokens` tokens; the gold answer in the frame), built
-by stages/likelihood.py. Arm `stage`: stages.scoring.score, sequences batched by length up to
-likelihood.batch_tokens, the LM head only at the positions that predict a scored token, in chunks. Arm `naive`:
-one sequence at a time, the model's own forward with its full logits [T, vocab], log_softmax over every position,
-then the scored tokens gathered. Both arms run in the same process on the same loaded model (SDPA), alternated
-(stage, naive, naive, stage, ...); the best repetition of each counts. Peak memory: each arm once more in a fresh
-process (the model loaded and warmed up by one short sequence of that arm, which pages in the memory-mapped
-weights), then one pass: the growth of the RSS (sampled every 2 ms) over the warmed-up model's.
+by stages/likelihood.py. Arms, on the same loaded model (SDPA, float32, the same threads):
+- `stage`: scoring.score, what the stage runs: every sequence whole, batched by length up to
+  likelihood.batch_tokens, the LM head only at the positions that predict a scored token, in chunks;
+- `shared`: scoring.score_shared: each prompt once (batched, left-padded), both continuations from its KV
+  cache, the same LM head;
+- `lm-eval`: lm-evaluation-harness's HFLM(pretrained=<the model>, batch_size=--lmeval-batch)
+  `_loglikelihood_tokens` on the identical (context ids, continuation ids) pairs (skipped, saying so, where
+  lm_eval is not installed);
+- `naive`: one sequence at a time, the model's own forward with its full logits [T, vocab], log_softmax over
+  every position, then the scored tokens gathered.
+Arms alternate (the order reversed every repetition); the best repetition of each counts. Peak memory: each arm
+once more in a fresh process (the model loaded and warmed up by one short sequence of that arm, which pages in
+the memory-mapped weights), then one pass: the growth of the RSS (sampled every 2 ms) over the warmed-up model's.
 
-Prints: max abs difference of the log-probs, tokens/s of each arm (all tokens of the sequences), the ratio, the
-peak memory of each arm and its ratio.
+Prints: per arm the max abs difference of the summed log-probs from the stage's, tokens/s (all tokens of the
+sequences), peak memory, and the stage's ratios to each arm.
 """
 
 from __future__ import annotations
@@ -86,7 +98,7 @@ def setup(args):
     return params, model, tok, seqs, scoring.pad_id(tok), what
 
 
-def naive(model, seqs):
+def naive(model, tok, seqs, params, pad):
     import numpy as np
     import torch
 
@@ -97,13 +109,46 @@ def naive(model, seqs):
             lp = torch.log_softmax(logits.float(), dim=-1)
             pos = torch.arange(s.start - 1, len(s.input_ids) - 1)
             out.append(lp[pos, torch.tensor(s.scored)].double().numpy())
-    return out, np.nan
+    return [a.sum() for a in out]
 
 
-def staged(model, seqs, params, pad):
+def staged(model, tok, seqs, params, pad):
     from meaningless_tokens import scoring
 
-    return scoring.score(model, seqs, params.likelihood.batch_tokens, pad), None
+    return [a.sum() for a in scoring.score(model, seqs, params.likelihood.batch_tokens, pad)]
+
+
+def shared(model, tok, seqs, params, pad):
+    from meaningless_tokens import scoring
+
+    return [a.sum() for a in scoring.score_shared(model, seqs, params.likelihood.batch_tokens, pad)]
+
+
+def lm_eval_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("lm_eval") is not None
+
+
+_HFLM: dict = {}  # one HFLM per loaded model (its set-up is not what is measured)
+
+
+def lm_eval(model, tok, seqs, params, pad, batch_size: int = 8):
+    """lm-evaluation-harness's HFLM on the stage's token ids: `_loglikelihood_tokens` takes (request key, context
+    ids, continuation ids) and returns (summed log-prob, is greedy) per request."""
+    from lm_eval.models.huggingface import HFLM
+
+    key = (id(model), batch_size)
+    if key not in _HFLM:
+        _HFLM.clear()
+        _HFLM[key] = HFLM(pretrained=model, tokenizer=tok, batch_size=batch_size, device="cpu",
+                          dtype="float32")
+    lm = _HFLM[key]
+    requests = [(("", ""), list(s.input_ids[:s.start]), list(s.scored)) for s in seqs]
+    return [ll for ll, _ in lm._loglikelihood_tokens(requests, disable_tqdm=True)]
+
+
+ARMS = {"stage": staged, "shared": shared, "lm-eval": lm_eval, "naive": naive}
 
 
 def memory_child(args) -> None:
@@ -112,10 +157,11 @@ def memory_child(args) -> None:
     import threading
 
     params, model, tok, seqs, pad, _ = setup(args)
+    fn = ARMS[args.memory]
     # a warm-up pass of this arm on the shortest sequence first: it pages in every weight (the safetensors are
     # memory-mapped), so the growth measured below is the arm's working memory, not the weights it touches
     short = [min(seqs, key=lambda s: len(s.input_ids))]
-    staged(model, short, params, pad) if args.memory == "stage" else naive(model, short)
+    fn(model, tok, short, params, pad)
     gc.collect()
     base = common.rss_mib()
     peak, done = [base], threading.Event()
@@ -127,7 +173,7 @@ def memory_child(args) -> None:
 
     t = threading.Thread(target=sample, daemon=True)
     t.start()
-    staged(model, seqs, params, pad) if args.memory == "stage" else naive(model, seqs)
+    fn(model, tok, seqs, params, pad)
     done.set()
     t.join()
     print(json.dumps({"arm": args.memory, "peak_growth_mib": max(peak[0], common.rss_mib()) - base}))
@@ -138,11 +184,12 @@ def main() -> None:
     ap.add_argument("--model", default="gemma3-270m")
     ap.add_argument("--tiny-vocab", type=int, default=None, help="a generated 2-layer Gemma 3 with this vocabulary")
     ap.add_argument("--tiny-dir", type=Path, default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--n", type=int, default=6, help="problems")
-    ap.add_argument("--solution-tokens", type=int, default=64)
+    ap.add_argument("--n", type=int, default=40, help="problems (the issue's workload: 40)")
+    ap.add_argument("--solution-tokens", type=int, default=32)
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
-    ap.add_argument("--memory", choices=["stage", "naive"], help=argparse.SUPPRESS)
+    ap.add_argument("--arms", default="stage,shared,lm-eval,naive", help="comma-separated, from " + ",".join(ARMS))
+    ap.add_argument("--memory", choices=list(ARMS), help=argparse.SUPPRESS)
     args = ap.parse_args()
 
     import numpy as np
@@ -151,6 +198,14 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     if args.memory:
         return memory_child(args)
+    arms = [a for a in args.arms.split(",") if a]
+    if unknown := [a for a in arms if a not in ARMS]:
+        sys.exit(f"error: --arms: unknown arm(s) {unknown}; choose from {list(ARMS)}")
+    if "lm-eval" in arms and not lm_eval_available():
+        print("arm lm-eval skipped: lm_eval is not installed here (a benchmark-only environment: see this script's text)")
+        arms.remove("lm-eval")
+    if "stage" not in arms:
+        arms.insert(0, "stage")
     started = time.perf_counter()
     tmp = None
     if args.tiny_vocab and args.tiny_dir is None:
@@ -161,32 +216,33 @@ def main() -> None:
     params, model, tok, seqs, pad, what = setup(args)
     print(f"workload: {what}")
     tokens = sum(len(s.input_ids) for s in seqs)
-    staged(model, seqs[:2], params, pad)  # warm-up
-    best = {"stage": float("inf"), "naive": float("inf")}
+    for arm in arms:  # warm-up
+        ARMS[arm](model, tok, seqs[:2], params, pad)
+    best = {arm: float("inf") for arm in arms}
     results = {}
     for rep in range(args.reps):
-        for arm in (("stage", "naive") if rep % 2 == 0 else ("naive", "stage")):
+        for arm in (arms if rep % 2 == 0 else arms[::-1]):
             t0 = time.perf_counter()
-            results[arm] = staged(model, seqs, params, pad)[0] if arm == "stage" else naive(model, seqs)[0]
+            results[arm] = np.array(ARMS[arm](model, tok, seqs, params, pad), dtype=np.float64)
             best[arm] = min(best[arm], time.perf_counter() - t0)
-    diff = max(float(np.max(np.abs(a - b))) for a, b in zip(results["stage"], results["naive"]))
+    diff = {arm: float(np.max(np.abs(results[arm] - results["stage"]))) for arm in arms}
     del model
+    _HFLM.clear()
     memory = {}
-    for arm in ("stage", "naive"):
+    for arm in arms:
         cmd = [sys.executable, __file__, "--memory", arm, "--model", args.model, "--n", str(args.n),
                "--solution-tokens", str(args.solution_tokens), "--threads", str(args.threads)]
         if args.tiny_vocab:
             cmd += ["--tiny-vocab", str(args.tiny_vocab), "--tiny-dir", str(args.tiny_dir)]
         out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=common.ROOT).stdout
         memory[arm] = json.loads(out.strip().splitlines()[-1])["peak_growth_mib"]
-    common.table(["arm", "seconds (best)", "tokens/s", "peak memory growth, MiB"],
-                 [[arm, f"{best[arm]:.2f}", f"{tokens / best[arm]:.1f}", f"{memory[arm]:.0f}"]
-                  for arm in ("stage", "naive")])
-    print(f"max abs difference of the log-probs: {diff:.3g} nats")
+    common.table(["arm", "seconds (best)", "tokens/s", "peak memory growth, MiB", "max abs diff of sums, nats",
+                  "stage's tokens/s ratio", "stage's memory ratio"],
+                 [[arm, f"{best[arm]:.2f}", f"{tokens / best[arm]:.1f}", f"{memory[arm]:.0f}", f"{diff[arm]:.2g}",
+                   f"{best[arm] / best['stage']:.2f}x", f"{memory[arm] / max(memory['stage'], 1e-9):.2f}x"]
+                  for arm in arms])
     print(str(load))
     print(f"script time {time.perf_counter() - started:.0f} s")
-    print(f"ratio: {best['naive'] / best['stage']:.2f}x tokens/s, {memory['naive'] / max(memory['stage'], 1e-9):.2f}x "
-          "less peak memory (stage vs naive)")
     if tmp is not None:
         tmp.cleanup()
 

@@ -727,6 +727,16 @@ def stage_layers(params: Params, name: str) -> list[int]:
     return sorted({*model_spec(params, name).layers, *params.activations.layers, params.sweep.layer})
 
 
+def prepare_layers(params: Params, name: str) -> list[int] | None:
+    """The layers the prepare stage converts a GGUF source to: None (the whole model) when a whole-model stage
+    of these params runs the model (evaluate, likelihood, the sweep's accuracy or likelihood), so that one
+    conversion serves every stage; else only the layer-only stages' (`stage_layers`)."""
+    sweep_whole = params.sweep.accuracy_samples > 0 or params.sweep.likelihood_samples > 0
+    if name in params.evaluated or name in params.scored or sweep_whole:
+        return None
+    return stage_layers(params, name)
+
+
 @dataclass(frozen=True)
 class ModelSetup:
     """One model as a stage runs it, resolved once from params (`resolve`) and passed down whole, so the
@@ -803,6 +813,43 @@ def _prepare(params: Params, name: str, spec: ModelSpec, layers) -> PreparedMode
     result = probe(params, name, path, desc["weights_sha256"], facts, spec.trust_remote_code, cache)
     return PreparedModel(name=name, path=path, weights_sha256=desc["weights_sha256"], files=desc["files"],
                          source=resolved, facts=facts, probe=result)
+
+
+def tokenizer_source(params: Params, name: str) -> tuple[Path, str | None]:
+    """Where model `name`'s tokenizer is read without converting or loading the model: (folder, None), a folder
+    holding its tokenizer files (any finished conversion of a GGUF source, full or layer-only: the tokenizer
+    files are the same; a local folder; the hub snapshot), or (folder, file), the GGUF itself, whose metadata
+    holds the tokenizer (`load_tokenizer`), when nothing of it is converted yet. A stage that only decodes
+    tokens (the explorer) uses this, never `prepare`: converting a 1.5B model to read its vocabulary costs
+    minutes, GBs of disk and the run's peak memory."""
+    src = model_spec(params, name).source
+    cache = cache_root(params)
+    if src.kind == "local_dir":
+        path = params.resolve(src.path)
+        if not path.is_dir():
+            raise ModelSourceError(f"model '{name}': folder {path} not found (models.{name}.source.path)")
+        return path, None
+    if src.kind == "hf":
+        return fetch_hub(name, src, cache, params.runtime.offline)[0], None
+    if src.kind == "pypi_gguf":
+        sha = src.sha256
+        found = cached_conversion(cache, sha, 1)  # the full conversion, else any layer-only one
+        return (found, None) if found is not None else (fetch_pypi_gguf(name, src, cache).parent, f"{sha}.gguf")
+    gguf_path = params.resolve(src.path)
+    if not gguf_path.is_file():
+        raise ModelSourceError(f"model '{name}': GGUF file {gguf_path} not found (models.{name}.source.path)")
+    found = cached_conversion(cache, src.sha256 or sha256_file(gguf_path), 1)
+    return (found, None) if found is not None else (gguf_path.parent, gguf_path.name)
+
+
+def load_tokenizer(folder: Path, gguf_file: str | None = None, trust_remote_code: bool = False):
+    """transformers' tokenizer from a `tokenizer_source` (the GGUF's metadata parsed by the fast reader)."""
+    from transformers import AutoTokenizer
+
+    if gguf_file is None:
+        return AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=trust_remote_code)
+    with _gguf_reader():
+        return AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file, local_files_only=True)
 
 
 def torch_dtype(name: str):

@@ -373,8 +373,15 @@ def machine() -> dict:
 
 
 def write_timing(path: str | os.PathLike, data: dict) -> None:
-    """A run's sidecar (`metrics/timing/<stage>-<model>.json`): its timings plus `run_info()`."""
-    write_json_atomic(path, {**data, **run_info()})
+    """A run's sidecar (`metrics/timing/<stage>-<model>.json`): its timings, `run_info()` and `peak_rss_mb`,
+    the process's peak resident memory so far (MiB; Linux reports ru_maxrss in KiB, macOS in bytes), which
+    a stage writes last: the stage's peak."""
+    import resource
+    import sys
+
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak_mb = rss / (1 << 20) if sys.platform == "darwin" else rss / 1024
+    write_json_atomic(path, {**data, **run_info(), "peak_rss_mb": round(peak_mb, 1)})
 
 
 def write_prompt_timing(path: str | os.PathLike, seconds: float, n_prompts: int, artifact: Path) -> None:

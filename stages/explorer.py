@@ -3,8 +3,9 @@
 Reads the full attention matrices extract stores for its first `extract.showcase` problems
 (`artifacts/attention/<model>.h5`, group `showcase`, [layer, head, query, key]) and the layer-0 MLP
 activations of the first `activations.showcase` problems (`artifacts/activations/<model>.h5`), decodes
-each prompt token with the model's tokenizer (the prepared model folder; no model is run), and writes one
-self-contained page: no network request, no library, scripts and styles written here
+each prompt token with the model's tokenizer (from any conversion of the model or its source; nothing is
+converted and no model is run), and writes one self-contained page: no network request, no library, scripts
+and styles written here
 (meaningless_tokens/templates/explorer.html.j2). For every model and showcase prompt it shows the heatmap of one
 layer, head and condition with the tokens on both axes, the rows and columns as bars, none / mless / mful
 aligned over the original tokens, thumbnails of every head of the layer (the heads the report's charts show
@@ -31,7 +32,7 @@ import numpy as np
 
 from meaningless_tokens import TEMPLATES, cli, models
 from meaningless_tokens.charts.common import Context, load_stats
-from meaningless_tokens.config import ONE_LAYER_KINDS, ModelSpec, Params, figure_models, model_spec
+from meaningless_tokens.config import ONE_LAYER_KINDS, Params, figure_models, model_spec
 from meaningless_tokens.store import ArtifactError, activations_path, atomic_path, attention_path, read_h5, stats_path
 
 OUT = Path("reports/explorer.html")
@@ -79,41 +80,29 @@ def _round(a, digits: int = 5) -> list[float]:
 
 
 class Tokens:
-    """Decodes token ids one by one with a model's tokenizer: its tokenizer.json read by the `tokenizers`
-    library when the prepared folder is found in the cache without loading anything (a GGUF converted by
-    prepare, a local folder), else transformers' AutoTokenizer on the folder `models.prepare` resolves (which
-    imports torch and transformers: seconds). Checked against the vocabulary size the extraction recorded."""
+    """Decodes token ids one by one with a model's tokenizer, found by `models.tokenizer_source` without
+    converting or loading the model: any conversion of a GGUF source (full or layer-only), a local folder, the
+    hub snapshot, else the GGUF's own metadata. A tokenizer.json there is read by the `tokenizers` library
+    (no torch import); otherwise transformers' AutoTokenizer reads it (seconds). Checked against the
+    vocabulary size the extraction recorded."""
 
     def __init__(self, params: Params, name: str, vocab_size: int):
         self.decode = None
         spec = model_spec(params, name)
-        folder = self._cached_folder(params, spec)
-        if folder is not None and (folder / "tokenizer.json").is_file():
+        folder, gguf_file = models.tokenizer_source(params, name)
+        if gguf_file is None and (folder / "tokenizer.json").is_file():
             from tokenizers import Tokenizer
 
             tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
             if tok.get_vocab_size(with_added_tokens=True) == vocab_size:
                 self.decode = lambda ids: tok.decode([int(i) for i in ids], skip_special_tokens=False)
         if self.decode is None:
-            from transformers import AutoTokenizer
-
-            prepared = models.prepare(params, name)
-            tok = AutoTokenizer.from_pretrained(prepared.path, local_files_only=True,
-                                                trust_remote_code=spec.trust_remote_code)
+            tok = models.load_tokenizer(folder, gguf_file, spec.trust_remote_code)
             if len(tok) != vocab_size:
                 raise ArtifactError(f"{attention_path(name)}: provenance tokenizer.vocab_size {vocab_size} != the "
-                                    f"prepared tokenizer's {len(tok)} (rerun: dvc repro extract@{name})")
+                                    f"tokenizer's {len(tok)} in {folder / (gguf_file or '')} (rerun: dvc repro "
+                                    f"extract@{name})")
             self.decode = lambda ids: tok.decode([int(i) for i in ids])
-
-    @staticmethod
-    def _cached_folder(params: Params, spec: ModelSpec) -> Path | None:
-        src = spec.source
-        if src.kind == "pypi_gguf":
-            folder = models.cache_root(params) / "converted" / f"{src.sha256}-v{models.CONVERSION_VERSION}"
-            return folder if (folder / models.MANIFEST).is_file() else None
-        if src.kind == "local_dir":
-            return params.resolve(src.path)
-        return None
 
     def strings(self, ids) -> list[str]:
         """Each token as the text it stands for (special tokens by name)."""

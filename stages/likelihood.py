@@ -26,6 +26,8 @@ statistics are each sequence's own (arm.pool: row); batch pooling has no counter
 The whole model runs (no early exit); the LM head runs only at the positions that predict a scored token, in
 chunks (never a [T, vocab] tensor for the whole prompt); sequences are sorted by length and batched up to
 likelihood.batch_tokens padded tokens (right padding: causal attention keeps the pads out of every real token).
+(scoring.score_shared computes each prompt once and both continuations from its KV cache, equal within 1e-4
+nats; on the 2-core CPU it was not faster, docs/benchmarks.md, so the stage scores each sequence whole.)
 
 Outputs:
   artifacts/likelihood/<model>.h5    per condition and continuation: sum, mean (nats/token) and tokens per

@@ -2,9 +2,11 @@
 workspace), and its manifest `artifacts/models/<model>.json` (source, weights sha256, architecture facts, the
 attention probe) for later stages.
 
-Sources, conversion and the cache: meaningless_tokens/models.py. A GGUF source is converted only up to the
-layers the layer-only stages run (extract's, activations', the sweep's); the whole-model stages convert the
-rest on first use. The probe refuses, with one line, a model whose attention the capture cannot record
+Sources, conversion and the cache: meaningless_tokens/models.py. A GGUF source is converted whole when a
+whole-model stage runs the model (evaluate.models, likelihood.models, the sweep's accuracy or likelihood), so
+one conversion serves every stage; otherwise only up to the layers the layer-only stages run (extract's,
+activations', the sweep's attention). `metrics/timing/prepare-<model>.json`: the run's seconds and peak RSS
+(the conversion is the memory peak of a cold run). The probe refuses, with one line, a model whose attention the capture cannot record
 exactly; `hf` sources record the commit their revision resolved to.
 """
 
@@ -16,18 +18,22 @@ import time
 from pathlib import Path
 
 from meaningless_tokens.config import PARAMS_FILE, Params, StageError, load_params
-from meaningless_tokens.models import PreparedModel, manifest_path, prepare, stage_layers
-from meaningless_tokens.store import environment, os_error_line, write_json_atomic
+from meaningless_tokens.models import PreparedModel, manifest_path, prepare, prepare_layers
+from meaningless_tokens.store import environment, os_error_line, write_json_atomic, write_timing
 
 
-def run(params: Params, name: str, out: Path | None = None) -> PreparedModel:
+def run(params: Params, name: str, out: Path | None = None, timing: Path | None = None) -> PreparedModel:
     started = time.perf_counter()
-    prepared = prepare(params, name, layers=stage_layers(params, name))
+    layers = prepare_layers(params, name)
+    prepared = prepare(params, name, layers=layers)
     # the environment's lock: a reinstall from another lock changes the manifest, so every stage reruns
     write_json_atomic(out or params.resolve(str(manifest_path(name))), {**prepared.manifest(), "environment": environment()})
     print(f"{name}: {prepared.path} (weights sha256 {prepared.weights_sha256[:12]}…, "
           f"{prepared.facts['num_layers']} layers, {prepared.facts['num_heads']} heads) "
           f"in {time.perf_counter() - started:.1f} s")
+    write_timing(timing or params.resolve(f"metrics/timing/prepare-{name}.json"),
+                 {"seconds": round(time.perf_counter() - started, 2), "converted": "whole" if layers is None else
+                  f"layers 0-{max(layers)}", "folder": prepared.path.name})
     return prepared
 
 

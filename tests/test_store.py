@@ -66,7 +66,12 @@ def test_the_git_commit_goes_to_the_runs_sidecar(tmp_path):
     write_timing(tmp_path / "metrics/timing/x.json", {"seconds": 1.5})
     import json
 
-    assert json.loads((tmp_path / "metrics/timing/x.json").read_text()) == {"seconds": 1.5, **info}
+    got = json.loads((tmp_path / "metrics/timing/x.json").read_text())
+    peak = got.pop("peak_rss_mb")  # the process's peak resident memory so far, MiB: at least what it holds now
+    assert got == {"seconds": 1.5, **info}
+    import psutil
+
+    assert psutil.Process().memory_info().rss / 2**20 - 1 <= peak < 1 << 20
 
 
 def test_every_stage_declares_the_code_it_imports():
