@@ -272,8 +272,8 @@ def power(ctx: Context) -> dict:
         t = ctx.root / f"metrics/timing/likelihood-{n}.json"
         secs = ctx.src.json(f"metrics/timing/likelihood-{n}.json").get("seconds") if t.is_file() else None
         m = mde(diff)
-        out["likelihood"][n] = {"n": len(diff), "mde_nats_per_token": _r(m, 5),
-                                "mde_at_500": _r(m * math.sqrt(len(diff) / limit), 5) if m else None,
+        out["likelihood"][n] = {"n": len(diff), "mde_nats_per_token": _r(m),
+                                "mde_at_500": _r(m * math.sqrt(len(diff) / limit)) if m else None,
                                 "seconds_this_run": secs,
                                 "hours_at_500": _r(secs * limit / len(diff) / 3600) if secs else None}
     return out
