@@ -152,13 +152,13 @@ def test_sentences_agree_with_the_numbers(project):
     lam = re.findall(r"original queries after the span keep λ = ([\d.]+) \(none\), ([\d.]+) \(mless\)", text)
     assert len(lam) == len(params.models)
     assert all(float(none) == 1 and float(mless) < 1 for none, mless in lam)  # no span: nothing moves to one
-    agree = re.findall(r"agrees on all four measures .*? for (no model|all \d models|\d of \d models)", text)
+    agree = re.findall(r"agrees on all four measures .*? for (no model|both models|all \d models|\d of \d models)", text)
     assert len(agree) == 1  # the activation chart's interpretation
     # the span sweep: "grows at every step" only where the drop over heads rises from count to count
-    grows = re.search(r"The drop over all heads grows at every step of the count for (no model/token series|all "
-                      r"(\d) model/token series|(\d) of (\d) model/token series)", text)
+    grows = re.search(r"The drop over all heads grows at every step of the count for (no model/token series|both "
+                      r"model/token series|all (\d) model/token series|(\d) of (\d) model/token series)", text)
     assert grows
-    n_grow = 0 if grows[1].startswith("no") else int(grows[2] or grows[3])
+    n_grow = 0 if grows[1].startswith("no") else 2 if grows[1].startswith("both") else int(grows[2] or grows[3])
     with_falls = re.findall(r"the drop does not grow from ((?:\d+ to \d+(?:, )?)+)\.", text)
     assert n_grow + len(with_falls) == len(params.models)
     for name in params.models:

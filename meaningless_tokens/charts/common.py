@@ -452,13 +452,13 @@ def verdict_drop(pct: Num, lo: Num, hi: Num, where: str) -> Text:
 
 
 def count_of(names: list[str], total: int, noun: str = "models", one: str = "model") -> str:
-    """"no model", "all 3 models", "the one model", or "2 of 3 models (A, B)": no zero counts, no list that
-    names every model."""
+    """"no model", "both models", "all 3 models", "the one model", or "2 of 3 models (A, B)": no zero counts,
+    no list that names every model."""
     k = len(names)
     if k == 0:
         return f"no {one}"
     if k == total:
-        return f"all {total} {noun}" if total > 1 else f"the one {one}"
+        return f"both {noun}" if total == 2 else f"all {total} {noun}" if total > 1 else f"the one {one}"
     return f"{k} of {total} {noun} ({', '.join(names)})"
 
 
