@@ -25,12 +25,17 @@ from pathlib import Path
 import numpy as np
 
 from meaningless_tokens import TEMPLATES, arm, charts, cli, grading
-from meaningless_tokens.charts import paper
-from meaningless_tokens.charts.common import Sources, label, load_context, md_escape
+from meaningless_tokens.charts import paper, verdict
+from meaningless_tokens.charts.common import Num, Sources, Text, label, load_context, md_escape
 from meaningless_tokens.config import Params
 from meaningless_tokens.store import FIGURES_DIR, ArtifactError, atomic_path, eval_path, read_h5, stats_path
 
 OUT_DIR = Path("reports")
+VERDICT = Path("metrics/verdict.json")   # git-tracked (cache: false): docs/results.md is rendered from it alone
+RESULTS = Path("docs/results.md")
+RESULT_FIGURES = Path("docs/results")     # small PNG copies of the key charts, beside docs/results.md
+KEY_CHARTS = ("cross-model", "accuracy", "likelihood")
+CPU_KEYS = ("device", "cpu_model", "cpu_capability", "threads")  # in newer run sidecars (metrics/timing/*.json)
 
 # ---- examples and provenance -------------------------------------------------------------------------
 
@@ -74,13 +79,15 @@ def provenance_rows(src: Sources, root: Path, name: str, disp: str, evaluated: b
             ep = json.loads(f.attrs["provenance"])
     xp = sp["extract_provenance"]
     source = manifest.get("source", {})
-    timing, commits = {}, {}
+    timing, commits, machine = {}, {}, ""
     for stage, key in (("extract", "seconds"), ("evaluate", "seconds_this_run"), ("stats", None)):
         f = f"metrics/timing/{stage}-{name}.json"  # the run's sidecar: run time and the git commit that ran
         sidecar = src.json(f) if (root / f).is_file() else {}
         if key:
             timing[stage] = src.js(f, key, fmt=".0f") if sidecar else None
         commits[stage] = str(sidecar.get("git_commit", "?")) + ("-dirty" if sidecar.get("git_dirty") else "")
+        if stage == "extract":  # the machine it ran on, where the sidecar records it
+            machine = ", ".join(f"{k.replace('_', ' ')} {sidecar[k]}" for k in CPU_KEYS if sidecar.get(k) is not None)
     return {
         "model": disp, "name": name,
         "source": source.get("kind", "?") + ": " + ", ".join(
@@ -92,11 +99,26 @@ def provenance_rows(src: Sources, root: Path, name: str, disp: str, evaluated: b
         "dataset_same": not ep or xp.get("dataset_sha256") == ep.get("dataset_sha256"),
         "commits": commits,
         "libraries": ", ".join(f"{k} {v}" for k, v in sorted((ep or xp).get("libraries", {}).items())),
-        "timing": timing,
+        "timing": timing, "machine": machine,
         "params": json.dumps({"extract": xp.get("params", {}), "evaluate": ep.get("params", {}).get("evaluate"),
                               "generation": ep.get("generation"), "stats": sp.get("params", {}).get("stats")},
                              indent=1, sort_keys=True, ensure_ascii=False),
     }
+
+
+def boxed_grades(root: Path, name: str) -> dict[str, str]:
+    """Per condition, the paper's rule on the outputs that wrote a complete box ("67 % of 3 boxed"), or "n/a"
+    with the count when none did: on a boxless output the rule grades the instruction's own box."""
+    out = {}
+    with read_h5(root / eval_path(name), "eval") as f:
+        for c in [str(c) for c in f.attrs["conditions"]]:
+            texts = [o.decode() if isinstance(o, bytes) else str(o) for o in f[c]["output"][()]]
+            boxed = np.array([grading.has_complete_box(t) for t in texts], dtype=bool)
+            right = f[c]["paper_correct"][()].astype(bool)
+            k = int(boxed.sum())
+            out[c] = (f"{100 * right[boxed].mean():.0f} % of {k} boxed" if k else
+                      f"n/a (no box in {len(texts)} of {len(texts)})")
+    return out
 
 
 def instructions(root: Path, names: list[str]) -> list[dict]:
@@ -153,6 +175,98 @@ def fence(text: str) -> str:
     return "`" * max(3, longest + 1)
 
 
+def power_lines(ctx, power: dict) -> list[Text]:
+    """Per outcome, the smallest effect this run could detect beside the paper's, and what detecting it takes."""
+    lines = []
+    src = VERDICT.as_posix()
+
+    def num(key: str, fmt: str) -> Num:  # a number of metrics/verdict.json (written beside the report)
+        value = {"power": power}
+        for k in key.split("."):
+            value = value[k]
+        return Num(float(value), src, key, "value", 1.0, fmt)
+
+    gains = ", ".join(f"{k} +{v:g}" for k, v in power["paper_gains"].items())
+    for n, a in power["accuracy"].items():
+        key = f"power.accuracy.{n}"
+        head = [f"Accuracy, {ctx.disp(n)}: with ", num(f"{key}.n", "d"), " problems "]
+        if a["mde_points"] is None:
+            lines.append(Text(*head, "no problem changed its grade between none and mless, so the paired differences "
+                              "have no spread and the run cannot estimate the smallest effect it could detect; the "
+                              f"paper's gains are {gains} points (MATH-500, mless − none)."))
+            continue
+        parts = head + ["the smallest mless − none gain detectable at 80 % power is ",
+                        num(f"{key}.mde_points", ".1f"), f" points; the paper reports {gains}. "]
+        need = a["needed_for_paper_gain"]
+        if need and need <= a["benchmark_limit"]:
+            parts += ["Detecting +2 points would take ", num(f"{key}.needed_for_paper_gain", "d"),
+                      f" problems: dvc exp run -S evaluate.n_samples={need}"]
+            if a["hours_needed"] is not None:
+                parts += [", about ", num(f"{key}.hours_needed", ".2g"),
+                          " hours of evaluation at this run's speed (metrics/timing)"]
+            parts.append(".")
+        elif need:
+            parts += ["Detecting +2 points would take ", num(f"{key}.needed_for_paper_gain", "d"),
+                      " problems at this spread, more than MATH-500's 500: even dvc exp run -S evaluate.n_samples=null "
+                      "(all 500"]
+            if a["hours_needed"] is not None:
+                parts += [", about ", num(f"{key}.hours_needed", ".2g"),
+                          " hours for the problems needed at this run's speed"]
+            parts.append(") cannot.")
+        parts.append(" An inconclusive accuracy verdict here means too few problems, not no effect.")
+        lines.append(Text(*parts))
+    for n, lk in power["likelihood"].items():
+        key = f"power.likelihood.{n}"
+        if lk["mde_nats_per_token"] is None:
+            continue
+        parts = [f"Likelihood, {ctx.disp(n)}: with ", num(f"{key}.n", "d"), " problems the smallest "
+                 "mless − none change of the solution's log-prob detectable at 80 % power is ",
+                 num(f"{key}.mde_nats_per_token", ".2g"), " nats/token (the paper reports no "
+                 "likelihood effect to set beside it); all 500 problems would bring it to ",
+                 num(f"{key}.mde_at_500", ".2g")]
+        if lk["hours_at_500"] is not None:
+            parts += [" at about ", num(f"{key}.hours_at_500", ".2g"), " hours"]
+        parts.append(" (dvc exp run -S likelihood.n_samples=null).")
+        lines.append(Text(*parts))
+    return lines
+
+
+def write_results(root: Path, summary: dict, fig_dir: Path) -> None:
+    """metrics/verdict.json, the key charts' PNG copies under docs/results/ and docs/results.md rendered from them."""
+    path = root / VERDICT
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(summary, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    (root / RESULT_FIGURES).mkdir(parents=True, exist_ok=True)
+    for kind in KEY_CHARTS:
+        png = fig_dir / f"{kind}.png"
+        if png.is_file():
+            with atomic_path(root / RESULT_FIGURES / png.name) as tmp:
+                tmp.write_bytes(png.read_bytes())
+    with atomic_path(root / RESULTS) as tmp:
+        tmp.write_text(results_md(summary, root), encoding="utf-8")
+
+
+def results_md(summary: dict, root: Path) -> str:
+    """docs/results.md from metrics/verdict.json (and which key charts exist under docs/results/) alone."""
+    from jinja2 import Environment, FileSystemLoader, StrictUndefined
+
+    env = Environment(loader=FileSystemLoader(str(TEMPLATES)), autoescape=False, undefined=StrictUndefined,
+                      keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
+    env.filters["md"] = md_escape
+    figures = [k for k in KEY_CHARTS if (root / RESULT_FIGURES / f"{k}.png").is_file()]
+    return env.get_template("results.md.j2").render(v=summary, figures=figures, fig_dir=RESULT_FIGURES.name)
+
+
+def code_span(text: str) -> str:
+    """Inline code that holds any text: delimiters longer than its longest backtick run, padded when needed."""
+    text = str(text).replace("\n", " ")
+    longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
+    ticks = "`" * (longest + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") or longest else ""
+    return f"{ticks}{pad}{text}{pad}{ticks}"
+
+
 def render(context: dict) -> tuple[str, str]:
     from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
@@ -162,6 +276,7 @@ def render(context: dict) -> tuple[str, str]:
                          trim_blocks=True, lstrip_blocks=True)
     md_env.filters["md"] = md_escape
     md_env.filters["fence"] = fence
+    md_env.filters["code"] = code_span
     return (html_env.get_template("report.html.j2").render(**context),
             md_env.get_template("report.md.j2").render(**context))
 
@@ -185,6 +300,7 @@ def run(params: Params, out: Path | None = None) -> list[Path]:
         for chart, kind in zip(m["charts"], [k for k in charts.PER_MODEL if m["name"] in ctx.chart_models(k.KIND)]):
             chart.extra["paper"] = paper.claims(ctx, kind.KIND, m["name"])
             chart.extra["explore"] = explorer_links(ctx, kind.KIND, [m["name"]])
+            chart.extra["kind"] = kind.KIND
     study["cross-model"].extra["explore"] = explorer_links(ctx, "cross-model", ctx.chart_models("cross-model"))
     per_model = [m for m in per_model if m["charts"]]
     for kind, chart in study.items():
@@ -192,6 +308,7 @@ def run(params: Params, out: Path | None = None) -> list[Path]:
     evaluated = [n for n in names if n in ctx.metrics]  # evaluate.models
     for row, n in zip(study["accuracy"].extra["table"], evaluated):
         row["seed"] = paper.accuracy_column(ctx, n)
+        row["boxed"] = boxed_grades(root, n)
     for chart in [c for m in per_model for c in m["charts"]] + list(study.values()):
         if chart.extra.get("unavailable"):
             continue
@@ -200,7 +317,16 @@ def run(params: Params, out: Path | None = None) -> list[Path]:
             raise ArtifactError(f"{png}: missing chart (run: dvc repro figures)")
         chart.png = base64.b64encode(png.read_bytes()).decode("ascii")
     cross, acc = study["cross-model"], study["accuracy"]
+    rows = verdict.claims(ctx)
+    power = verdict.power(ctx)
+    summary = verdict.summary(ctx, rows, power)
     context = {
+        "verdict": rows, "rule": verdict.RULE, "power": power_lines(ctx, power),
+        "sections": [{"id": k, "title": t} for k, t in verdict.SECTIONS.items()
+                     if k != "arm" or arm_section(root, evaluated, ctx.disp)],
+        "section": {k: {"sentences": [verdict.sentence(r, ctx.disp) for r in rows if r.section == k]}
+                    for k in verdict.SECTIONS},
+        "arm_run": any(r.key.startswith("f") for r in rows),
         "models": [{"name": v.name, "disp": v.disp, "heads": v.heads} for v in views],
         "query_set": sorted({ctx.stats[n]["query_set"] for n in names}),
         "layer": params.figures.layer,
@@ -226,6 +352,7 @@ def run(params: Params, out: Path | None = None) -> list[Path]:
         with atomic_path(path) as tmp:
             tmp.write_text(text, encoding="utf-8")
         written.append(path)
+    write_results(root, summary, fig_dir)
     n_charts = sum(len(m["charts"]) for m in per_model) + len(study)
     print(f"report: {n_charts} charts explained -> {written[0]}, {written[1]}")
     return written

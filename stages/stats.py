@@ -19,6 +19,12 @@ a condition's prompt; T: that prompt's length; N: the number of original tokens)
                             percent of mean orig_mean[none]; both with seeded bootstrap 95% intervals
                             over samples (paired)
   head_rank[c][l]           heads of layer l ordered by drop, largest first
+  layer_drop_pct[c][l]      the drop of the layer as a whole: heads averaged before the ratio, in percent of
+                            none, with layer_drop_pct_ci (paired bootstrap over samples); the report's verdict
+  first_layer_lead_pct[c]   layer_drop_pct of the first analysed layer minus the largest of the later ones,
+                            with its paired bootstrap interval (absent with one layer)
+  mful_gap_pct[mless][l]    layer_drop_pct of mless minus that of mful (the meaningless span's extra drop),
+                            with its paired bootstrap interval (only when mful was run)
 
 Also writes `artifacts/plots/original/<model>.csv` and `artifacts/plots/full/<model>.csv` (the
 tables `dvc plots` draws): original_avg and full_avg of the top-ranked head (mless drop) of the
@@ -115,6 +121,7 @@ def run(params: Params, name: str, src: Path | None = None, out: Path | None = N
                            "drop_pct": 100 * drop / orig_mean["none"].mean(axis=0),
                            "drop_pct_ci": 100 * np.stack([plo, phi]),
                            "head_rank": np.argsort(-drop, axis=1, kind="stable").astype(np.int32)}
+            results[c] |= layer_drops(orig_mean, c, cfg.seed, cfg.n_boot)
     span_start = {c: sorted({tuple(s) for s in spans[c]}) for c in conditions}
 
     with write_h5(out) as f:
@@ -144,6 +151,36 @@ def run(params: Params, name: str, src: Path | None = None, out: Path | None = N
     write_timing(timing or params.resolve(f"metrics/timing/stats-{name}.json"),
                  {"seconds": round(time.perf_counter() - started, 2)})
     print(f"{name}: statistics of {len(n_orig)} samples ({cfg.query_set} queries) -> {out}")
+    return out
+
+
+def layer_drops(orig_mean: dict[str, np.ndarray], c: str, seed: int, n_boot: int) -> dict[str, np.ndarray]:
+    """The verdict's per-layer numbers for condition `c` (see the module's definitions), each with a paired
+    bootstrap interval that resamples problems jointly for every condition."""
+    base = orig_mean["none"].mean(axis=2)  # [S, L]: heads averaged per problem
+    arms = {k: orig_mean[k].mean(axis=2) for k in ("none", c, "mful") if k in orig_mean}
+    n, n_layers = base.shape
+
+    def stats(idx):
+        b = base[idx].mean(axis=-2)
+        pct = {k: 100 * (b - a[idx].mean(axis=-2)) / b for k, a in arms.items()}
+        out = [pct[c]]
+        out.append(pct[c][..., :1] - pct[c][..., 1:].max(axis=-1, keepdims=True) if n_layers > 1 else pct[c][..., :0])
+        out.append(pct[c] - pct["mful"] if c == "mless" and "mful" in pct else pct[c][..., :0])
+        return np.concatenate(out, axis=-1)
+
+    point = stats(np.arange(n))
+    rng = np.random.default_rng(seed)
+    boots = np.concatenate([stats(rng.integers(0, n, size=(min(1000, n_boot - b), n)))
+                            for b in range(0, n_boot, 1000)])
+    lo, hi = np.quantile(boots, [0.025, 0.975], axis=0)
+    out = {"layer_drop_pct": point[:n_layers], "layer_drop_pct_ci": np.stack([lo, hi])[:, :n_layers]}
+    k = n_layers
+    if n_layers > 1:
+        out |= {"first_layer_lead_pct": point[k:k + 1], "first_layer_lead_pct_ci": np.stack([lo, hi])[:, k:k + 1]}
+        k += 1
+    if len(point) > k:
+        out |= {"mful_gap_pct": point[k:], "mful_gap_pct_ci": np.stack([lo, hi])[:, k:]}
     return out
 
 

@@ -76,6 +76,17 @@ def test_statistics_equal_a_direct_computation(tiny_stats):
         lo, hi = f["mless/drop_ci"][()]
         assert np.all(lo <= drop + 1e-12) and np.all(drop <= hi + 1e-12)
         assert np.array_equal(f["mless/head_rank"][()], np.argsort(-drop, axis=1, kind="stable"))
+        # the verdict's layer-level numbers: heads averaged before the ratio, then differences of those percents
+        base = orig_mean["none"].mean(2).mean(0)
+        layer = {c: 100 * (base - orig_mean[c].mean(2).mean(0)) / base for c in ("mless", "mful")}
+        np.testing.assert_allclose(f["mless/layer_drop_pct"][()], layer["mless"], atol=1e-4)
+        np.testing.assert_allclose(f["mless/first_layer_lead_pct"][()], [layer["mless"][0] - layer["mless"][1:].max()],
+                                   atol=1e-4)
+        np.testing.assert_allclose(f["mless/mful_gap_pct"][()], layer["mless"] - layer["mful"], atol=1e-4)
+        for k in ("layer_drop_pct", "first_layer_lead_pct", "mful_gap_pct"):
+            lo, hi = f[f"mless/{k}_ci"][()]
+            assert np.all(lo <= f[f"mless/{k}"][()] + 1e-9) and np.all(f[f"mless/{k}"][()] <= hi + 1e-9), k
+        assert "mful_gap_pct" not in f["mful"] and "first_layer_lead_pct" in f["mful"]
         with read_h5(src, "attention") as a:
             assert tuple(f["mless"].attrs["span"]) == tuple(a["mless/span"][0])
         assert np.all(f["none/span_mass"][()] == 0) and np.all(f["mless/span_mass"][()] > 0)

@@ -46,7 +46,8 @@ def test_provenance_records_the_code_the_stage_declares_by_content():
     assert {p for p in report if p.startswith("meaningless_tokens/charts/")} == {
         f"meaningless_tokens/charts/{p.name}" for p in (ROOT / "meaningless_tokens/charts").iterdir() if p.is_file() and p.suffix == ".py"}
     assert {p for p in report if p.startswith("meaningless_tokens/templates/")} == {
-        "meaningless_tokens/templates/report.html.j2", "meaningless_tokens/templates/report.md.j2"}
+        "meaningless_tokens/templates/report.html.j2", "meaningless_tokens/templates/report.md.j2",
+        "meaningless_tokens/templates/results.md.j2"}
 
 
 def test_provenance_of_a_stage_dvc_yaml_does_not_define_names_the_file_and_key():

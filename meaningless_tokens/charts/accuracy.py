@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from meaningless_tokens.charts.common import COLORS, LABELS, Chart, Context, Text, colour_key, interval
+from meaningless_tokens.charts.common import COLORS, LABELS, Chart, Context, Text, colour_key, count_of, interval
 from meaningless_tokens.config import CONDITIONS
 
 KIND = "accuracy"
@@ -86,8 +86,8 @@ def explain(ctx: Context, name: None = None) -> Chart:
     if gains:
         up = [disp[g[0]] for g in gains if g[1][0].value > 0]
         sure = [disp[g[0]] for g in gains if g[1][1].value > 0]
-        obs.append(Text(f"Meaningless tokens raise accuracy for {len(up)} of {len(gains)} models"
-                        + (f" ({', '.join(up)})" if up else "") + f"; the interval excludes zero for {len(sure)}."))
+        obs.append(Text(f"Meaningless tokens raise accuracy for {count_of(up, len(gains))}; the interval excludes "
+                        f"zero for {count_of(sure, len(gains))}."))
         interp = [Text("The paper reports higher MATH-500 accuracy with meaningless tokens (mless) than without (none). "),
                   Text(f"This run agrees for {', '.join(sure)}." if sure else
                        "In this run no model's mless − none interval excludes zero, so the run can neither confirm nor "
@@ -101,8 +101,8 @@ def explain(ctx: Context, name: None = None) -> Chart:
         up = [disp[g[0]] for g in arm_gains if g[1][0].value > 0]
         sure = [disp[g[0]] for g in arm_gains if g[1][1].value > 0 or g[1][2].value < 0]
         obs.append(Text(f"ARM (arm: the none prompt, Layer 1's MLP activations redistributed) raises accuracy for "
-                        f"{len(up)} of {len(arm_gains)} models" + (f" ({', '.join(up)})" if up else "")
-                        + f"; the interval excludes zero for {len(sure)}."))
+                        f"{count_of(up, len(arm_gains))}; the interval excludes zero for "
+                        f"{count_of(sure, len(arm_gains))}."))
         interp.append(Text(" The paper's ARM (section 'ARM' below) edits the first layer's MLP activations instead of "
                            "inserting tokens and reports a small gain (MATH-500 pass@3 about 0.72 → 0.74 for "
                            "Qwen2.5-Math-1.5B). " + (f"Here arm − none excludes zero for {', '.join(sure)}."

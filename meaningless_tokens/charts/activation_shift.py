@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from meaningless_tokens.charts.activations import NAMES, views
-from meaningless_tokens.charts.common import COLORS, LABELS, Chart, Context, Text, excludes_zero, interval, label
+from meaningless_tokens.charts.common import COLORS, LABELS, Chart, Context, Text, count_of, excludes_zero, interval, label
 
 KIND = "activation-shift"
 PER_MODEL = False
@@ -78,7 +78,7 @@ def explain(ctx: Context, name: None = None) -> Chart:
     if shifts:
         grew = [v.disp for v, _, d, lo, hi in shifts if excludes_zero(lo, hi) and d.value > 0]
         obs.append(Text(f"The variance of the gate pre-activation grows under mless, with an interval above zero, for "
-                        f"{len(grew)} of {len(shifts)} models" + (f" ({', '.join(grew)})." if grew else ".")))
+                        f"{count_of(grew, len(shifts))}."))
         top = min(shifts, key=lambda s: s[1].value)
         obs.append(Text(f"{top[0].disp} moves the most attention to the span: its original queries keep λ = ",
                         top[1], " under mless."))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from meaningless_tokens.charts.common import (COLORS, LABELS, Chart, Context, Num, Text, colour_key, excludes_zero, interval,
+from meaningless_tokens.charts.common import (COLORS, LABELS, Chart, Context, Num, Text, colour_key, count_of, excludes_zero, interval,
                                    label)
 
 KIND = "activations"
@@ -146,21 +146,20 @@ def explain(ctx: Context, name: None = None) -> Chart:
     some = [ctx.disp(n) for (n, c), agree in confirmed.items() if c == "mless" and 0 < len(agree) < len(CLAIM)]
     total = len([1 for (n, c) in confirmed if c == "mless"])
     interp.append(Text(f"This run agrees on all four measures (both near-zero shares down, L1 and L2 up, each "
-                       f"interval excluding zero) for {len(full)} of {total} models"
-                       + (f" ({', '.join(full)})" if full else "")
-                       + (f", and on some of them for {', '.join(some)}." if some else ".")))
+                       f"interval excluding zero) for {count_of(full, total)}"
+                       + (f", and on some of them for {count_of(some, total)}." if some else ".")))
     pairs = [n for (n, c) in confirmed if c == "mful" and (n, "mless") in confirmed]
     if pairs:
         alike = [ctx.disp(n) for n in pairs if confirmed[(n, "mful")] == confirmed[(n, "mless")]]
-        interp.append(Text(f"The meaningful span confirms the same measures as the meaningless one for {len(alike)} of "
-                           f"{len(pairs)} models" + (f" ({', '.join(alike)})" if alike else "") +
+        interp.append(Text(f"The meaningful span confirms the same measures as the meaningless one for "
+                           f"{count_of(alike, len(pairs))}" +
                            "; where the two differ, the shift is not just an effect of inserting tokens."))
     arms = [n for (n, c) in confirmed if c == "arm"]
     if arms:
         alike = [ctx.disp(n) for n in arms if len(confirmed[(n, "arm")]) == len(CLAIM)]
         interp.append(Text("ARM (arm) edits these activations directly, so its measures show what the edit does by "
-                           f"construction: all four move the paper's way for {len(alike)} of {len(arms)} models"
-                           + (f" ({', '.join(alike)})" if alike else "") + "; compare their size with mless's."))
+                           f"construction: all four move the paper's way for {count_of(alike, len(arms))}"
+                           "; compare their size with mless's."))
     conds = views(ctx)[0].conds if ctx.names else ["none", "mless", "mful"]
     return Chart(
         KIND, f"Activation shift: {label(views(ctx)[0].layer)} MLP activations",

@@ -443,10 +443,31 @@ def verdict_drop(pct: Num, lo: Num, hi: Num, where: str) -> Text:
     """The paper's prediction for attention on original tokens, checked against one drop interval."""
     if excludes_zero(lo, hi):
         agree = "agrees with" if pct.value > 0 else "runs against"
-        return Text(f"At {where} the drop is ", pct, " % with interval ", interval(lo, hi),
+        return Text(f"At {where} the original tokens' attention ", change(pct), " %; the drop's interval ",
+                    interval(lo, hi),
                     f", which excludes zero: this run {agree} the prediction.")
-    return Text(f"At {where} the drop is ", pct, " % but its interval ", interval(lo, hi),
+    return Text(f"At {where} the original tokens' attention ", change(pct), " %, but the drop's interval ",
+                interval(lo, hi),
                 " includes zero: this run neither confirms nor refutes the prediction there.")
+
+
+def count_of(names: list[str], total: int, noun: str = "models", one: str = "model") -> str:
+    """"no model", "both models", "all 3 models", "the one model", or "2 of 3 models (A, B)": no zero counts,
+    no list that names every model."""
+    k = len(names)
+    if k == 0:
+        return f"no {one}"
+    if k == total:
+        return f"both {noun}" if total == 2 else f"all {total} {noun}" if total > 1 else f"the one {one}"
+    return f"{k} of {total} {noun} ({', '.join(names)})"
+
+
+def change(n: Num, down: str = "drops by", up: str = "rises by") -> Text:
+    """A signed change said with words: "drops by 28.2" for +28.2 as a drop, "rises by 3.1" for -3.1; the number
+    keeps its trace (a negative one is read with scale -1)."""
+    sign = -1.0 if n.value < 0 else 1.0
+    return Text(down if sign > 0 else up, " ", Num(abs(n.value), n.src, n.key, n.op, n.scale * sign,
+                                                   n.fmt.replace("+", "")))
 
 
 HYPOTHESIS = ("The paper's account: in the first layers the inserted meaningless tokens take part of the "

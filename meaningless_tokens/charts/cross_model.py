@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from meaningless_tokens.charts.common import (AXES_LAYERS, AXES_WEIGHT, HYPOTHESIS, Chart, Context, Text, attention_axes,
-                                  curve, label, shade_span)
+                                  change, count_of, curve, label, shade_span)
 
 KIND = "cross-model"
 PER_MODEL = False
@@ -40,15 +40,15 @@ def explain(ctx: Context, name: None = None) -> Chart:
         parts = [f"{v.disp}, {label(v.layer, h)}: the meaningless span takes ", ml, " % of the original queries' attention"]
         if "mful" in v.conds:
             parts += [", the meaningful span ", v.span_mass("mful", li, hi)[0], " %"]
-        parts += [f". Mean drop over all heads of {label(v.layer)}: ", mean_drop, " %."]
+        parts += [f". Averaged over the heads of {label(v.layer)}, the original tokens' attention ", change(mean_drop),
+                  " %."]
         rows.append(Text(*parts))
         means.append((v, mean_drop))
     top = max(means, key=lambda m: m[1].value)
     pos = [v.disp for v, m in means if m.value > 0]
-    obs = [Text(f"{top[0].disp} shows the largest change: a mean drop of ", top[1], " % over its heads of "
-                f"{label(top[0].layer)}."),
-           Text(f"The mean drop is positive for {len(pos)} of {len(means)} models"
-                + (f" ({', '.join(pos)})." if pos else "."))]
+    obs = [Text(f"{top[0].disp} shows the largest change: averaged over its heads of {label(top[0].layer)}, the "
+                "original tokens' attention ", change(top[1]), " %."),
+           Text(f"The original tokens lose attention on average over the heads for {count_of(pos, len(means))}.")]
     return Chart(
         "cross-model", "All models: meaningless vs meaningful span",
         [Text("For each model, the head of its charts in the chosen layer: what every position of the whole prompt "
@@ -58,4 +58,4 @@ def explain(ctx: Context, name: None = None) -> Chart:
          Text("Red: mless; green: mful. " + AXES_LAYERS)],
         rows, obs,
         [Text(HYPOTHESIS), Text("If the effect is general, every model's original tokens lose attention under mless; "
-                                f"here {len(pos)} of {len(means)} do on average over the layer's heads.")])
+                                f"here {count_of(pos, len(means))} do on average over the layer's heads.")])

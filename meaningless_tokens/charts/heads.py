@@ -3,7 +3,7 @@ vs mless over original positions (top) and the full mless prompt with the span s
 
 from __future__ import annotations
 
-from meaningless_tokens.charts.common import (AXES_LAYERS, AXES_ORIGINAL, AXES_WEIGHT, HYPOTHESIS, PAPER_BAND, Chart, Context,
+from meaningless_tokens.charts.common import (change, AXES_LAYERS, AXES_ORIGINAL, AXES_WEIGHT, HYPOTHESIS, PAPER_BAND, Chart, Context,
                                   Text, attention_axes, curve, excludes_zero, head_list, interval, label, shade_span)
 
 KIND = "heads"
@@ -46,8 +46,8 @@ def explain(ctx: Context, name: str) -> Chart:
         mn, mm = v.orig_mean("none", li, hi), v.orig_mean("mless", li, hi)
         pct, lo, up = v.drop_pct("mless", li, hi)
         mass, mlo, mhi = v.span_mass("mless", li, hi)
-        parts = [f"Head {h + 1}: original tokens receive ", mn, " (none) and ", mm, " (mless) on average, a drop of ",
-                 pct, " % ", interval(lo, up), "; the span takes ", mass, " % ", interval(mlo, mhi),
+        parts = [f"Head {h + 1}: original tokens receive ", mn, " (none) and ", mm, " (mless) on average: their attention ",
+                 change(pct), " % (the drop's interval ", interval(lo, up), "); the span takes ", mass, " % ", interval(mlo, mhi),
                  " of the original queries' attention."]
         if 0 <= s < e - 1 and e <= v.F:
             first_tok = v.n("mless", "full_avg", f"{li},{hi},{s}", fmt=".4f")
@@ -60,7 +60,8 @@ def explain(ctx: Context, name: str) -> Chart:
         sig += excludes_zero(lo, up) and pct.value > 0
     top = max(drops, key=lambda d: d[1].value)
     obs = [Text(f"Of the {len(v.heads)} heads shown, head {top[0] + 1} has the largest drop in percent (",
-                top[1], f" %); {sig} of them have a drop whose interval lies above zero.")]
+                top[1], " %); " + ("none of them has" if sig == 0 else "all of them have" if sig == len(v.heads) else
+                             f"{sig} of them have") + " a drop whose interval lies above zero.")]
     if collapse:
         fell = [h for h, c in collapse if c]
         obs.append(Text(
@@ -80,6 +81,7 @@ def explain(ctx: Context, name: str) -> Chart:
               f"the span covering positions {s} to {e - 1}."), Text(AXES_WEIGHT),
          Text("Blue: none; red: mless; shaded band: the meaningless tokens. " + AXES_LAYERS)],
         rows, obs,
-        [Text(HYPOTHESIS), Text(f"{sig} of {len(v.heads)} heads shown agree: their drop's interval lies above zero"
+        [Text(HYPOTHESIS), Text(("No head shown agrees" if sig == 0 else "Every head shown agrees" if sig == len(v.heads) else
+                                 f"{sig} of {len(v.heads)} heads shown agree") + ": their drop's interval lies above zero"
                                 + ("." if sig == len(v.heads) else "; for the others it includes zero or lies below "
                                    "it, so they do not support the prediction."))])

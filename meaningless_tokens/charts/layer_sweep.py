@@ -3,7 +3,7 @@ head of figures.heads), none vs mless over original positions."""
 
 from __future__ import annotations
 
-from meaningless_tokens.charts.common import (AXES_LAYERS, AXES_ORIGINAL, AXES_WEIGHT, HYPOTHESIS, Chart, Context, Text,
+from meaningless_tokens.charts.common import (change, AXES_LAYERS, AXES_ORIGINAL, AXES_WEIGHT, HYPOTHESIS, Chart, Context, Text,
                                   attention_axes, chart_layers, curve, excludes_zero, interval, label, layer_index,
                                   verdict_drop)
 
@@ -50,14 +50,16 @@ def explain(ctx: Context, name: str) -> Chart:
         mass, mlo, mhi = v.span_mass("mless", li, hi)
         drops.append((layer, pct, lo, up, mn, mm))
         rows.append(Text(f"{label(layer, h)}: mean attention on original tokens (positions 1 on) is ", mn,
-                         " without insertion and ", mm, " with meaningless tokens, a drop of ", pct, " % ",
-                         interval(lo, up), ". Highest point after the sink: position ", pn, " (", vn,
+                         " without insertion and ", mm, " with meaningless tokens: it ", change(pct), " % (the drop's interval ",
+                         interval(lo, up), "). Highest point after the sink: position ", pn, " (", vn,
                          ") for none, position ", pm, " (", vm, ") for mless. The span takes ", mass, " % ",
                          interval(mlo, mhi), " of the original queries' attention."))
     top = max(drops, key=lambda d: d[1].value)
     lower = [d for d in drops if d[5].value < d[4].value]
-    obs = [Text(f"Meaningless tokens lower the mean attention on original tokens in {len(lower)} of "
-                f"{len(drops)} layers shown."),
+    k = len(lower)
+    obs = [Text("Meaningless tokens lower the mean attention on original tokens in " + (
+                "no layer shown." if k == 0 else f"all {k} layers shown." if k == len(drops) > 1 else
+                f"{k} of {len(drops)} layers shown.")),
            Text(f"The drop is largest in {label(top[0])} (", top[1], " %)",
                 "; its interval excludes zero." if excludes_zero(top[2], top[3]) else
                 "; its interval includes zero.")]

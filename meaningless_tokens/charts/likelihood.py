@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from meaningless_tokens.charts.common import COLORS, Chart, Context, Text, excludes_zero, interval, label
+from meaningless_tokens.charts.common import COLORS, Chart, Context, Text, count_of, excludes_zero, interval, label
 from meaningless_tokens.store import activations_path, eval_path, likelihood_path, read_h5, stats_path
 
 KIND = "likelihood"
@@ -260,21 +260,22 @@ def explain(ctx: Context, name: None = None) -> Chart:
         up = [ctx.disp(n) for n, d, lo, hi in mless if excludes_zero(lo, hi) and d.value > 0]
         down = [ctx.disp(n) for n, d, lo, hi in mless if excludes_zero(lo, hi) and d.value < 0]
         obs.append(Text(f"Meaningless tokens make the reference solution more likely, with an interval above zero, for "
-                        f"{len(up)} of {len(mless)} models" + (f" ({', '.join(up)})" if up else "")
-                        + f"; less likely, with an interval below zero, for {len(down)}"
-                        + (f" ({', '.join(down)})." if down else ".")))
+                        f"{count_of(up, len(mless))}; less likely, with an interval below zero, for "
+                        f"{count_of(down, len(mless))}."))
     sure = [(n, c, k) for n, c, k, r, lo, hi in link_rows if excludes_zero(lo, hi) and k == "attention_drop"]
     tried = [(n, c) for n, c, k, r, lo, hi in link_rows if k == "attention_drop"]
     obs.append(Text(f"The rank correlation between a problem's solution gain and its {label(0)} attention drop has an "
-                    f"interval that excludes zero for {len(sure)} of {len(tried)} model/contrast pairs"
-                    + (f" ({'; '.join(f'{ctx.disp(n)}, {c}' for n, c, _ in sure)})." if sure else ".")))
+                    "interval that excludes zero for "
+                    + count_of([f"{ctx.disp(n)}, {c}" for n, c, _ in sure], len(tried), "model/contrast pairs",
+                               "model/contrast pair") + "."))
     agree = [(n, c) for n, c, a in proxy_rows if a["to_right"]["mean_gain"] is not None
              and a["to_wrong"]["mean_gain"] is not None and a["to_right"]["mean_gain"] > a["to_wrong"]["mean_gain"]]
     both = [(n, c) for n, c, a in proxy_rows if a["to_right"]["n"] and a["to_wrong"]["n"]]
     if both:
         obs.append(Text(f"Where generated answers flipped both ways, problems that flipped to right gained more "
-                        f"likelihood than those that flipped to wrong in {len(agree)} of {len(both)} model/contrast "
-                        "pairs (few flips: read this as a sanity check, not a test)."))
+                        f"likelihood than those that flipped to wrong for "
+                        + count_of([f"{ctx.disp(n)}, {c}" for n, c in agree], len(both), "model/contrast pairs",
+                                   "model/contrast pair") + " (few flips: read this as a sanity check, not a test)."))
     elif proxy_rows:
         obs.append(Text(f"No model/contrast pair has generated answers that flipped both ways on the problems both "
                         f"stages measured ({len(proxy_rows)} pairs compared), so accuracy cannot check the proxy "

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from meaningless_tokens.charts.common import AXES_LAYERS, Chart, Context, Num, Text, interval, label
+from meaningless_tokens.charts.common import AXES_LAYERS, Chart, Context, Num, Text, count_of, interval, label
 
 KIND = "span-sweep"
 PER_MODEL = False
@@ -124,8 +124,8 @@ def explain(ctx: Context, name: None = None) -> Chart:
             (grow if ok else falls_at).append((who, [(counts[i], counts[i + 1]) for i in falls]))
     obs = []
     total = len(grow) + len(falls_at)
-    obs.append(Text(f"The drop over all heads grows at every step of the count for {len(grow)} of {total} "
-                    f"model/token series" + (f" ({'; '.join(w for w, _ in grow)})" if grow else "") + "."))
+    obs.append(Text("The drop over all heads grows at every step of the count for "
+                    + count_of([w for w, _ in grow], total, "model/token series", "model/token series") + "."))
     for who, steps in falls_at:
         obs.append(Text(f"{who}: the drop does not grow from " + ", ".join(f"{a} to {b}" for a, b in steps) + "."))
     toks = [(ctx.disp(n), t["token"], t["span_tokens"], sw["counts"]) for n in ctx.names
