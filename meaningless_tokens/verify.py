@@ -408,7 +408,9 @@ class Verifier:
         if out.md5 is None or not out.md5.endswith(".dir"):
             return {out.path: out.md5}
         listing = self.fs.find(out.path, detail=True)
-        return {p: (info.get("dvc_info") or {}).get("md5") or info.get("md5") for p, info in listing.items()}
+        # a `cache: false` folder kept in git (docs/results) lists git blobs, which carry no md5: hash the file
+        return {p: (info.get("dvc_info") or {}).get("md5") or info.get("md5") or md5_file(self.fetch(p))
+                for p, info in listing.items()}
 
     def fetch(self, path: str) -> Path:
         """The revision's file, copied by DVC from git, the cache or the remote into a temporary folder."""
