@@ -50,7 +50,7 @@ def main() -> None:
     print(common.machine(args.threads))
     others = common.OtherLoad()
     started = time.perf_counter()
-    setup = models.resolve(params, args.model)
+    setup = models.setup_for(params, args.model)
     settings = arm.resolve(params.arm, params.dataset.benchmark, setup)
     model, tokenizer = models.load(setup, attn_implementation=ATTENTION)
     torch.set_num_threads(args.threads)

@@ -50,7 +50,7 @@ def main() -> None:
     gold = {p.index: p.answer for p in chosen}
     rows, ratios, compared = [], {}, []
     for k, name in enumerate(names):
-        setup = models.resolve(base, name)
+        setup = models.setup_for(base, name)
         result = {}
         for engine_name in (("transformers", "vllm") if k % 2 == 0 else ("vllm", "transformers")):
             params = with_engine[engine_name]

@@ -36,7 +36,7 @@ def showcase_attention(params, name: str, n_tokens: int | None = None):
     from meaningless_tokens.prompts import Problem, builder_for, load_math500, select_problems
 
     spec = model_spec(params, name)
-    setup = models.resolve(params, name)
+    setup = models.setup_for(params, name)
     prepared = setup.prepared
     heads = list(range(prepared.facts["num_heads"])) if spec.heads == "all" else list(spec.heads)
     layers = list(spec.layers)

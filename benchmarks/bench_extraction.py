@@ -56,7 +56,7 @@ def worker(args) -> None:
 
     params = common.load_params()
     layers = list(model_spec(params, args.model).layers)
-    setup = models.resolve(params, args.model)
+    setup = models.setup_for(params, args.model)
     model, tokenizer = models.load(setup)  # eager attention
     torch.set_num_threads(args.threads)
     if args.worker == "project":

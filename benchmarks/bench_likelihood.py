@@ -85,7 +85,7 @@ def setup(args):
         params = load_params(f.name)
     finally:
         os.unlink(f.name)
-    model_setup = models.resolve(params, name)
+    model_setup = models.setup_for(params, name)
     model, tok, attn = scoring.load(model_setup)
     problems, _ = load_math500(params)
     chosen = select_problems(problems, args.n, params.likelihood.seed)

@@ -8,7 +8,7 @@ before the clock starts:
   first use  meaningless_tokens.models.prepare + load with an empty model cache that holds only the assembled
              GGUF (linked from the warm cache, so no download is timed): GGUF load, dequantize,
              save as float32 safetensors, hash, then load (what the first `dvc repro` pays once)
-  GGUF load  transformers from_pretrained(gguf_file=...) of model and tokenizer, as meaningless_tokens/models.py
+  GGUF load  transformers from_pretrained(gguf_file=...) of model and tokenizer, as meaningless_tokens/models/conversion.py
              does it: what every stage would pay if there were no converted cache
   cached     meaningless_tokens.models.prepare + load with the warm cache (what every stage pays)
 Arms are interleaved per repetition (order rotated). The GGUF and safetensors files are in the OS
@@ -58,7 +58,7 @@ def worker(args) -> None:
                                              attn_implementation="eager")
         prepare = 0.0
     else:  # MLESS_CACHE (set by the parent) picks the empty or the warm cache
-        setup = models.resolve(params, args.model)
+        setup = models.setup_for(params, args.model)
         prepare = time.perf_counter() - started
         models.load(setup)
     total = time.perf_counter() - started

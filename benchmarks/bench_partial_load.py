@@ -114,7 +114,7 @@ def worker(args) -> None:
     started = time.perf_counter()
     n_layers = max(LAYERS) + 1 if args.worker == "partial" else None
     dtype = models.torch_dtype(args.dtype or params.runtime.dtype)
-    model = models._from_pretrained("bench", Path(args.path), dtype, "eager", False, n_layers)
+    model = models.partial.from_pretrained("bench", Path(args.path), dtype, "eager", False, n_layers)
     model.eval().requires_grad_(False)
     load = time.perf_counter() - started
     capture.install_capture(model)

@@ -177,7 +177,7 @@ def run(params: Params, name: str, out: Path | None = None, timing: Path | None 
     chosen = select_problems(problems, params.extract.n_samples, params.extract.seed, "extract.n_samples")
     if not chosen:
         raise ConfigError(f"{params.file}: extract.n_samples: the subset is empty")
-    setup = models.resolve(params, name, layers=cfg.layers)
+    setup = models.setup_for(params, name, layers=cfg.layers)
     prepared, spec = setup.prepared, setup.spec
     n_layers = prepared.facts["num_layers"]
     layers = list(cfg.layers)

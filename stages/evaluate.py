@@ -95,7 +95,7 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
     if name not in params.evaluated:
         raise ConfigError(f"{params.file}: evaluate.models: model '{name}' is not among the models evaluated "
                           f"{params.evaluated}; add it there to evaluate it")
-    setup = models.resolve(params, name)
+    setup = models.setup_for(params, name)
     prepared, spec = setup.prepared, setup.spec
     conditions = params.prompt.conditions
     # ARM's values are checked before the model is loaded (its variant needs only the model_type)

@@ -32,7 +32,7 @@ import numpy as np
 
 from meaningless_tokens import TEMPLATES, cli, models
 from meaningless_tokens.charts.common import Context, load_stats
-from meaningless_tokens.config import ONE_LAYER_KINDS, Params, figure_models, model_spec
+from meaningless_tokens.config import ONE_LAYER_KINDS, Params, figure_models
 from meaningless_tokens.store import ArtifactError, activations_path, atomic_path, attention_path, read_h5, stats_path
 
 OUT = Path("reports/explorer.html")
@@ -80,29 +80,14 @@ def _round(a, digits: int = 5) -> list[float]:
 
 
 class Tokens:
-    """Decodes token ids one by one with a model's tokenizer, found by `models.tokenizer_source` without
-    converting or loading the model: any conversion of a GGUF source (full or layer-only), a local folder, the
-    hub snapshot, else the GGUF's own metadata. A tokenizer.json there is read by the `tokenizers` library
-    (no torch import); otherwise transformers' AutoTokenizer reads it (seconds). Checked against the
-    vocabulary size the extraction recorded."""
+    """Decodes token ids one by one with a model's tokenizer, read without converting or loading the model
+    (`models.token_decoder`), checked against the vocabulary size the extraction recorded."""
 
     def __init__(self, params: Params, name: str, vocab_size: int):
-        self.decode = None
-        spec = model_spec(params, name)
-        folder, gguf_file = models.tokenizer_source(params, name)
-        if gguf_file is None and (folder / "tokenizer.json").is_file():
-            from tokenizers import Tokenizer
-
-            tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
-            if tok.get_vocab_size(with_added_tokens=True) == vocab_size:
-                self.decode = lambda ids: tok.decode([int(i) for i in ids], skip_special_tokens=False)
-        if self.decode is None:
-            tok = models.load_tokenizer(folder, gguf_file, spec.trust_remote_code)
-            if len(tok) != vocab_size:
-                raise ArtifactError(f"{attention_path(name)}: provenance tokenizer.vocab_size {vocab_size} != the "
-                                    f"tokenizer's {len(tok)} in {folder / (gguf_file or '')} (rerun: dvc repro "
-                                    f"extract@{name})")
-            self.decode = lambda ids: tok.decode([int(i) for i in ids])
+        self.decode, size, where = models.token_decoder(params, name, vocab_size)
+        if size != vocab_size:
+            raise ArtifactError(f"{attention_path(name)}: provenance tokenizer.vocab_size {vocab_size} != the "
+                                f"tokenizer's {size} in {where} (rerun: dvc repro extract@{name})")
 
     def strings(self, ids) -> list[str]:
         """Each token as the text it stands for (special tokens by name)."""

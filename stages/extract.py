@@ -1,6 +1,6 @@
 """extract@<model>: attention weights of the first layers for the none / mless / mful prompts.
 
-Loads only the embeddings and layers 0..max(layers) (meaningless_tokens/models.py), runs the decoder up to the
+Loads only the embeddings and layers 0..max(layers) (meaningless_tokens/models/partial.py), runs the decoder up to the
 last configured layer (never the LM head), with eager attention captured by a registered attention
 function (meaningless_tokens/capture.py; checked against the model's own eager output_attentions on the first
 prompt), and stores per sample, condition, layer and head the
@@ -43,7 +43,7 @@ def run(params: Params, name: str, out: Path | None = None, timing: Path | None 
     chosen = select_problems(problems, cfg.n_samples, cfg.seed, "extract.n_samples")
     if not chosen:
         raise ConfigError(f"{params.file}: extract.n_samples: the subset is empty")
-    setup = models.resolve(params, name, layers=spec.layers)
+    setup = models.setup_for(params, name, layers=spec.layers)
     prepared, facts = setup.prepared, setup.facts
     heads = list(range(facts["num_heads"])) if spec.heads == "all" else list(spec.heads)
     layers = list(spec.layers)

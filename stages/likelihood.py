@@ -162,7 +162,7 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
     if name not in params.scored:
         raise ConfigError(f"{params.file}: likelihood.models: model '{name}' is not among the models scored "
                           f"{params.scored}; add it there to score it")
-    setup = models.resolve(params, name)
+    setup = models.setup_for(params, name)
     prepared, spec = setup.prepared, setup.spec
     conditions = list(cfg.conditions)
     arm_settings = arm.resolve(params.arm, params.dataset.benchmark, setup) if "arm" in conditions else None

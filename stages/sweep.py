@@ -241,7 +241,7 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
     where = {k: (root / v if root else params.resolve(str(v))) for k, v in paths(name).items()}
     problems, data_sha = load_problems(params)
     chosen = select_problems(problems, cfg.attention_samples, cfg.seed, "sweep.attention_samples")
-    setup = models.resolve(params, name, layers=[cfg.layer])
+    setup = models.setup_for(params, name, layers=[cfg.layer])
     prepared, spec, facts = setup.prepared, setup.spec, setup.facts
     if cfg.layer >= facts["num_layers"]:
         raise ConfigError(f"{params.file}: sweep.layer: {cfg.layer} out of range; model '{name}' has "
@@ -278,7 +278,7 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
     if cfg.accuracy_samples:
         check_engine(params)  # before the whole model is prepared
     # generation and scoring run the whole model: a GGUF source is converted in full (once) for them
-    whole = models.resolve(params, name) if cfg.accuracy_samples or cfg.likelihood_samples else None
+    whole = models.setup_for(params, name) if cfg.accuracy_samples or cfg.likelihood_samples else None
     if cfg.accuracy_samples:
         acc_problems = select_problems(problems, cfg.accuracy_samples, cfg.seed, "sweep.accuracy_samples")
         correct, settings = accuracy_sweep(params, whole, acc_problems, where)

@@ -41,7 +41,7 @@ def test_stored_activations_equal_a_plain_forward_with_a_hook(arch, tiny_dirs, w
     out = activations.run(params, "tiny", out=tmp_path / "act.h5", timing=tmp_path / "t.json")
     cfg = params.activations
 
-    setup = models.resolve(params, "tiny")
+    setup = models.setup_for(params, "tiny")
 
     model, tok = models.load(setup)  # eager attention, the whole model, no capture function
     problems, _ = load_math500(params)
@@ -135,4 +135,4 @@ def test_a_model_without_a_gated_mlp_is_refused(write_params, tiny_dirs, tmp_pat
     phi = AutoModelForCausalLM.from_config(PhiConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
                                                      num_hidden_layers=2, num_attention_heads=4))
     with pytest.raises(ConfigError, match=r"models.tiny: layer 0's MLP \(PhiMLP, model_type 'phi'\) is not a gated MLP"):
-        activations.gated_mlps(phi, models.resolve(params, "tiny"), [0])
+        activations.gated_mlps(phi, models.setup_for(params, "tiny"), [0])

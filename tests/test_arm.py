@@ -169,7 +169,7 @@ def arm_params(write_params, tiny_dirs, arch, conditions=("none", "mless", "mful
 
 
 def loaded(params, identity=False):
-    setup = models.resolve(params, "tiny")
+    setup = models.setup_for(params, "tiny")
     model, tokenizer = models.load(setup, attn_implementation=engines.ATTENTION)
     s = arm.resolve(params.arm, params.dataset.benchmark, setup)
     hook = arm.ArmHook(arm.layer0_mlp(model, setup), s, identity=identity)
@@ -243,7 +243,7 @@ def test_activations_store_the_arm_transformed_histogram_from_the_same_hook(tiny
     # the stored arm activations are the edit of the float32 none activations of the same problem
     from meaningless_tokens.capture import install_capture
 
-    setup = models.resolve(params, "tiny")
+    setup = models.setup_for(params, "tiny")
     model, tokenizer = models.load(setup, layers=[0])
     install_capture(model)
     problem = next(p for p in load_math500(params)[0] if p.index == index)
@@ -280,7 +280,7 @@ def test_arm_on_a_model_without_a_gated_mlp_is_refused(write_params, tiny_dirs):
     phi = AutoModelForCausalLM.from_config(PhiConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
                                                      num_hidden_layers=2, num_attention_heads=4))
     with pytest.raises(ConfigError, match=r"prompt.conditions: 'arm' needs a gated MLP .* has PhiMLP \(model_type 'phi'\)"):
-        arm.layer0_mlp(phi, models.resolve(params, "tiny"))
+        arm.layer0_mlp(phi, models.setup_for(params, "tiny"))
 
 
 def test_paper_defaults_by_repo_and_family():

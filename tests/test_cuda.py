@@ -180,7 +180,7 @@ def test_evaluate_with_arm_rows_and_the_boxed_stop(device, dtype, llama_dir, wri
         for k in keys:
             np.testing.assert_array_equal(have[k], want[k], err_msg=k)
     else:  # bfloat16 logits round near-ties differently: the numerics are checked on the prefill below
-        setup = models.resolve(params, "tiny")
+        setup = models.setup_for(params, "tiny")
         model, tok = models.load(setup)
         cpu_model, _ = models.load(dataclasses.replace(setup, device="cpu", dtype="float32"))  # the reference's
         ids = tok("Please reason step by step. What is 1+1?")["input_ids"]
@@ -232,7 +232,7 @@ def test_partial_load_takes_a_fraction_of_the_cuda_memory(write_params, cache_di
     """Extract's partial load (layers 0..2 of 32) against the whole 32-layer checkpoint, on CUDA."""
     big = tiny.build("llama", tmp_path / "llama32", layers=32)
     params = params_for(write_params, big, "llama", "cuda", "float32")
-    setup = models.resolve(params, "tiny")
+    setup = models.setup_for(params, "tiny")
     peaks = {}
     for label, layers in (("partial", [0, 1, 2]), ("full", None)):
         torch.cuda.empty_cache()

@@ -212,7 +212,7 @@ def params_keys() -> list[Item]:
             if key.endswith(FILE_SUFFIXES) and not key.endswith(".*"):
                 continue  # a file name such as figures.py, not a key
             if it.text[m.end():].startswith("("):
-                continue  # a call such as models.resolve(params, name), not a key
+                continue  # a call such as models.setup_for(params, name), not a key
             found.append(Item(it.doc, it.line, key))
     return found
 

@@ -90,7 +90,7 @@ def test_static_cache_and_sdpa_generate_what_eager_with_a_dynamic_cache_does(arc
     import torch
 
     params = tiny_eval_params(write_params, tiny_dirs, arch)
-    setup = models.resolve(params, "tiny")
+    setup = models.setup_for(params, "tiny")
     fast, tokenizer = models.load(setup, attn_implementation=engines.ATTENTION)
     plain, _ = models.load(setup, attn_implementation="eager")
     assert fast.config._attn_implementation == "sdpa"
@@ -110,7 +110,7 @@ def test_static_cache_and_sdpa_generate_what_eager_with_a_dynamic_cache_does(arc
 
 def test_batches_are_sorted_by_length_and_fixed(tiny_dirs, write_params, cache_dir):
     params = tiny_eval_params(write_params, tiny_dirs)
-    setup = models.resolve(params, "tiny")
+    setup = models.setup_for(params, "tiny")
     _, tokenizer = models.load(setup)
     builder = builder_for(params.prompt, setup, tokenizer)
     problems, _ = load_math500(params)
@@ -307,7 +307,7 @@ def test_vllm_cut_stops_where_the_boxed_criterion_stops(tiny_dirs):
 @pytest.mark.slow
 def test_batched_and_one_at_a_time_greedy_agree_on_a_shipped_model(write_params):
     params = load_params(write_params())
-    setup = models.resolve(params, "smollm2-135m")
+    setup = models.setup_for(params, "smollm2-135m")
     model, tokenizer = models.load(setup, attn_implementation=engines.ATTENTION)
     builder = builder_for(params.prompt, setup, tokenizer)
     problems, _ = load_math500(params)

@@ -63,7 +63,7 @@ def recompute_layer0(model, ids):
 def test_stored_layer0_equals_independent_recomputation(arch, tiny_dirs, write_params, cache_dir, tmp_path):
     params = tiny_params(write_params, tiny_dirs, arch, n_samples=3, showcase=3)
     out = extract.run(params, "tiny", out=tmp_path / "a.h5")
-    model, tokenizer = models.load(models.resolve(params, "tiny"))
+    model, tokenizer = models.load(models.setup_for(params, "tiny"))
     with h5py.File(out) as f:
         assert list(f.attrs["layers"]) == [0, 1, 2] and list(f.attrs["heads"]) == [0, 1, 2, 3]
         for c in ("none", "mless", "mful"):
@@ -91,7 +91,7 @@ def test_stored_layer0_equals_independent_recomputation(arch, tiny_dirs, write_p
 @pytest.mark.parametrize("arch", ARCHS)
 def test_capture_equals_the_models_own_eager_forward(arch, tiny_dirs, write_params, cache_dir):
     params = tiny_params(write_params, tiny_dirs, arch)
-    model, tokenizer = models.load(models.resolve(params, "tiny"))
+    model, tokenizer = models.load(models.setup_for(params, "tiny"))
     problems, _ = load_math500(params)
     ids = PromptBuilder(params.prompt, tokenizer, "raw", params.file).build(problems[7])["mless"].input_ids
     with torch.no_grad():
@@ -104,7 +104,7 @@ def test_capture_equals_the_models_own_eager_forward(arch, tiny_dirs, write_para
 
 def test_early_exit_runs_only_the_requested_layers(tiny_dirs, write_params, cache_dir):
     params = tiny_params(write_params, tiny_dirs, "llama")
-    model, tokenizer = models.load(models.resolve(params, "tiny"))
+    model, tokenizer = models.load(models.setup_for(params, "tiny"))
     capture.install_capture(model)
     ran = []
     hooks = [layer.register_forward_pre_hook(lambda m, a, i=i: ran.append(i)) for i, layer in enumerate(model.get_decoder().layers)]

@@ -111,7 +111,7 @@ def own_mask(model, T) -> np.ndarray:
 @pytest.mark.parametrize("family", tiny.FAMILIES)
 def test_family_probe_recomputation_and_partial_load(family, family_dirs, write_params, cache_dir, tmp_path):
     params = family_params(write_params, family_dirs[family])
-    setup = models.resolve(params, "tiny")
+    setup = models.setup_for(params, "tiny")
     prepared = setup.prepared
     assert prepared.facts["model_type"] == {"gemma3": "gemma3_text"}.get(family, family)
     probe = prepared.manifest()["probe"]

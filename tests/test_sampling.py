@@ -72,7 +72,7 @@ def sampled_params(write_params, tiny_dirs, n=3, **sampling_cfg):
 
 def test_sampled_outputs_are_the_same_alone_and_inside_a_batch(tiny_dirs, write_params, cache_dir):
     params = sampled_params(write_params, tiny_dirs)
-    setup = models.resolve(params, "tiny")
+    setup = models.setup_for(params, "tiny")
     engine = engines.TransformersEngine(params.evaluate, setup)
     assert engine.sampling["origin"] == {"temperature": "params", "top_p": "transformers default",
                                                      "top_k": "params"}
