@@ -51,7 +51,7 @@ def main() -> None:
     others = common.OtherLoad()
     started = time.perf_counter()
     setup = models.setup_for(params, args.model)
-    settings = arm.resolve(params.arm, params.dataset.benchmark, setup)
+    settings = arm.settings_for(params.arm, params.dataset.benchmark, setup)
     model, tokenizer = models.load(setup, attn_implementation=ATTENTION)
     torch.set_num_threads(args.threads)
     hook = arm.ArmHook(arm.layer0_mlp(model, setup), settings)

@@ -101,7 +101,7 @@ def variant_for(model_type: str) -> str:
     return "gemma" if model_type.startswith("gemma") else "llama"
 
 
-def resolve(cfg: Arm, benchmark: str, setup) -> ArmSettings:
+def settings_for(cfg: Arm, benchmark: str, setup) -> ArmSettings:
     """The ARM settings of a stage's model (a models.ModelSetup) under params' `arm` and the dataset's
     benchmark; raises ConfigError naming the key for values outside the variant's range.
 

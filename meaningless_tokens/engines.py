@@ -268,7 +268,7 @@ class TransformersEngine:
         self.model, self.tokenizer, attn = load_for_generation(setup)
         self.arm_hook = arm.ArmHook(arm.layer0_mlp(self.model, setup), arm_settings) if arm_settings else None
         self.eos = stop_ids(self.model.generation_config, self.tokenizer)
-        self.sampling = sampling.resolve(cfg, self.model.generation_config) if cfg.sampling.n else None
+        self.sampling = sampling.settings_for(cfg, self.model.generation_config) if cfg.sampling.n else None
         self.settings = {"engine": "transformers", **_common_settings(cfg, setup, self.eos, str(self.model.device)),
                          "batch_size": cfg.batch_size, "attn_implementation": attn, "cache": "static"}
         self.stats: dict = {}
@@ -306,7 +306,7 @@ class VllmEngine:
             gen = GenerationConfig.from_model_config(
                 AutoConfig.from_pretrained(prepared.path, local_files_only=True, trust_remote_code=self.trust))
         self.eos = stop_ids(gen, self.tokenizer)
-        self.sampling = sampling.resolve(cfg, gen) if cfg.sampling.n else None
+        self.sampling = sampling.settings_for(cfg, gen) if cfg.sampling.n else None
         self.settings = {**_common_settings(cfg, setup, self.eos, self.device),
                          **vllm_engine.settings(cfg, conditions, setup)}
         self.stats: dict = {}

@@ -32,7 +32,7 @@ HF_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": 50}
 NGRAMS = (1, 2, 3, 4)
 
 
-def resolve(cfg: Evaluate, generation_config) -> dict:
+def settings_for(cfg: Evaluate, generation_config) -> dict:
     """The sampling values a run uses (`cfg`: params' evaluate) and where each came from (params,
     generation_config, transformers default)."""
     s = cfg.sampling

@@ -185,7 +185,7 @@ def run(params: Params, name: str, out: Path | None = None, timing: Path | None 
         raise ConfigError(f"{params.file}: activations.layers: {[x for x in layers if x >= n_layers]} out of range; "
                           f"{name} has {n_layers} layers (allowed 0..{n_layers - 1})")
     conditions = params.prompt.conditions
-    arm_settings = arm.resolve(params.arm, params.dataset.benchmark, setup) if "arm" in conditions else None
+    arm_settings = arm.settings_for(params.arm, params.dataset.benchmark, setup) if "arm" in conditions else None
     # only the embeddings and layers 0..max(layers) are read from the checkpoint
     model, tokenizer = models.load(setup, layers=layers)
     mlps = gated_mlps(model, setup, layers)

@@ -99,7 +99,7 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
     prepared, spec = setup.prepared, setup.spec
     conditions = params.prompt.conditions
     # ARM's values are checked before the model is loaded (its variant needs only the model_type)
-    arm_settings = arm.resolve(params.arm, params.dataset.benchmark, setup) if "arm" in conditions else None
+    arm_settings = arm.settings_for(params.arm, params.dataset.benchmark, setup) if "arm" in conditions else None
     engine = open_engine(cfg, conditions, setup, arm_settings)
     builder = builder_for(params.prompt, setup, engine.tokenizer)
     built = {p.index: builder.build(p) for p in chosen}

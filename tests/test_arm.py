@@ -171,7 +171,7 @@ def arm_params(write_params, tiny_dirs, arch, conditions=("none", "mless", "mful
 def loaded(params, identity=False):
     setup = models.setup_for(params, "tiny")
     model, tokenizer = models.load(setup, attn_implementation=engines.ATTENTION)
-    s = arm.resolve(params.arm, params.dataset.benchmark, setup)
+    s = arm.settings_for(params.arm, params.dataset.benchmark, setup)
     hook = arm.ArmHook(arm.layer0_mlp(model, setup), s, identity=identity)
     return model, tokenizer, hook, engines.stop_ids(model.generation_config, tokenizer), setup
 
@@ -249,7 +249,7 @@ def test_activations_store_the_arm_transformed_histogram_from_the_same_hook(tiny
     problem = next(p for p in load_math500(params)[0] if p.index == index)
     ids = builder_for(params.prompt, setup, tokenizer).build(problem)["none"].input_ids
     none_a = torch.from_numpy(activations.forward(model, activations.gated_mlps(model, setup, [0]), [0], ids)[1][0])
-    s = arm.resolve(params.arm, params.dataset.benchmark, setup)  # the tiny qwen2
+    s = arm.settings_for(params.arm, params.dataset.benchmark, setup)  # the tiny qwen2
     want = arm.edit(none_a, s, torch.Generator().manual_seed(arm.row_seed(s.seed, index, 0))).numpy()
     np.testing.assert_allclose(arm_a, want, rtol=1e-3, atol=1e-4)  # stored as float16
 
@@ -295,7 +295,7 @@ def test_paper_defaults_by_repo_and_family():
         "o": {"display_name": "o", "source": {"kind": "local_dir", "path": "x"}, "arm": {"c": 0.2}}}
     raw["evaluate"]["models"] = raw["likelihood"]["models"] = None  # every model
     params = Params.model_validate(raw)
-    q, l, g, o = (resolve_arm(params, n, t) for n, t in (("q", "qwen2"), ("l", "llama"), ("g", "gemma3_text"),
+    q, l, g, o = (arm_settings(params, n, t) for n, t in (("q", "qwen2"), ("l", "llama"), ("g", "gemma3_text"),
                                                            ("o", "mistral")))
     assert (q.variant, q.c, q.percentage, q.pmin, q.pmax) == ("llama", 0.1, 95.0, 0.02, 0.25)
     assert (l.variant, l.c, l.percentage, l.pmin, l.pmax) == ("llama", 0.32, 90.0, 0.2, 0.25)
@@ -303,23 +303,23 @@ def test_paper_defaults_by_repo_and_family():
     assert (o.c, o.percentage, o.origin["c"], o.origin["percentage"]) == (0.2, 99.5, "params", "fallback (llama variant)")
     # the dataset selects the paper's column: Qwen2.5-Math-7B (0.05, 90) on AIME2024, Llama off on AIME 2025
     raw["dataset"]["benchmark"] = "aime2024"
-    q = resolve_arm(Params.model_validate(raw), "q", "qwen2")
+    q = arm_settings(Params.model_validate(raw), "q", "qwen2")
     assert (q.c, q.percentage, q.origin["c"]) == (0.05, 90.0, "paper (Qwen/Qwen2.5-Math-7B, aime2024)")
     raw["dataset"]["benchmark"] = "aime2025"
     with pytest.raises(ConfigError, match=r"models.l.arm: the paper runs meta-llama/Llama-3.1-8B-Instruct on aime2025 "
                                           r"without ARM; set models.l.arm.c and percentage"):
-        resolve_arm(Params.model_validate(raw), "l", "llama")
+        arm_settings(Params.model_validate(raw), "l", "llama")
     raw["models"]["l"]["arm"] = {"c": 0.32, "percentage": 90}   # params still override
-    assert resolve_arm(Params.model_validate(raw), "l", "llama").origin["c"] == "params"
+    assert arm_settings(Params.model_validate(raw), "l", "llama").origin["c"] == "params"
 
 
-def resolve_arm(params, name: str, model_type: str) -> arm.ArmSettings:
+def arm_settings(params, name: str, model_type: str) -> arm.ArmSettings:
     """ARM's settings for model `name` of a given model_type, without fetching it (hub sources): the setup a stage
     would resolve, its manifest holding only the model_type ARM reads."""
     prepared = models.PreparedModel(name=name, path=Path("unfetched"), weights_sha256="", files={}, source={},
                                     facts={"model_type": model_type}, probe={})
     setup = models.ModelSetup(name, params.models[name], prepared, "cpu", "float32", None, params.file)
-    return arm.resolve(params.arm, params.dataset.benchmark, setup)
+    return arm.settings_for(params.arm, params.dataset.benchmark, setup)
 
 
 def tiny_params_path():

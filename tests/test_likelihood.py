@@ -106,7 +106,7 @@ def test_arm_in_teacher_forcing_equals_decoding_with_the_evaluation_hook(apply, 
     out = likelihood.run(params, "tiny", root=tmp_path)
     setup = models.setup_for(params, "tiny")
     model, tok = models.load(setup)
-    settings = arm.resolve(params.arm, params.dataset.benchmark, setup)
+    settings = arm.settings_for(params.arm, params.dataset.benchmark, setup)
     builder = builder_for(likelihood.scoring_prompt(params), setup, tok)
     sep = builder.encode(params.likelihood.separator)
     problems, _ = load_math500(params)
