@@ -521,7 +521,7 @@ class Params(Strict):
         """The params file these values came from (named in every error)."""
         return self._file
 
-    def resolve(self, p: str) -> Path:
+    def project_path(self, p: str) -> Path:
         """Paths in params are relative to the params file's folder (the project root)."""
         return resolve_path(self._file, p)
 

@@ -81,7 +81,7 @@ def dataset_spec(params: Params) -> DatasetSpec:
     cfg = params.dataset
     path, sha, fields = VENDORED.get(cfg.benchmark, (None, None, None))
     # the vendored files ship with the code: relative to the project root, not to the params file
-    path = params.resolve(cfg.path) if cfg.path else ROOT / path
+    path = params.project_path(cfg.path) if cfg.path else ROOT / path
     fmt = cfg.format
     if fmt == "auto":
         fmt = {".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet", ".csv": "csv"}.get(path.suffix.lower())

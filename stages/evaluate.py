@@ -84,7 +84,7 @@ def summarize(records: dict[str, list[Record]], seed: int) -> dict:
 
 def run(params: Params, name: str, root: Path | None = None) -> Path:
     cfg = params.evaluate
-    where = {k: (root / v if root else params.resolve(str(v))) for k, v in paths(name).items()}
+    where = {k: (root / v if root else params.project_path(str(v))) for k, v in paths(name).items()}
     problems, data_sha = load_problems(params)
     chosen = select_problems(problems, cfg.n_samples, cfg.seed, "evaluate.n_samples")
     check_engine(params)

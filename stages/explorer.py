@@ -139,7 +139,7 @@ def activation_strips(path: Path, index: int, conds: dict) -> dict | None:
 
 def collect(params: Params, name: str, blobs: list[str]) -> dict:
     """One model's entry of the page; appends its encoded matrices to `blobs` (their ids are indices)."""
-    root = params.resolve(".")
+    root = params.project_path(".")
     path = root / attention_path(name)
     with read_h5(path, "attention", ("showcase", "none/offsets", "problems/index")) as f:
         conditions = [_str(c) for c in f.attrs["conditions"]]
@@ -204,7 +204,7 @@ def run(params: Params, out: Path | None = None) -> Path:
     import time
 
     started = time.perf_counter()
-    out = out or params.resolve(str(OUT))
+    out = out or params.project_path(str(OUT))
     blobs: list[str] = []
     # a model with no showcase prompt (extract.showcase: 0) has nothing to show; the page says so when none has any
     entries = [e for e in (collect(params, name, blobs) for name in params.models) if e["prompts"]]

@@ -37,7 +37,7 @@ from meaningless_tokens.store import attention_path, provenance, put, put_json_a
 
 def run(params: Params, name: str, out: Path | None = None, timing: Path | None = None) -> Path:
     spec = model_spec(params, name)
-    out = out or params.resolve(str(attention_path(name)))
+    out = out or params.project_path(str(attention_path(name)))
     cfg = params.extract
     problems, data_sha = load_problems(params)
     chosen = select_problems(problems, cfg.n_samples, cfg.seed, "extract.n_samples")
@@ -132,7 +132,7 @@ def run(params: Params, name: str, out: Path | None = None, timing: Path | None 
             put(s.require_group(f"{k:03d}"), c, probs.astype(dtype), shape="[layer, head, query, key]")
             s[f"{k:03d}"].attrs["problem_index"] = chosen[k].index
     n_prompts = len(prompts) * len(conditions)
-    write_prompt_timing(timing or params.resolve(f"metrics/timing/extract-{name}.json"), seconds, n_prompts, out)
+    write_prompt_timing(timing or params.project_path(f"metrics/timing/extract-{name}.json"), seconds, n_prompts, out)
     if skipped:
         print(f"{name}: conditions {skipped} not extracted (the none prompt; layer-0 attention equals none's)")
     print(f"{name}: {len(prompts)} problems x {len(conditions)} conditions in {seconds:.1f} s "

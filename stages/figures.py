@@ -85,11 +85,11 @@ def draw_all(plt, ctx: Context) -> list[tuple[str, object]]:
 def run(params: Params, folder: Path | None = None, table: Path | None = None) -> list[Path]:
     """Draw every chart into `folder` (returned: the chart files) and write the accuracy table."""
     plt = _setup()
-    folder = folder or params.resolve(str(OUT_DIR))
+    folder = folder or params.project_path(str(OUT_DIR))
     ctx = load_context(params)
-    write_accuracy_table(table or params.resolve(str(ACCURACY_TABLE)), ctx.metrics)
+    write_accuracy_table(table or params.project_path(str(ACCURACY_TABLE)), ctx.metrics)
     drawn = draw_all(plt, ctx)
-    write_json_atomic(params.resolve(str(likelihood.LINK)), likelihood.problem_links(ctx))  # the numbers the report quotes
+    write_json_atomic(params.project_path(str(likelihood.LINK)), likelihood.problem_links(ctx))  # the numbers the report quotes
     folder.mkdir(parents=True, exist_ok=True)
     written = []
     for stem, fig in drawn:

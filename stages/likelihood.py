@@ -154,7 +154,7 @@ def _put_stats(g, prefix: str, stats: list[dict]) -> None:
 def run(params: Params, name: str, root: Path | None = None) -> Path:
     started = time.perf_counter()
     cfg = params.likelihood
-    where = {k: (root / v if root else params.resolve(str(v))) for k, v in paths(name).items()}
+    where = {k: (root / v if root else params.project_path(str(v))) for k, v in paths(name).items()}
     prompt = scoring_prompt(params)
     problems, data_sha = load_problems(params)
     chosen = select_problems(problems, cfg.n_samples, cfg.seed, "likelihood.n_samples")

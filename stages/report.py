@@ -282,8 +282,8 @@ def render(context: dict) -> tuple[str, str]:
 
 
 def run(params: Params, out: Path | None = None) -> list[Path]:
-    root = params.resolve(".")
-    out = out or params.resolve(str(OUT_DIR))
+    root = params.project_path(".")
+    out = out or params.project_path(str(OUT_DIR))
     fig_dir = root / FIGURES_DIR
     ctx = load_context(params)
     names = ctx.names

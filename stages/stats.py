@@ -85,8 +85,8 @@ def run(params: Params, name: str, src: Path | None = None, out: Path | None = N
     started = time.perf_counter()
     model_spec(params, name)
     cfg = params.stats
-    src = src or params.resolve(str(attention_path(name)))
-    out = out or params.resolve(str(stats_path(name)))
+    src = src or params.project_path(str(attention_path(name)))
+    out = out or params.project_path(str(stats_path(name)))
     need = [f"{c}/{v}" for c in ("none",) for v in VECTORS] + ["none/offsets", "none/original_pos"]
     with read_h5(src, "attention", tuple(need)) as f:
         conditions = [str(c) for c in f.attrs["conditions"]]
@@ -146,9 +146,9 @@ def run(params: Params, name: str, src: Path | None = None, out: Path | None = N
             for k, v in results[c].items():
                 put(g, k, v.astype(np.float64) if v.dtype.kind == "f" else v)
     for kind in ("original", "full"):
-        path = tables / kind / f"{name}.csv" if tables else params.resolve(str(plot_table_path(kind, name)))
+        path = tables / kind / f"{name}.csv" if tables else params.project_path(str(plot_table_path(kind, name)))
         write_plot_table(path, kind, results, layers)
-    write_timing(timing or params.resolve(f"metrics/timing/stats-{name}.json"),
+    write_timing(timing or params.project_path(f"metrics/timing/stats-{name}.json"),
                  {"seconds": round(time.perf_counter() - started, 2)})
     print(f"{name}: statistics of {len(n_orig)} samples ({cfg.query_set} queries) -> {out}")
     return out

@@ -238,7 +238,7 @@ def likelihood_sweep(params: Params, setup: models.ModelSetup, problems) -> dict
 def run(params: Params, name: str, root: Path | None = None) -> Path:
     started = time.perf_counter()
     cfg = params.sweep
-    where = {k: (root / v if root else params.resolve(str(v))) for k, v in paths(name).items()}
+    where = {k: (root / v if root else params.project_path(str(v))) for k, v in paths(name).items()}
     problems, data_sha = load_problems(params)
     chosen = select_problems(problems, cfg.attention_samples, cfg.seed, "sweep.attention_samples")
     setup = models.setup_for(params, name, layers=[cfg.layer])

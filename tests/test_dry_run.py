@@ -161,7 +161,7 @@ def test_the_papers_literal_instruction_is_recorded(dry, tmp_path):
         prov = json.loads(f.attrs["provenance"])
         assert prov["params"]["prompt"]["instruction"].endswith("\\boxed{{}}.")
         ids = f["none/input_ids"][()]
-    tok = __import__("transformers").AutoTokenizer.from_pretrained(p.resolve(p.models["qwen2_5-math-7b"].source.path))
+    tok = __import__("transformers").AutoTokenizer.from_pretrained(p.project_path(p.models["qwen2_5-math-7b"].source.path))
     assert "\\boxed{{}}." in tok.decode(ids[:80])
 
 

@@ -53,7 +53,7 @@ def load_stats(path: Path) -> dict:
 
 
 def load_metrics(params: Params, name: str) -> dict:
-    path = params.resolve(f"metrics/accuracy/{name}.json")
+    path = params.project_path(f"metrics/accuracy/{name}.json")
     if not path.is_file():
         raise ArtifactError(f"{path}: missing evaluation metrics (run: dvc repro evaluate@{name})")
     try:
@@ -126,7 +126,7 @@ class Context:
 
     @property
     def root(self) -> Path:
-        return self.params.resolve(".")
+        return self.params.project_path(".")
 
     def disp(self, name: str) -> str:
         return self.params.models[name].display_name
@@ -141,21 +141,21 @@ class Context:
     def activations(self) -> dict[str, dict]:
         """{model: activations file}, read when a chart first asks for it."""
         if self._activations is None:
-            self._activations = {n: load_activations(self.params.resolve(str(activations_path(n)))) for n in self.names}
+            self._activations = {n: load_activations(self.params.project_path(str(activations_path(n)))) for n in self.names}
         return self._activations
 
     @property
     def sweep(self) -> dict[str, dict]:
         """{model: sweep file}, read when a chart first asks for it."""
         if self._sweep is None:
-            self._sweep = {n: load_sweep(self.params.resolve(str(sweep_path(n)))) for n in self.names}
+            self._sweep = {n: load_sweep(self.params.project_path(str(sweep_path(n)))) for n in self.names}
         return self._sweep
 
     @property
     def likelihood(self) -> dict[str, dict]:
         """{model: likelihood file}, read when a chart first asks for it."""
         if self._likelihood is None:
-            self._likelihood = {n: load_likelihood(self.params.resolve(str(likelihood_path(n)))) for n in self.names
+            self._likelihood = {n: load_likelihood(self.params.project_path(str(likelihood_path(n)))) for n in self.names
                                 if n in self.params.scored}  # likelihood.models
         return self._likelihood
 
@@ -181,7 +181,7 @@ class Context:
 
 def load_context(params: Params) -> Context:
     names = selected_models(params)
-    stats = {n: load_stats(params.resolve(str(stats_path(n)))) for n in names}
+    stats = {n: load_stats(params.project_path(str(stats_path(n)))) for n in names}
     # accuracy only for the models evaluated (evaluate.models): the others have no evaluation to read
     return Context(params, stats, {n: load_metrics(params, n) for n in names if n in params.evaluated})
 

@@ -33,7 +33,7 @@ def cache_root(params: Params) -> Path:
     if env:
         return Path(env).expanduser()
     if params.runtime.cache_dir:
-        return params.resolve(params.runtime.cache_dir)
+        return params.project_path(params.runtime.cache_dir)
     base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
     return base / "meaningless-tokens"
 

@@ -26,7 +26,7 @@ HUB_PATTERNS = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "token
 
 def local_dir(params: Params, name: str, source) -> Path:
     """The folder of a `local_dir` source, which must exist."""
-    path = params.resolve(source.path)
+    path = params.project_path(source.path)
     if not path.is_dir():
         raise ModelSourceError(f"model '{name}': folder {path} not found (models.{name}.source.path)")
     return path
@@ -34,7 +34,7 @@ def local_dir(params: Params, name: str, source) -> Path:
 
 def gguf_file(params: Params, name: str, source) -> Path:
     """The GGUF of a `gguf_file` source, which must exist."""
-    path = params.resolve(source.path)
+    path = params.project_path(source.path)
     if not path.is_file():
         raise ModelSourceError(f"model '{name}': GGUF file {path} not found (models.{name}.source.path)")
     return path
