@@ -268,14 +268,14 @@ class PromptBuilder:
 
     def describe(self) -> dict:
         """Provenance of the prompts: tokenizer, template, instruction and span texts."""
-        text_file = resolve_path(self.params_file, self.prompt.mful.text_file)
+        mful = "mful" in self.prompt.conditions  # prompt.mful is read only where the condition is built
         return {
             "tokenizer": {"class": type(self.tok).__name__, "vocab_size": len(self.tok),
                           "prefix_ids": self.prefix, "suffix_ids": self.suffix},
             "prompt": {"template": self.template, "instruction": self.prompt.instruction,
                        "mless_span_text": self.mless_text, "span_tokens": self.span_len,
-                       "mful_text_sha256": hashlib.sha256(text_file.read_bytes()).hexdigest()
-                       if "mful" in self.prompt.conditions else None,
+                       "mful_text_sha256": hashlib.sha256(resolve_path(self.params_file, self.prompt.mful.text_file)
+                                                          .read_bytes()).hexdigest() if mful else None,
                        "layout": ("prefix + span + instruction + ' ' + question + suffix" if self.before
                                   else "prefix + instruction + span + ' ' + question + suffix")},
         }

@@ -171,14 +171,16 @@ def summarize(per: dict, conditions: list[str], seed: int, n_boot: int) -> dict:
 
 
 def run(params: Params, name: str, out: Path | None = None, timing: Path | None = None) -> Path:
+    full, params = params, store.params_view(params, "activations", name)  # reads only what dvc.yaml lists; `full`:
+    # models.resolve checks the model against every key (charts, layers) before any work
     cfg = params.activations
     out = out or params.resolve(str(store.path("activations", name)))
     problems, data_sha = load_problems(params)
     chosen = select_problems(problems, params.extract.n_samples, params.extract.seed, "extract.n_samples")
     if not chosen:
         raise ConfigError(f"{params.file}: extract.n_samples: the subset is empty")
-    setup = models.resolve(params, name, layers=cfg.layers)
-    prepared, spec = setup.prepared, setup.spec
+    setup = models.resolve(full, name, layers=cfg.layers)
+    prepared = setup.prepared
     n_layers = prepared.facts["num_layers"]
     layers = list(cfg.layers)
     if max(layers) >= n_layers:
@@ -233,11 +235,7 @@ def run(params: Params, name: str, out: Path | None = None, timing: Path | None 
         "model": {"name": name, **prepared.manifest()},
         **builder.describe(),
         **({"arm": {**arm_settings.describe(), "differences_from_paper": arm.DIFFERENCES}} if arm_settings else {}),
-        "params": {"models": {name: spec.model_dump(exclude={"display_name"})}, "prompt": params.prompt.model_dump(),
-                   "extract": params.extract.model_dump(include={"n_samples", "seed"}),
-                   "activations": cfg.model_dump(), **({"arm": params.arm.model_dump()} if arm_settings else {}),
-                   "dataset": params.dataset.model_dump(),
-                   "runtime": params.runtime.model_dump(include={"device", "dtype"})},
+        "params": store.stage_params(params, "activations", name, unused=() if arm_settings else ("arm",)),
         "dataset_sha256": data_sha,
         "dataset_file": dataset_spec(params).describe(),
     }

@@ -45,12 +45,6 @@ from meaningless_tokens.intervals import paired
 from meaningless_tokens.prompts import builder_for, dataset_spec, load_problems, put_problems, select_problems
 from meaningless_tokens.store import provenance, put, put_json_attr, write_h5, write_json_atomic, write_timing
 
-# the per-model params keys evaluation reads (dvc.yaml lists exactly these, so changing a model's
-# layers or heads, which only extraction reads, or its display_name, which only charts and the
-# report show, does not rerun its evaluation)
-MODEL_KEYS = ("family", "source", "template", "trust_remote_code", "arm")
-
-
 def paths(name: str) -> dict[str, Path]:
     return {"out": store.path("eval", name), "metrics": store.path("metrics/accuracy", name), "timing": store.path("timing/evaluate", name),
             "journal": store.path("journal/eval", name)}
@@ -81,6 +75,8 @@ def summarize(records: dict[str, list[Record]], seed: int) -> dict:
 # ---- the stage ------------------------------------------------------------------------------------
 
 def run(params: Params, name: str, root: Path | None = None) -> Path:
+    full, params = params, store.params_view(params, "evaluate", name)  # reads only what dvc.yaml lists; `full`:
+    # models.resolve checks the model against every key (charts, layers) before any work
     cfg = params.evaluate
     where = {k: (root / v if root else params.resolve(str(v))) for k, v in paths(name).items()}
     problems, data_sha = load_problems(params)
@@ -93,8 +89,8 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
     if name not in params.evaluated:
         raise ConfigError(f"{params.file}: evaluate.models: model '{name}' is not among the models evaluated "
                           f"{params.evaluated}; add it there to evaluate it")
-    setup = models.resolve(params, name)
-    prepared, spec = setup.prepared, setup.spec
+    setup = models.resolve(full, name)
+    prepared = setup.prepared
     conditions = params.prompt.conditions
     # ARM's values are checked before the model is loaded (its variant needs only the model_type)
     arm_settings = arm.resolve(params.arm, params.dataset.benchmark, setup) if "arm" in conditions else None
@@ -157,10 +153,7 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
         **({"arm": {**arm_settings.describe(), "differences_from_paper": arm.DIFFERENCES}} if arm_settings else {}),
         "grader": {"library": "math-verify", "paper_rule": grading.PAPER_RULE + " Applied to prompt + output, "
                    "as the paper's greedy runs do."},
-        "params": {"models": {name: spec.model_dump(include=set(MODEL_KEYS))}, "prompt": params.prompt.model_dump(),
-                   "evaluate": cfg.model_dump(exclude={"models"}), **({"arm": params.arm.model_dump()} if arm_settings else {}),
-                   "dataset": params.dataset.model_dump(),
-                   "runtime": params.runtime.model_dump(include={"device", "dtype"})},
+        "params": store.stage_params(params, "evaluate", name, unused=() if arm_settings else ("arm",)),
         "dataset_sha256": data_sha,
         "dataset_file": dataset_spec(params).describe(),
     }

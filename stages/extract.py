@@ -37,13 +37,15 @@ from meaningless_tokens.store import provenance, put, put_json_attr, write_h5, w
 
 def run(params: Params, name: str, out: Path | None = None, timing: Path | None = None) -> Path:
     spec = model_spec(params, name)
+    full, params = params, store.params_view(params, "extract", name)  # reads only what dvc.yaml lists; `full`:
+    # models.resolve checks the model against every key (charts, layers) before any work
     out = out or params.resolve(str(store.path("attention", name)))
     cfg = params.extract
     problems, data_sha = load_problems(params)
     chosen = select_problems(problems, cfg.n_samples, cfg.seed, "extract.n_samples")
     if not chosen:
         raise ConfigError(f"{params.file}: extract.n_samples: the subset is empty")
-    setup = models.resolve(params, name, layers=spec.layers)
+    setup = models.resolve(full, name, layers=spec.layers)
     prepared, facts = setup.prepared, setup.facts
     heads = list(range(facts["num_heads"])) if spec.heads == "all" else list(spec.heads)
     layers = list(spec.layers)
@@ -89,9 +91,7 @@ def run(params: Params, name: str, out: Path | None = None, timing: Path | None 
         "layers_probe": check,
         "loaded_layers": model.config.get_text_config().num_hidden_layers,
         **builder.describe(),
-        "params": {"models": {name: spec.model_dump(exclude={"display_name"})}, "prompt": params.prompt.model_dump(),
-                   "extract": cfg.model_dump(), "dataset": params.dataset.model_dump(),
-                   "runtime": params.runtime.model_dump(include={"device", "dtype"})},
+        "params": store.stage_params(params, "extract", name),
         "dataset_sha256": data_sha,
         "dataset_file": dataset_spec(params).describe(),
     }

@@ -64,8 +64,6 @@ CONTINUATIONS = ("solution", "answer")
 # answer's summed log-prob (nats: log P(the whole answer))
 OUTCOMES = {"solution": "mean", "answer": "sum"}
 UNITS = {"solution": "nats/token", "answer": "nats"}
-# the per-model params keys this stage reads (dvc.yaml lists exactly these)
-MODEL_KEYS = ("family", "source", "template", "trust_remote_code", "arm")
 
 
 def paths(name: str) -> dict[str, Path]:
@@ -151,6 +149,8 @@ def _put_stats(g, prefix: str, stats: list[dict]) -> None:
 
 def run(params: Params, name: str, root: Path | None = None) -> Path:
     started = time.perf_counter()
+    full, params = params, store.params_view(params, "likelihood", name)  # reads only what dvc.yaml lists; `full`:
+    # models.resolve checks the model against every key (charts, layers) before any work
     cfg = params.likelihood
     where = {k: (root / v if root else params.resolve(str(v))) for k, v in paths(name).items()}
     prompt = scoring_prompt(params)
@@ -160,8 +160,8 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
     if name not in params.scored:
         raise ConfigError(f"{params.file}: likelihood.models: model '{name}' is not among the models scored "
                           f"{params.scored}; add it there to score it")
-    setup = models.resolve(params, name)
-    prepared, spec = setup.prepared, setup.spec
+    setup = models.resolve(full, name)
+    prepared = setup.prepared
     conditions = list(cfg.conditions)
     arm_settings = arm.resolve(params.arm, params.dataset.benchmark, setup) if "arm" in conditions else None
     model, tokenizer, attn = scoring.load(setup)
@@ -198,13 +198,7 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
         **({"arm": {**arm_settings.describe(), "teacher_forcing": "prompt = step 0 (one pool); continuation "
                     "position j = decode step j + 1 (its own channels) when apply is all; per-sequence statistics",
                     "differences_from_paper": arm.DIFFERENCES}} if arm_settings else {}),
-        # exactly the params keys dvc.yaml lists for this stage
-        "params": {"models": {name: spec.model_dump(include=set(MODEL_KEYS))},
-                   "prompt": params.prompt.model_dump(include={"instruction", "template", "mless", "mful"}),
-                   "likelihood": cfg.model_dump(exclude={"models"}),
-                   **({"arm": params.arm.model_dump(include={"variant", "apply", "seed"})} if arm_settings else {}),
-                   "dataset": params.dataset.model_dump(),
-                   "runtime": params.runtime.model_dump(include={"device", "dtype"})},
+        "params": store.stage_params(params, "likelihood", name, unused=() if arm_settings else ("arm",)),
         "dataset_sha256": data_sha,
     }
     import h5py

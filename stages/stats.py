@@ -84,6 +84,7 @@ def run(params: Params, name: str, src: Path | None = None, out: Path | None = N
         tables: Path | None = None, timing: Path | None = None) -> Path:
     started = time.perf_counter()
     model_spec(params, name)
+    params = store.params_view(params, "stats", name)  # the stage reads only what dvc.yaml lists
     cfg = params.stats
     src = src or params.resolve(str(store.path("attention", name)))
     out = out or params.resolve(str(store.path("stats", name)))
@@ -137,7 +138,7 @@ def run(params: Params, name: str, src: Path | None = None, out: Path | None = N
         f.attrs["definitions"] = __doc__
         put_json_attr(f, "provenance", {**provenance("stats"), "source": str(store.path("attention", name)),
                                         "extract_provenance": extract_prov,
-                                        "params": {"stats": cfg.model_dump()}})
+                                        "params": store.stage_params(params, "stats", name)})
         put(f, "problem_index", problem_index)
         for c in conditions:
             g = f.create_group(c)

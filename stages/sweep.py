@@ -52,10 +52,6 @@ from meaningless_tokens.store import (provenance, put, put_json_attr, write_csv_
                                       write_timing)
 
 JOURNAL_VERSION = 1
-# the params keys this stage reads beyond `sweep` (dvc.yaml lists exactly these)
-MODEL_KEYS = ("family", "source", "template", "trust_remote_code", "heads")
-EVALUATE_KEYS = ("max_new_tokens", "batch_size", "stop_at_boxed")
-LIKELIHOOD_KEYS = ("solution_tokens", "separator", "batch_tokens")
 
 
 def paths(name: str) -> dict[str, Path]:
@@ -174,7 +170,7 @@ def accuracy_sweep(params: Params, setup: models.ModelSetup, problems, where: di
     """Per (token, count): per-problem correctness (count 0 is the none prompt, generated once);
     and the generation settings. Journaled like evaluation: an interrupted run resumes."""
     ev, name, prepared = params.evaluate, setup.name, setup.prepared
-    engine = open_engine(ev, CONDITIONS, setup)
+    engine = open_engine(ev, CONDITIONS, setup, sampled=False)
     prompts = _build(builders(params, setup, engine.tokenizer), params, name, problems)
     cond = {key: f"{key[0]}x{key[1]}" for key in prompts if key != "none" and key[1] > 0}
     items = [Item(p.index, "none", pr.input_ids) for p, pr in zip(problems, prompts["none"])]
@@ -234,11 +230,13 @@ def likelihood_sweep(params: Params, setup: models.ModelSetup, problems) -> dict
 
 def run(params: Params, name: str, root: Path | None = None) -> Path:
     started = time.perf_counter()
+    full, params = params, store.params_view(params, "sweep", name)  # reads only what dvc.yaml lists; `full`:
+    # models.resolve checks the model against every key (charts, layers) before any work
     cfg = params.sweep
     where = {k: (root / v if root else params.resolve(str(v))) for k, v in paths(name).items()}
     problems, data_sha = load_problems(params)
     chosen = select_problems(problems, cfg.attention_samples, cfg.seed, "sweep.attention_samples")
-    setup = models.resolve(params, name, layers=[cfg.layer])
+    setup = models.resolve(full, name, layers=[cfg.layer])
     prepared, spec, facts = setup.prepared, setup.spec, setup.facts
     if cfg.layer >= facts["num_layers"]:
         raise ConfigError(f"{params.file}: sweep.layer: {cfg.layer} out of range; model '{name}' has "
@@ -275,7 +273,7 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
     if cfg.accuracy_samples:
         check_engine(params)  # before the whole model is prepared
     # generation and scoring run the whole model: a GGUF source is converted in full (once) for them
-    whole = models.resolve(params, name) if cfg.accuracy_samples or cfg.likelihood_samples else None
+    whole = models.resolve(full, name) if cfg.accuracy_samples or cfg.likelihood_samples else None
     if cfg.accuracy_samples:
         acc_problems = select_problems(problems, cfg.accuracy_samples, cfg.seed, "sweep.accuracy_samples")
         correct, settings = accuracy_sweep(params, whole, acc_problems, where)
@@ -304,17 +302,9 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
         "model": {"name": name, **prepared.manifest()},
         "layers_probe": check,
         **bs[(cfg.tokens[0], cfg.counts[-1])].describe(),
-        # exactly the params keys dvc.yaml lists for this stage, so the file is a function of its declared inputs
-        "params": {"models": {name: spec.model_dump(include=set(MODEL_KEYS))},
-                   "prompt": {"instruction": params.prompt.instruction, "template": params.prompt.template,
-                              "mless": {"placement": params.prompt.mless.placement}},
-                   "sweep": cfg.model_dump(), "stats": params.stats.model_dump(include={"query_set", "exclude_first"}),
-                   # read only when the accuracy sweep runs: otherwise not part of what made this file
-                   "evaluate": params.evaluate.model_dump(include=set(EVALUATE_KEYS)) if cfg.accuracy_samples else None,
-                   "likelihood": params.likelihood.model_dump(include=set(LIKELIHOOD_KEYS))
-                   if cfg.likelihood_samples else None,
-                   "dataset": params.dataset.model_dump(),
-                   "runtime": params.runtime.model_dump(include={"device", "dtype"})},
+        # evaluate and likelihood are read only when those sweeps run: otherwise not part of what made this file
+        "params": {**store.stage_params(params, "sweep", name), **({"evaluate": None} if not cfg.accuracy_samples else {}),
+                   **({"likelihood": None} if not cfg.likelihood_samples else {})},
         "generation": settings,
         "dataset_sha256": data_sha,
         "dataset_file": dataset_spec(params).describe(),
