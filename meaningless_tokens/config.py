@@ -550,13 +550,28 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     """safe_load that refuses a key given twice in one mapping (YAML says keys are unique; PyYAML keeps the last,
     DVC refuses the file: both stages and `config check` refuse it as DVC does)."""
 
+    def construct_document(self, node):
+        self._prefix = {}  # id of each mapping node -> its dotted key ("likelihood."), named in the error
+
+        def walk(n, prefix):
+            if isinstance(n, yaml.MappingNode):
+                self._prefix[id(n)] = prefix
+                for k, v in n.value:
+                    walk(v, f"{prefix}{k.value}." if isinstance(k, yaml.ScalarNode) else prefix)
+            elif isinstance(n, yaml.SequenceNode):
+                for k, v in enumerate(n.value):
+                    walk(v, f"{prefix}{k}.")
+
+        walk(node, "")
+        return super().construct_document(node)
+
     def construct_mapping(self, node, deep=False):
         seen = {}
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=True)
             if isinstance(key, (str, int, float, bool)) and key in seen:
-                raise ConfigError(f"line {key_node.start_mark.line + 1}: key '{key}' given twice (first at line "
-                                  f"{seen[key] + 1}); YAML keys are unique: keep one")
+                raise ConfigError(f"{self._prefix.get(id(node), '')}{key}: given twice (lines {seen[key] + 1} and "
+                                  f"{key_node.start_mark.line + 1}); YAML keys are unique: keep one")
             seen[key] = key_node.start_mark.line
         return super().construct_mapping(node, deep)
 

@@ -204,11 +204,14 @@ def put_json_attr(obj, name: str, value) -> None:
 
 
 @contextlib.contextmanager
-def read_h5(path: str | os.PathLike, kind: str, required: tuple[str, ...] = (), model: str | None = None):
+def read_h5(path: str | os.PathLike, kind: str, required: tuple[str, ...] = (), model: str | None = None,
+            params=None):
     """Open an artifact for reading; every failure is an ArtifactError naming the file.
 
     The artifact must be of `kind`, written by that kind's stage, and of `model` (by default, at
-    `artifacts/<kind>/<model>.h5`, the model its file name says): another model's file copied in place is refused."""
+    `artifacts/<kind>/<model>.h5`, the model its file name says): another model's file copied in place is refused.
+    With `params`, the params values it records (its stage's dvc.yaml keys) must be today's: a stale artifact,
+    or one made by another experiment, is refused naming the first key that differs."""
     import h5py
 
     path = Path(path)
@@ -222,7 +225,7 @@ def read_h5(path: str | os.PathLike, kind: str, required: tuple[str, ...] = (), 
         if f.attrs.get("kind") != kind or f.attrs.get("format_version") != FORMAT_VERSION:
             raise ArtifactError(f"{path}: expected a '{kind}' artifact of format {FORMAT_VERSION}, found "
                                 f"kind={f.attrs.get('kind')!r} format={f.attrs.get('format_version')!r}")
-        _check_origin(f, path, kind, model)
+        _check_origin(f, path, kind, model, params)
         missing = [name for name in required if name not in f]
         if missing:
             raise ArtifactError(f"{path}: missing datasets {missing} (truncated or written by another version?)")
@@ -236,7 +239,7 @@ def read_h5(path: str | os.PathLike, kind: str, required: tuple[str, ...] = (), 
 KIND_STAGE = {"attention": "extract", "eval": "evaluate"}  # the stage that writes an artifact kind, where its name differs
 
 
-def _check_origin(f, path: Path, kind: str, model: str | None) -> None:
+def _check_origin(f, path: Path, kind: str, model: str | None, params=None) -> None:
     import json as _json
 
     if model is None and path.parent.name == kind:  # the artifact's own place: artifacts/<kind>/<model>.h5
@@ -252,6 +255,32 @@ def _check_origin(f, path: Path, kind: str, model: str | None) -> None:
     want = KIND_STAGE.get(kind, kind)
     if stage is not None and stage != want:
         raise ArtifactError(f"{path}: written by stage '{stage}', expected '{want}'")
+    if params is not None and "provenance" in f.attrs:
+        recorded = _json.loads(f.attrs["provenance"]).get("params")
+        name = str(found) if found is not None else model
+        if recorded is not None:
+            now = _json.loads(_json.dumps(stage_params(params, want, name), ensure_ascii=False))
+            differs = _first_difference(recorded, now)
+            if differs:
+                key, old, new = differs
+                raise ArtifactError(f"{path}: made with other params ({key}: {_json.dumps(old, ensure_ascii=False)} vs "
+                                    f"{_json.dumps(new, ensure_ascii=False)})")
+
+
+def _first_difference(recorded, now, prefix: str = ""):
+    """(dotted key, recorded value, today's value) of the first leaf that differs, or None. A key recorded as
+    absent or null where today's params hold a section is one the writer did not read (e.g. `arm` with no arm
+    condition): the keys that decided that (the conditions, the sample counts) are compared themselves."""
+    if isinstance(recorded, dict) and isinstance(now, dict):
+        for key in recorded:
+            if key in now:
+                found = _first_difference(recorded[key], now[key], f"{prefix}{key}.")
+                if found:
+                    return found
+        return None
+    if recorded is None and isinstance(now, dict):
+        return None
+    return None if recorded == now else (prefix.rstrip("."), recorded, now)
 
 
 ROOT = Path(__file__).resolve().parent.parent

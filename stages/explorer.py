@@ -123,11 +123,11 @@ def marked_heads(params: Params, name: str, stats: dict) -> dict[str, dict[str, 
     return marks
 
 
-def activation_strips(path: Path, index: int, conds: dict) -> dict | None:
+def activation_strips(path: Path, index: int, conds: dict, params: Params | None = None) -> dict | None:
     """Per token of problem `index`'s prompts, under each condition of the activations file: the share of
     near-zero |a| (the paper's robust radius over the prompt's original tokens, and the fixed one) and the
     mean |a| (L1), for its first layer; None when the problem is not in its showcase."""
-    with read_h5(path, "activations", ("showcase",)) as f:
+    with read_h5(path, "activations", ("showcase",), params=params) as f:
         keys = [k for k in f["showcase"] if int(f["showcase"][k].attrs["problem_index"]) == index]
         if not keys:
             return None
@@ -156,7 +156,7 @@ def collect(params: Params, name: str, blobs: list[str]) -> dict:
     """One model's entry of the page; appends its encoded matrices to `blobs` (their ids are indices)."""
     root = params.resolve(".")
     path = root / store.path("attention", name)
-    with read_h5(path, "attention", ("showcase", "none/offsets", "problems/index")) as f:
+    with read_h5(path, "attention", ("showcase", "none/offsets", "problems/index"), params=params) as f:
         conditions = [_str(c) for c in f.attrs["conditions"]]
         layers, heads = [int(x) for x in f.attrs["layers"]], [int(x) for x in f.attrs["heads"]]
         prov = json.loads(f.attrs["provenance"])
@@ -188,7 +188,7 @@ def collect(params: Params, name: str, blobs: list[str]) -> dict:
                             "text": tok.decode(f["none"]["input_ids"][n0:n1]), "conds": conds})
     act_path = root / store.path("activations", name)
     for pr in prompts:
-        pr["act"] = activation_strips(act_path, pr["index"], pr["conds"]) if act_path.is_file() else None
+        pr["act"] = activation_strips(act_path, pr["index"], pr["conds"], params) if act_path.is_file() else None
     stats = root / store.path("stats", name)
     marks = marked_heads(params, name, load_stats(stats)) if name in figure_models(params) else {}
     return {"name": name, "disp": params.models[name].display_name, "layers": layers, "heads": heads,

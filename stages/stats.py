@@ -84,12 +84,13 @@ def run(params: Params, name: str, src: Path | None = None, out: Path | None = N
         tables: Path | None = None, timing: Path | None = None) -> Path:
     started = time.perf_counter()
     model_spec(params, name)
-    params = store.params_view(params, "stats", name)  # the stage reads only what dvc.yaml lists
+    full, params = params, store.params_view(params, "stats", name)  # reads only what dvc.yaml lists; `full`:
+    # the attention file is checked against the params extract records (made with today's?)
     cfg = params.stats
     src = src or params.resolve(str(store.path("attention", name)))
     out = out or params.resolve(str(store.path("stats", name)))
     need = [f"{c}/{v}" for c in ("none",) for v in VECTORS] + ["none/offsets", "none/original_pos"]
-    with read_h5(src, "attention", tuple(need)) as f:
+    with read_h5(src, "attention", tuple(need), params=full) as f:
         conditions = [str(c) for c in f.attrs["conditions"]]
         layers, heads = f.attrs["layers"], f.attrs["heads"]
         for c in conditions:
