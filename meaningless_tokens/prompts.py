@@ -328,6 +328,15 @@ class PromptBuilder:
         return out
 
 
+def check_context(setup, key: str, what: str, tokens: int) -> None:
+    """Refuse, before the model runs on it, a sequence longer than the model's context (its config's
+    max_position_embeddings; none: no limit): one line naming the params key that made it that long."""
+    context = setup.facts["max_position_embeddings"]
+    if context and tokens > context:
+        raise ConfigError(f"{setup.params_file}: {key}: {what} has {tokens} tokens, more than the context of model "
+                          f"'{setup.name}' ({context} positions)")
+
+
 def builder_for(prompt: Prompt, setup, tokenizer) -> PromptBuilder:
     """The prompt builder of a stage's model (a models.ModelSetup): its own template, else `prompt.template`."""
     try:

@@ -42,7 +42,7 @@ from meaningless_tokens.engines import (Item, Journal, Record, check_engine, mak
                                         run_journaled)
 from meaningless_tokens.grading import has_complete_box
 from meaningless_tokens.intervals import paired
-from meaningless_tokens.prompts import builder_for, dataset_spec, load_problems, put_problems, select_problems
+from meaningless_tokens.prompts import builder_for, check_context, dataset_spec, load_problems, put_problems, select_problems
 from meaningless_tokens.store import provenance, put, put_json_attr, write_h5, write_json_atomic, write_timing
 
 def paths(name: str) -> dict[str, Path]:
@@ -102,12 +102,9 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
     sampled = [Item(p.index, c, built[p.index][c].input_ids, j) for p in chosen for c in conditions
                for j in range(n_sampled)]
     longest = max(len(it.input_ids) for it in items)
-    context = prepared.facts["max_position_embeddings"]
     for key_name, limit in (("evaluate.max_new_tokens", cfg.max_new_tokens),
                             ("evaluate.sampling.max_new_tokens", (cfg.sampling.max_new_tokens or 0) if n_sampled else 0)):
-        if context and longest + limit > context:
-            raise ConfigError(f"{params.file}: {key_name}: a prompt of {longest} tokens plus "
-                              f"{limit} new tokens exceeds the context of model '{name}' ({context})")
+        check_context(setup, key_name, f"a prompt of {longest} tokens plus {limit} new tokens", longest + limit)
     # `.sampling` (resolved values and their origin) is evaluate's alone: the sweep shares the engine, not its samples
     settings = {**engine.settings, **({"arm": arm_settings.describe()} if arm_settings else {}),
                 **({"sampling": engine.sampling} if n_sampled else {})}

@@ -32,7 +32,7 @@ from meaningless_tokens import cli, models, progress, store
 from meaningless_tokens.capture import CaptureError, attention, compare
 from meaningless_tokens.attention import PROMPT_CONDITIONS, QUERY_SETS, VECTORS, reduce
 from meaningless_tokens.config import ConfigError, Params, model_spec
-from meaningless_tokens.prompts import builder_for, dataset_spec, load_problems, put_problems, select_problems
+from meaningless_tokens.prompts import builder_for, check_context, dataset_spec, load_problems, put_problems, select_problems
 from meaningless_tokens.store import provenance, put, put_json_attr, write_h5, write_prompt_timing
 
 def run(params: Params, name: str, out: Path | None = None, timing: Path | None = None) -> Path:
@@ -55,11 +55,7 @@ def run(params: Params, name: str, out: Path | None = None, timing: Path | None 
     prompts = [builder.build(p) for p in chosen]
     conditions = [c for c in params.prompt.conditions if c in PROMPT_CONDITIONS]
     skipped = [c for c in params.prompt.conditions if c not in PROMPT_CONDITIONS]
-    longest = max(len(pr[c].input_ids) for pr in prompts for c in conditions)
-    context = facts["max_position_embeddings"]
-    if context and longest > context:
-        raise ConfigError(f"{params.file}: extract.n_samples: a prompt has {longest} tokens, more than "
-                          f"the context of model '{name}' ({context} positions)")
+    check_context(setup, "extract.n_samples", "a prompt", max(len(pr[c].input_ids) for pr in prompts for c in conditions))
     # the probe of the configured layers, on the first prompt: capture == the model's own eager
     # output_attentions, causal, rows sum to 1 (prepare probed layer 0 and each layer type)
     first = prompts[0]["mless" if "mless" in conditions else "none"].input_ids

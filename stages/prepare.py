@@ -12,15 +12,14 @@ exactly; `hf` sources record the commit their revision resolved to.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
 
-from meaningless_tokens import store
-from meaningless_tokens.config import PARAMS_FILE, Params, StageError, load_params
+from meaningless_tokens import cli, store
+from meaningless_tokens.config import Params
 from meaningless_tokens.models import PreparedModel, prepare, prepare_layers
-from meaningless_tokens.store import environment, os_error_line, write_json_atomic, write_timing
+from meaningless_tokens.store import environment, write_json_atomic, write_timing
 
 
 def run(params: Params, name: str, out: Path | None = None, timing: Path | None = None) -> PreparedModel:
@@ -39,22 +38,7 @@ def run(params: Params, name: str, out: Path | None = None, timing: Path | None 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m stages.prepare", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", action="append", help="model name from params.yaml (repeatable; default: all)")
-    ap.add_argument("--params", default=str(PARAMS_FILE))
-    args = ap.parse_args(argv)
-    try:
-        params = load_params(args.params)
-        for name in args.model or list(params.models):
-            run(params, name)
-    except StageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:
-        print(f"error: {os_error_line(e)}", file=sys.stderr)
-        return 2
-    return 0
+    return cli.main("prepare", __doc__, run, argv, many=True)
 
 
 if __name__ == "__main__":
