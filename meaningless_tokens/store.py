@@ -458,6 +458,12 @@ def provenance(stage: str) -> dict:
             "environment": environment()}
 
 
+def model_provenance(stage: str, params, name: str, manifest: dict, unused: tuple[str, ...] = ()) -> dict:
+    """What every model stage's artifact records first: `provenance(stage)`, the model (its manifest: source, weights
+    sha256, architecture facts) and the params dvc.yaml lists for the stage (`stage_params`)."""
+    return {**provenance(stage), "model": {"name": name, **manifest}, "params": stage_params(params, stage, name, unused)}
+
+
 def run_info() -> dict:
     """What identifies this run's code in git, for the run's sidecar (never inside an artifact):
     `git_commit`, the last commit that changed the code (CODE_PATHS), and `git_dirty`, whether the

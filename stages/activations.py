@@ -42,7 +42,7 @@ from meaningless_tokens.config import ConfigError, Params
 from meaningless_tokens.capture import StopForward, capturing, install_capture
 from meaningless_tokens.intervals import bootstrap_mean_ci, wilcoxon_p
 from meaningless_tokens.prompts import builder_for, dataset_spec, load_problems, put_problems, select_problems
-from meaningless_tokens.store import provenance, put, put_json_attr, write_h5, write_prompt_timing
+from meaningless_tokens.store import put, put_json_attr, write_h5, write_prompt_timing
 
 SETS = {
     "original": "every original (none) token, at its position in the condition's prompt",
@@ -231,11 +231,9 @@ def run(params: Params, name: str, out: Path | None = None, timing: Path | None 
     summary = summarize(per, conditions, cfg.seed, cfg.n_boot)
 
     prov = {
-        **provenance("activations"),
-        "model": {"name": name, **prepared.manifest()},
+        **store.model_provenance("activations", params, name, prepared.manifest(), unused=() if arm_settings else ("arm",)),
         **builder.describe(),
         **({"arm": {**arm_settings.describe(), "differences_from_paper": arm.DIFFERENCES}} if arm_settings else {}),
-        "params": store.stage_params(params, "activations", name, unused=() if arm_settings else ("arm",)),
         "dataset_sha256": data_sha,
         "dataset_file": dataset_spec(params).describe(),
     }

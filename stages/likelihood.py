@@ -57,7 +57,7 @@ from meaningless_tokens.config import ConfigError, Params, Prompt
 from meaningless_tokens.intervals import bootstrap_mean_ci, wilcoxon_p
 from meaningless_tokens.prompts import Problem, builder_for, check_context, dataset_spec, load_problems, put_problems, require_field, select_problems
 from meaningless_tokens.scoring import Seq, TeacherForcedArm, check_head, pad_id, score
-from meaningless_tokens.store import provenance, put, put_json_attr, write_csv_atomic, write_h5, write_json_atomic, write_timing
+from meaningless_tokens.store import put, put_json_attr, write_csv_atomic, write_h5, write_json_atomic, write_timing
 
 CONTINUATIONS = ("solution", "answer")
 # what each continuation's contrasts compare: the solution's mean log-prob per token (nats/token), the
@@ -185,8 +185,7 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
     summary = summarize(per, conditions, chosen, cfg.seed, cfg.n_boot)
     conts = scoring.Continuations(cfg, builder, dataset_spec(params).path)
     prov = {
-        **provenance("likelihood"),
-        "model": {"name": name, **prepared.manifest()},
+        **store.model_provenance("likelihood", params, name, prepared.manifest(), unused=() if arm_settings else ("arm",)),
         **builder.describe(),
         "scoring": {"attn_implementation": attn, "batch_tokens": cfg.batch_tokens, "pad_token_id": pad,
                     "head_check_max_abs_diff": head_check, "separator_ids": conts.sep, "frame_head_ids": conts.head,
@@ -194,7 +193,6 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
         **({"arm": {**arm_settings.describe(), "teacher_forcing": "prompt = step 0 (one pool); continuation "
                     "position j = decode step j + 1 (its own channels) when apply is all; per-sequence statistics",
                     "differences_from_paper": arm.DIFFERENCES}} if arm_settings else {}),
-        "params": store.stage_params(params, "likelihood", name, unused=() if arm_settings else ("arm",)),
         "dataset_sha256": data_sha,
     }
     import h5py

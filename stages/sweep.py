@@ -49,7 +49,7 @@ from meaningless_tokens.config import ConfigError, Params, Prompt
 from meaningless_tokens.engines import Item, Journal, check_engine, open_engine, run_journaled
 from meaningless_tokens.intervals import bootstrap_mean_ci, bootstrap_ratio_ci, paired, wilcoxon_p
 from meaningless_tokens.prompts import PromptBuilder, PromptError, check_context, dataset_spec, load_problems, put_problems, select_problems
-from meaningless_tokens.store import (provenance, put, put_json_attr, write_csv_atomic, write_h5, write_json_atomic,
+from meaningless_tokens.store import (put, put_json_attr, write_csv_atomic, write_h5, write_json_atomic,
                                       write_timing)
 
 JOURNAL_VERSION = 1
@@ -341,8 +341,7 @@ def write_artifact(out: Path, params: Params, name: str, att: AttentionSweep, ac
     """artifacts/sweep/<model>.h5: the layout the module docstring defines, its provenance at the root."""
     cfg, bs, per, summary, tokenization = params.sweep, att.builders, att.per, att.summary, att.tokenization
     prov = {
-        **provenance("sweep"),
-        "model": {"name": name, **att.manifest},
+        **store.model_provenance("sweep", params, name, att.manifest),
         "layers_probe": att.probe,
         **bs[(cfg.tokens[0], cfg.counts[-1])].describe(),
         # evaluate and likelihood are read only when those sweeps run: otherwise not part of what made this file
