@@ -55,7 +55,7 @@ import numpy as np
 from meaningless_tokens import arm, cli, models, progress, scoring, store
 from meaningless_tokens.config import ConfigError, Params, Prompt
 from meaningless_tokens.intervals import bootstrap_mean_ci, wilcoxon_p
-from meaningless_tokens.prompts import Problem, builder_for, check_context, dataset_spec, load_problems, put_problems, require_field, select_problems
+from meaningless_tokens.prompts import Problem, builder_for, dataset_spec, load_problems, put_problems, require_field, select_problems
 from meaningless_tokens.scoring import Seq, TeacherForcedArm, check_head, pad_id, score
 from meaningless_tokens.store import put, put_json_attr, write_csv_atomic, write_h5, write_json_atomic, write_timing
 
@@ -78,7 +78,7 @@ def scoring_prompt(params: Params) -> Prompt:
 
 # ---- sequences ------------------------------------------------------------------------------------
 
-def build_sequences(params: Params, setup: models.ModelSetup, builder, chosen: list[Problem]) -> list[Seq]:
+def build_sequences(params: Params, name: str, builder, chosen: list[Problem], context: int | None) -> list[Seq]:
     """Every (problem, condition, continuation) sequence, alignment asserted, refusing one longer than the context."""
     conts = scoring.Continuations(params.likelihood, builder, dataset_spec(params).path)
     seqs = []
@@ -91,10 +91,14 @@ def build_sequences(params: Params, setup: models.ModelSetup, builder, chosen: l
                 ctx, scored = parts[k]
                 seqs.append(Seq(p.index, c, k, tuple(ids + ctx + scored), len(ids), len(ids) + len(ctx)))
     scoring.check_alignment(seqs)
-    for s in seqs:
-        check_context(setup, "likelihood.solution_tokens" if s.continuation == "solution" else "likelihood.answer_frame",
-                      f"problem {s.index} ({s.condition}): the prompt ({s.prompt_len} tokens) plus the {s.continuation} "
-                      f"({len(s.input_ids) - s.prompt_len} tokens)", len(s.input_ids))
+    if context:
+        for s in seqs:
+            if len(s.input_ids) > context:
+                key = "likelihood.solution_tokens" if s.continuation == "solution" else "likelihood.answer_frame"
+                raise ConfigError(
+                    f"{params.file}: {key}: problem {s.index} ({s.condition}): the prompt ({s.prompt_len} tokens) plus "
+                    f"the {s.continuation} ({len(s.input_ids) - s.prompt_len} tokens) exceed the context of model "
+                    f"'{name}' ({context} positions)")
     return seqs
 
 
@@ -162,7 +166,7 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
     arm_settings = arm.resolve(params.arm, params.dataset.benchmark, setup) if "arm" in conditions else None
     model, tokenizer, attn = scoring.load(setup)
     builder = builder_for(prompt, setup, tokenizer)
-    seqs = build_sequences(params, setup, builder, chosen)
+    seqs = build_sequences(params, name, builder, chosen, prepared.facts["max_position_embeddings"])
     pad = pad_id(tokenizer)
     head_check = check_head(model, min(seqs, key=lambda s: len(s.input_ids)), pad)
     hook = TeacherForcedArm(arm.layer0_mlp(model, setup), arm_settings) if arm_settings else None

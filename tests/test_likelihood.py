@@ -178,7 +178,7 @@ def test_bad_input_is_refused_naming_the_key(tiny_dirs, write_params, cache_dir,
     raw = base.model_dump()
     raw["models"]["tiny"]["source"]["path"] = str(small)
     raw["likelihood"]["solution_tokens"] = None
-    with pytest.raises(ConfigError, match=r"likelihood\.solution_tokens: problem \d+ .* has \d+ tokens, more than the context of model "
+    with pytest.raises(ConfigError, match=r"likelihood\.solution_tokens: problem \d+ .* exceed the context of model "
                                           r"'tiny' \(128 positions\)"):
         likelihood.run(load_params(write_params(raw)), "tiny", root=tmp_path)
     assert not (tmp_path / "artifacts").exists()
