@@ -1,4 +1,5 @@
-"""The command line the per-model stages share: `python -m stages.<stage> --model NAME [--params FILE]`.
+"""The command line every stage shares: `python -m stages.<stage> --model NAME [--params FILE]` (prepare: any
+number of `--model`, default every model; figures, report, explorer: no `--model`).
 
 Bad input (any StageError) is one `error: ...` line and exit status 2, and so is a filesystem fault (full disk,
 read-only or missing folder, permission denied: `error: <path>: <reason>`); Ctrl-C is exit status 130.
@@ -14,16 +15,25 @@ from meaningless_tokens.config import PARAMS_FILE, StageError, load_params
 from meaningless_tokens.store import os_error_line
 
 
-def main(stage: str, doc: str | None, run: Callable, argv: list[str] | None = None, per_model: bool = True) -> int:
+def main(stage: str, doc: str | None, run: Callable, argv: list[str] | None = None, per_model: bool = True,
+         many: bool = False) -> int:
+    """Parse the command line, load the params and call `run(params, model)` (`per_model`; for each model named,
+    default all, with `many`) or `run(params)`; every failure one `error:` line."""
     ap = argparse.ArgumentParser(prog=f"python -m stages.{stage}", description=doc,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    if per_model:
+    if many:
+        ap.add_argument("--model", action="append", help="model name from params.yaml (repeatable; default: all)")
+    elif per_model:
         ap.add_argument("--model", required=True, help="model name from params.yaml")
     ap.add_argument("--params", default=str(PARAMS_FILE))
     args = ap.parse_args(argv)
     try:
         params = load_params(args.params)
-        run(params, args.model) if per_model else run(params)
+        if many:
+            for name in args.model or list(params.models):
+                run(params, name)
+        else:
+            run(params, args.model) if per_model else run(params)
     except StageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

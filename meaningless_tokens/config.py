@@ -161,24 +161,24 @@ class ModelSpec(Strict):
 # ---- prompt -----------------------------------------------------------------------------
 
 class MlessSpan(Strict):
-    token: str = Field(default="/", min_length=1)
-    count: NonNegativeInt = Field(default=55, description="repetitions of token; 0: the mless prompt is the none prompt")
-    placement: Literal["between", "before_instruction"] = "between"
+    token: str = Field(min_length=1)
+    count: NonNegativeInt = Field(description="repetitions of token; 0: the mless prompt is the none prompt")
+    placement: Literal["between", "before_instruction"]
 
 
 class MfulSpan(Strict):
-    text_file: str = Field(default="data/texts/meaningful.txt", description="natural-language text shipped with the project")
-    seed: int = 0
+    text_file: str = Field(description="natural-language text shipped with the project")
+    seed: int
 
 
 class Prompt(Strict):
     instruction: str = Field(min_length=1)
-    template: Literal["raw", "chat"] = "raw"
-    # the default leaves `arm` out (about a fifth more evaluation time); add it with
+    template: Literal["raw", "chat"]
+    # params.yaml leaves `arm` out (about a fifth more evaluation time); add it with
     # dvc exp run -S 'prompt.conditions=[none,mless,mful,arm]' -S evaluate.batch_size=40 (docs/measures.md, "ARM")
-    conditions: list[Literal["none", "mless", "mful", "arm"]] = Field(default=list(CONDITIONS[:3]), min_length=1)
-    mless: MlessSpan = MlessSpan()
-    mful: MfulSpan = MfulSpan()
+    conditions: list[Literal["none", "mless", "mful", "arm"]] = Field(min_length=1)
+    mless: MlessSpan
+    mful: MfulSpan
 
     @field_validator("conditions")
     @classmethod
@@ -186,7 +186,6 @@ class Prompt(Strict):
         return conditions_with_none(v, "the baseline every other condition is aligned to")
 
 
-BENCHMARKS = ("math500", "aime2024", "aime2025", "other")
 FIELDS = ("problem", "answer", "solution", "level", "subject", "id")
 
 
@@ -219,12 +218,12 @@ class Dataset(Strict):
     """The benchmark: a vendored one by name (path, sha256 and fields null: its own), or any local file."""
 
     benchmark: Literal["math500", "aime2024", "aime2025", "other"] = Field(
-        default="math500", description="the vendored files (data/) or other; also selects the paper's ARM values")
-    path: str | None = Field(default=None, description="JSONL, Parquet or CSV; null: the benchmark's vendored file")
-    sha256: Sha256 | None = Field(default=None, description="null: the vendored file's; required for another file")
-    format: Literal["auto", "jsonl", "parquet", "csv"] = Field(default="auto", description="auto: by the extension")
-    fields: DatasetFields | None = Field(default=None, description="null: the benchmark's own column names")
-    filter: RowFilter | None = Field(default=None, description="e.g. {field: url, contains: 2024_AIME}")
+        description="the vendored files (data/) or other; also selects the paper's ARM values")
+    path: str | None = Field(description="JSONL, Parquet or CSV; null: the benchmark's vendored file")
+    sha256: Sha256 | None = Field(description="null: the vendored file's; required for another file")
+    format: Literal["auto", "jsonl", "parquet", "csv"] = Field(description="auto: by the extension")
+    fields: DatasetFields | None = Field(description="null: the benchmark's own column names")
+    filter: RowFilter | None = Field(description="e.g. {field: url, contains: 2024_AIME}")
 
     @model_validator(mode="after")
     def _other(self):
@@ -236,24 +235,24 @@ class Dataset(Strict):
 
 
 class Extract(Strict):
-    n_samples: PositiveInt | None = Field(default=30, description="problems (seeded, stratified by level); null = all 500")
-    seed: int = 0
-    dtype: Literal["float32", "float16"] = "float32"
-    showcase: NonNegativeInt = Field(default=2, description="samples whose full attention matrices are stored")
+    n_samples: PositiveInt | None = Field(description="problems (seeded, stratified by level); null = all 500")
+    seed: int
+    dtype: Literal["float32", "float16"]
+    showcase: NonNegativeInt = Field(description="samples whose full attention matrices are stored")
 
 
 class Vllm(Strict):
     """evaluate.engine: vllm (meaningless_tokens/vllm_engine.py); passed to vllm.LLM."""
 
-    tensor_parallel_size: PositiveInt = Field(default=1, description="GPUs one model is split over")
-    data_parallel_size: PositiveInt = Field(default=1, description="model replicas, each tensor_parallel_size GPUs")
+    tensor_parallel_size: PositiveInt = Field(description="GPUs one model is split over")
+    data_parallel_size: PositiveInt = Field(description="model replicas, each tensor_parallel_size GPUs")
     distributed_executor_backend: Literal["auto", "mp", "ray"] = Field(
-        default="auto", description="auto: vLLM's choice (processes on one node); ray: several nodes")
-    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1, description="share of each GPU's memory vLLM may take")
-    max_num_seqs: PositiveInt | None = Field(default=None, description="sequences decoded at once; null: vLLM's default")
-    enforce_eager: bool = Field(default=False, description="no CUDA graphs / compilation (slower, starts sooner)")
-    batch_invariant: bool = Field(default=True, description="VLLM_BATCH_INVARIANT: outputs independent of batch "
-                                                            "composition, where the version and device support it")
+        description="auto: vLLM's choice (processes on one node); ray: several nodes")
+    gpu_memory_utilization: float = Field(gt=0, le=1, description="share of each GPU's memory vLLM may take")
+    max_num_seqs: PositiveInt | None = Field(description="sequences decoded at once; null: vLLM's default")
+    enforce_eager: bool = Field(description="no CUDA graphs / compilation (slower, starts sooner)")
+    batch_invariant: bool = Field(description="VLLM_BATCH_INVARIANT: outputs independent of batch composition, "
+                                              "where the version and device support it")
 
 
 class Shard(Strict):
@@ -272,49 +271,49 @@ class Shard(Strict):
 class Sampling(Strict):
     """evaluate.sampling: n sampled outputs per (problem, condition) beside the greedy one (meaningless_tokens/sampling.py)."""
 
-    n: NonNegativeInt = Field(default=0, description="samples per problem and condition; 0 = off (greedy only)")
-    temperature: float | None = Field(default=None, gt=0, description="null: the model's generation_config")
-    top_p: float | None = Field(default=None, gt=0, le=1, description="null: the model's generation_config")
-    top_k: NonNegativeInt | None = Field(default=None, description="0: no top-k; null: the model's generation_config")
-    max_new_tokens: PositiveInt | None = Field(default=None, description="null: evaluate.max_new_tokens (paper: 512)")
-    seed: int = Field(default=0, description="with problem, condition and sample index, seeds each sample's draws")
+    n: NonNegativeInt = Field(description="samples per problem and condition; 0 = off (greedy only)")
+    temperature: float | None = Field(gt=0, description="null: the model's generation_config")
+    top_p: float | None = Field(gt=0, le=1, description="null: the model's generation_config")
+    top_k: NonNegativeInt | None = Field(description="0: no top-k; null: the model's generation_config")
+    max_new_tokens: PositiveInt | None = Field(description="null: evaluate.max_new_tokens (paper: 512)")
+    seed: int = Field(description="with problem, condition and sample index, seeds each sample's draws")
 
 
 class Evaluate(Strict):
-    n_samples: PositiveInt | None = Field(default=30, description="problems (seeded, stratified by level); null = all 500")
-    seed: int = Field(default=0, description="subset and bootstrap seed")
-    max_new_tokens: PositiveInt = 256
-    batch_size: PositiveInt = 8
-    stop_at_boxed: bool = Field(default=True, description="end a row once it has written a complete \\boxed{...}")
+    n_samples: PositiveInt | None = Field(description="problems (seeded, stratified by level); null = all 500")
+    seed: int = Field(description="subset and bootstrap seed")
+    max_new_tokens: PositiveInt
+    batch_size: PositiveInt
+    stop_at_boxed: bool = Field(description="end a row once it has written a complete \\boxed{...}")
     engine: Literal["transformers", "vllm"] = Field(
-        default="transformers", description="transformers.generate (static batches) or vLLM (`make install-vllm`)")
-    vllm: Vllm = Vllm()
-    shard: Shard | None = Field(default=None, description="{index, count}: this job's part of the problems; null: all")
-    sampling: Sampling = Sampling()
+        description="transformers.generate (static batches) or vLLM (`make install-vllm`)")
+    vllm: Vllm
+    shard: Shard | None = Field(description="{index, count}: this job's part of the problems; null: all")
+    sampling: Sampling
     models: list[ModelName] | None = Field(
-        default=None, description="the models evaluated (dvc.yaml's evaluate stages, one per name); null: every model")
+        description="the models evaluated (dvc.yaml's evaluate stages, one per name); null: every model")
 
 
 class Stats(Strict):
     query_set: Literal["original", "all", "last"] = Field(
-        default="original", description="queries a token's received attention is averaged over")
-    exclude_first: bool = Field(default=True, description="leave position 0 (the attention sink) out of orig_mean")
-    seed: int = 0
-    n_boot: PositiveInt = 2000
+        description="queries a token's received attention is averaged over")
+    exclude_first: bool = Field(description="leave position 0 (the attention sink) out of orig_mean")
+    seed: int
+    n_boot: PositiveInt
 
 
 class Activations(Strict):
     """activations@<model>: layer-0 MLP activations on the extraction prompts (extract.n_samples, extract.seed)."""
 
     layers: list[NonNegativeInt] = Field(
-        default=[0], min_length=1, description="0-based layers whose MLP is measured; the model runs no further")
-    bins: PositiveInt = Field(default=360, description="histogram bins of a = act_fn(gate_proj(x))")
-    range: tuple[float, float] = Field(default=(-0.3, 1.5), description="histogram range; values outside are counted apart")
-    mad_c: float = Field(default=0.13, gt=0, description="near-zero radius eps = 1.4826 * MAD(|a|) * mad_c (the paper's ARM rule)")
-    eps: float = Field(default=0.01, gt=0, description="a fixed near-zero radius, the same for every condition")
-    showcase: NonNegativeInt = Field(default=1, description="samples whose full a and z vectors are stored")
-    seed: int = 0
-    n_boot: PositiveInt = Field(default=2000, description="bootstrap resamples for the intervals")
+        min_length=1, description="0-based layers whose MLP is measured; the model runs no further")
+    bins: PositiveInt = Field(description="histogram bins of a = act_fn(gate_proj(x))")
+    range: tuple[float, float] = Field(description="histogram range; values outside are counted apart")
+    mad_c: float = Field(gt=0, description="near-zero radius eps = 1.4826 * MAD(|a|) * mad_c (the paper's ARM rule)")
+    eps: float = Field(gt=0, description="a fixed near-zero radius, the same for every condition")
+    showcase: NonNegativeInt = Field(description="samples whose full a and z vectors are stored")
+    seed: int
+    n_boot: PositiveInt = Field(description="bootstrap resamples for the intervals")
 
     @field_validator("layers")
     @classmethod
@@ -332,18 +331,18 @@ class Activations(Strict):
 class Sweep(Strict):
     """sweep@<model>: the effect against the span's length (and character), attention and optionally accuracy."""
 
-    counts: list[NonNegativeInt] = Field(default=[0, 10, 25, 40, 55, 70], min_length=1,
-                                         description="repetitions of each token (the paper's grid); 0 = the none prompt")
-    tokens: list[str] = Field(default=["/"], min_length=1, description="span characters, e.g. '/', '.', '-', '#'")
-    layer: NonNegativeInt = Field(default=0, description="0-based layer whose attention is measured (Layer 1 on charts)")
-    top_heads: PositiveInt = Field(default=3, description="heads averaged as 'top heads': largest drop at reference_count")
-    reference_count: NonNegativeInt = Field(default=55, description="the count whose drop picks the top heads (one of counts)")
-    attention_samples: PositiveInt = Field(default=30, description="problems of the attention sweep (seeded, stratified)")
-    accuracy_samples: NonNegativeInt = Field(default=0, description="problems of the accuracy sweep; 0 = attention only")
+    counts: list[NonNegativeInt] = Field(min_length=1, description="repetitions of each token (the paper's grid); "
+                                                                   "0 = the none prompt")
+    tokens: list[str] = Field(min_length=1, description="span characters, e.g. '/', '.', '-', '#'")
+    layer: NonNegativeInt = Field(description="0-based layer whose attention is measured (Layer 1 on charts)")
+    top_heads: PositiveInt = Field(description="heads averaged as 'top heads': largest drop at reference_count")
+    reference_count: NonNegativeInt = Field(description="the count whose drop picks the top heads (one of counts)")
+    attention_samples: PositiveInt = Field(description="problems of the attention sweep (seeded, stratified)")
+    accuracy_samples: NonNegativeInt = Field(description="problems of the accuracy sweep; 0 = attention only")
     likelihood_samples: NonNegativeInt = Field(
-        default=0, description="problems of the likelihood sweep (stages/likelihood.py at every count); 0 = off")
-    seed: int = Field(default=0, description="subset and bootstrap seed")
-    n_boot: PositiveInt = 2000
+        description="problems of the likelihood sweep (stages/likelihood.py at every count); 0 = off")
+    seed: int = Field(description="subset and bootstrap seed")
+    n_boot: PositiveInt
 
     @field_validator("counts")
     @classmethod
@@ -374,23 +373,23 @@ class Likelihood(Strict):
     """likelihood@<model>: teacher-forced log-probabilities of the reference solution and the gold answer."""
 
     n_samples: PositiveInt | None = Field(
-        default=40, description="problems (seeded, stratified by level as extract: equal seeds give nested subsets); "
-                                "null = all 500")
-    seed: int = Field(default=0, description="subset and bootstrap seed (extract.seed's default: the subsets overlap)")
+        description="problems (seeded, stratified by level as extract: equal seeds give nested subsets); "
+                    "null = all 500")
+    seed: int = Field(description="subset and bootstrap seed (equal to extract.seed: the subsets overlap)")
     conditions: list[Literal["none", "mless", "mful", "arm"]] = Field(
-        default=list(CONDITIONS), min_length=2, description="conditions scored (none and at least one other)")
+        min_length=2, description="conditions scored (none and at least one other)")
     solution_tokens: PositiveInt | None = Field(
-        default=None, description="the reference solution's first N tokens are scored; null = all of it")
-    separator: str = Field(default="\n\n", description="raw template: text between the question and the continuation "
-                                                        "(context, not scored); the chat template's turn separates")
+        description="the reference solution's first N tokens are scored; null = all of it")
+    separator: str = Field(description="raw template: text between the question and the continuation "
+                                       "(context, not scored); the chat template's turn separates")
     answer_frame: str = Field(
-        default="The final answer is $\\boxed{<answer>}$.", min_length=1,
+        min_length=1,
         description="the answer continuation: text before <answer> is context, the gold answer and the rest are scored")
-    batch_tokens: PositiveInt = Field(default=4096, description="padded tokens per forward pass (batches by length)")
-    showcase: NonNegativeInt = Field(default=2, description="problems whose per-token log-probs are stored")
+    batch_tokens: PositiveInt = Field(description="padded tokens per forward pass (batches by length)")
+    showcase: NonNegativeInt = Field(description="problems whose per-token log-probs are stored")
     models: list[ModelName] | None = Field(
-        default=None, description="the models scored (dvc.yaml's likelihood stages, one per name); null: every model")
-    n_boot: PositiveInt = Field(default=2000, description="bootstrap resamples for the intervals")
+        description="the models scored (dvc.yaml's likelihood stages, one per name); null: every model")
+    n_boot: PositiveInt = Field(description="bootstrap resamples for the intervals")
 
     @field_validator("conditions")
     @classmethod
@@ -432,11 +431,11 @@ class Arm(Strict):
     """The `arm` condition (meaningless_tokens/arm.py); per-model values are models.<name>.arm."""
 
     variant: Literal["auto", "llama", "gemma"] = Field(
-        default="auto", description="auto: gemma for gemma model_types, llama (the Qwen2/Llama code) otherwise")
+        description="auto: gemma for gemma model_types, llama (the Qwen2/Llama code) otherwise")
     pool: Literal["row", "batch"] = Field(
-        default="row", description="row: each sequence's own non-pad positions; batch: the paper's pooling")
-    apply: Literal["all", "prefill"] = Field(default="all", description="all: prompt and every decode step (the paper)")
-    seed: NonNegativeInt = Field(default=0, description="with the problem index and step, seeds each row's draws")
+        description="row: each sequence's own non-pad positions; batch: the paper's pooling")
+    apply: Literal["all", "prefill"] = Field(description="all: prompt and every decode step (the paper)")
+    seed: NonNegativeInt = Field(description="with the problem index and step, seeds each row's draws")
 
 
 class Figures(Strict):
@@ -467,28 +466,28 @@ class Figures(Strict):
 
 
 class Runtime(Strict):
-    device: Literal["cpu", "cuda", "auto"] = "cpu"
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    threads: PositiveInt | None = Field(default=None, description="torch CPU threads; null = torch default")
+    device: Literal["cpu", "cuda", "auto"]
+    dtype: Literal["float32", "bfloat16", "float16"]
+    threads: PositiveInt | None = Field(description="torch CPU threads; null = torch default")
     cache_dir: str | None = Field(
-        default=None, description="model cache; null = $MLESS_CACHE or ~/.cache/meaningless-tokens"
+        description="model cache; null = $MLESS_CACHE or ~/.cache/meaningless-tokens"
     )
-    offline: bool = Field(default=False, description="never contact the Hugging Face hub")
+    offline: bool = Field(description="never contact the Hugging Face hub")
 
 
 class Params(Strict):
     profile: str = Field(min_length=1)
-    runtime: Runtime = Runtime()
+    runtime: Runtime
     dataset: Dataset
     prompt: Prompt
-    extract: Extract = Extract()
-    evaluate: Evaluate = Evaluate()
-    stats: Stats = Stats()
-    activations: Activations = Activations()
-    sweep: Sweep = Sweep()
-    likelihood: Likelihood = Likelihood()
-    arm: Arm = Arm()
-    figures: Figures = Figures()
+    extract: Extract
+    evaluate: Evaluate
+    stats: Stats
+    activations: Activations
+    sweep: Sweep
+    likelihood: Likelihood
+    arm: Arm
+    figures: Figures
     models: dict[ModelName, ModelSpec] = Field(min_length=1)
     _file: Path = PrivateAttr(default=PARAMS_FILE)
 
@@ -550,13 +549,28 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     """safe_load that refuses a key given twice in one mapping (YAML says keys are unique; PyYAML keeps the last,
     DVC refuses the file: both stages and `config check` refuse it as DVC does)."""
 
+    def construct_document(self, node):
+        self._prefix = {}  # id of each mapping node -> its dotted key ("likelihood."), named in the error
+
+        def walk(n, prefix):
+            if isinstance(n, yaml.MappingNode):
+                self._prefix[id(n)] = prefix
+                for k, v in n.value:
+                    walk(v, f"{prefix}{k.value}." if isinstance(k, yaml.ScalarNode) else prefix)
+            elif isinstance(n, yaml.SequenceNode):
+                for k, v in enumerate(n.value):
+                    walk(v, f"{prefix}{k}.")
+
+        walk(node, "")
+        return super().construct_document(node)
+
     def construct_mapping(self, node, deep=False):
         seen = {}
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=True)
             if isinstance(key, (str, int, float, bool)) and key in seen:
-                raise ConfigError(f"line {key_node.start_mark.line + 1}: key '{key}' given twice (first at line "
-                                  f"{seen[key] + 1}); YAML keys are unique: keep one")
+                raise ConfigError(f"{self._prefix.get(id(node), '')}{key}: given twice (lines {seen[key] + 1} and "
+                                  f"{key_node.start_mark.line + 1}); YAML keys are unique: keep one")
             seen[key] = key_node.start_mark.line
         return super().construct_mapping(node, deep)
 

@@ -263,12 +263,13 @@ Generated = tuple[Item, str, int, str, float]  # item, text, n_tokens, stop reas
 class TransformersEngine:
     """transformers.generate over the static batches; `arm` rows are edited by the ARM hook."""
 
-    def __init__(self, cfg: Evaluate, setup: models.ModelSetup, arm_settings: arm.ArmSettings | None = None):
+    def __init__(self, cfg: Evaluate, setup: models.ModelSetup, arm_settings: arm.ArmSettings | None = None,
+                 sampled: bool = True):
         self.cfg = cfg
         self.model, self.tokenizer, attn = load_for_generation(setup)
         self.arm_hook = arm.ArmHook(arm.layer0_mlp(self.model, setup), arm_settings) if arm_settings else None
         self.eos = stop_ids(self.model.generation_config, self.tokenizer)
-        self.sampling = sampling.settings_for(cfg, self.model.generation_config) if cfg.sampling.n else None
+        self.sampling = sampling.settings_for(cfg, self.model.generation_config) if sampled and cfg.sampling.n else None
         self.settings = {"engine": "transformers", **_common_settings(cfg, setup, self.eos, str(self.model.device)),
                          "batch_size": cfg.batch_size, "attn_implementation": attn, "cache": "static"}
         self.stats: dict = {}
@@ -293,7 +294,7 @@ class TransformersEngine:
 class VllmEngine:
     """vLLM in worker processes (meaningless_tokens/vllm_engine.py); only the tokenizer is loaded here."""
 
-    def __init__(self, cfg: Evaluate, conditions: list[str], setup: models.ModelSetup):
+    def __init__(self, cfg: Evaluate, conditions: list[str], setup: models.ModelSetup, sampled: bool = True):
         from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
         self.cfg, self.setup, prepared = cfg, setup, setup.prepared
@@ -306,7 +307,7 @@ class VllmEngine:
             gen = GenerationConfig.from_model_config(
                 AutoConfig.from_pretrained(prepared.path, local_files_only=True, trust_remote_code=self.trust))
         self.eos = stop_ids(gen, self.tokenizer)
-        self.sampling = sampling.settings_for(cfg, gen) if cfg.sampling.n else None
+        self.sampling = sampling.settings_for(cfg, gen) if sampled and cfg.sampling.n else None
         self.settings = {**_common_settings(cfg, setup, self.eos, self.device),
                          **vllm_engine.settings(cfg, conditions, setup)}
         self.stats: dict = {}
@@ -343,12 +344,13 @@ def check_engine(params: Params) -> None:
 
 
 def open_engine(cfg: Evaluate, conditions: list[str], setup: models.ModelSetup,
-                arm_settings: arm.ArmSettings | None = None):
+                arm_settings: arm.ArmSettings | None = None, sampled: bool = True):
     """The engine `evaluate.engine` names, loaded for the stage's model: `.tokenizer`, `.eos`, `.settings` (what
-    the outputs depend on beyond prompts and weights: provenance and journal key), `.run(batches, done)`."""
+    the outputs depend on beyond prompts and weights: provenance and journal key), `.run(batches, done)`.
+    `sampled`: whether sampled rows may come (evaluate.sampling is read only then: the sweep generates greedily)."""
     if cfg.engine == "vllm":
-        return VllmEngine(cfg, conditions, setup)
-    return TransformersEngine(cfg, setup, arm_settings)
+        return VllmEngine(cfg, conditions, setup, sampled)
+    return TransformersEngine(cfg, setup, arm_settings, sampled)
 
 
 # ---- journaled generation (evaluate and the sweep's accuracy) -------------------------------------

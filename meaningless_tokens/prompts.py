@@ -268,14 +268,14 @@ class PromptBuilder:
 
     def describe(self) -> dict:
         """Provenance of the prompts: tokenizer, template, instruction and span texts."""
-        text_file = resolve_path(self.params_file, self.prompt.mful.text_file)
+        mful = "mful" in self.prompt.conditions  # prompt.mful is read only where the condition is built
         return {
             "tokenizer": {"class": type(self.tok).__name__, "vocab_size": len(self.tok),
                           "prefix_ids": self.prefix, "suffix_ids": self.suffix},
             "prompt": {"template": self.template, "instruction": self.prompt.instruction,
                        "mless_span_text": self.mless_text, "span_tokens": self.span_len,
-                       "mful_text_sha256": hashlib.sha256(text_file.read_bytes()).hexdigest()
-                       if "mful" in self.prompt.conditions else None,
+                       "mful_text_sha256": hashlib.sha256(resolve_path(self.params_file, self.prompt.mful.text_file)
+                                                          .read_bytes()).hexdigest() if mful else None,
                        "layout": ("prefix + span + instruction + ' ' + question + suffix" if self.before
                                   else "prefix + instruction + span + ' ' + question + suffix")},
         }
@@ -326,6 +326,15 @@ class PromptBuilder:
             out[cond] = PromptIds(cond, tuple(ids), (start, end) if span else (0, 0), tuple(original_pos),
                                   span_text, joint == ids)
         return out
+
+
+def check_context(setup, key: str, what: str, tokens: int) -> None:
+    """Refuse, before the model runs on it, a sequence longer than the model's context (its config's
+    max_position_embeddings; none: no limit): one line naming the params key that made it that long."""
+    context = setup.facts["max_position_embeddings"]
+    if context and tokens > context:
+        raise ConfigError(f"{setup.params_file}: {key}: {what} has {tokens} tokens, more than the context of model "
+                          f"'{setup.name}' ({context} positions)")
 
 
 def builder_for(prompt: Prompt, setup, tokenizer) -> PromptBuilder:

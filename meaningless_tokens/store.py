@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import tempfile
@@ -203,11 +204,14 @@ def put_json_attr(obj, name: str, value) -> None:
 
 
 @contextlib.contextmanager
-def read_h5(path: str | os.PathLike, kind: str, required: tuple[str, ...] = (), model: str | None = None):
+def read_h5(path: str | os.PathLike, kind: str, required: tuple[str, ...] = (), model: str | None = None,
+            params=None):
     """Open an artifact for reading; every failure is an ArtifactError naming the file.
 
     The artifact must be of `kind`, written by that kind's stage, and of `model` (by default, at
-    `artifacts/<kind>/<model>.h5`, the model its file name says): another model's file copied in place is refused."""
+    `artifacts/<kind>/<model>.h5`, the model its file name says): another model's file copied in place is refused.
+    With `params`, the params values it records (its stage's dvc.yaml keys) must be today's: a stale artifact,
+    or one made by another experiment, is refused naming the first key that differs."""
     import h5py
 
     path = Path(path)
@@ -221,7 +225,7 @@ def read_h5(path: str | os.PathLike, kind: str, required: tuple[str, ...] = (), 
         if f.attrs.get("kind") != kind or f.attrs.get("format_version") != FORMAT_VERSION:
             raise ArtifactError(f"{path}: expected a '{kind}' artifact of format {FORMAT_VERSION}, found "
                                 f"kind={f.attrs.get('kind')!r} format={f.attrs.get('format_version')!r}")
-        _check_origin(f, path, kind, model)
+        _check_origin(f, path, kind, model, params)
         missing = [name for name in required if name not in f]
         if missing:
             raise ArtifactError(f"{path}: missing datasets {missing} (truncated or written by another version?)")
@@ -235,7 +239,7 @@ def read_h5(path: str | os.PathLike, kind: str, required: tuple[str, ...] = (), 
 KIND_STAGE = {"attention": "extract", "eval": "evaluate"}  # the stage that writes an artifact kind, where its name differs
 
 
-def _check_origin(f, path: Path, kind: str, model: str | None) -> None:
+def _check_origin(f, path: Path, kind: str, model: str | None, params=None) -> None:
     import json as _json
 
     if model is None and path.parent.name == kind:  # the artifact's own place: artifacts/<kind>/<model>.h5
@@ -251,6 +255,32 @@ def _check_origin(f, path: Path, kind: str, model: str | None) -> None:
     want = KIND_STAGE.get(kind, kind)
     if stage is not None and stage != want:
         raise ArtifactError(f"{path}: written by stage '{stage}', expected '{want}'")
+    if params is not None and "provenance" in f.attrs:
+        recorded = _json.loads(f.attrs["provenance"]).get("params")
+        name = str(found) if found is not None else model
+        if recorded is not None:
+            now = _json.loads(_json.dumps(stage_params(params, want, name), ensure_ascii=False))
+            differs = _first_difference(recorded, now)
+            if differs:
+                key, old, new = differs
+                raise ArtifactError(f"{path}: made with other params ({key}: {_json.dumps(old, ensure_ascii=False)} vs "
+                                    f"{_json.dumps(new, ensure_ascii=False)})")
+
+
+def _first_difference(recorded, now, prefix: str = ""):
+    """(dotted key, recorded value, today's value) of the first leaf that differs, or None. A key recorded as
+    absent or null where today's params hold a section is one the writer did not read (e.g. `arm` with no arm
+    condition): the keys that decided that (the conditions, the sample counts) are compared themselves."""
+    if isinstance(recorded, dict) and isinstance(now, dict):
+        for key in recorded:
+            if key in now:
+                found = _first_difference(recorded[key], now[key], f"{prefix}{key}.")
+                if found:
+                    return found
+        return None
+    if recorded is None and isinstance(now, dict):
+        return None
+    return None if recorded == now else (prefix.rstrip("."), recorded, now)
 
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -287,6 +317,105 @@ def code_hashes(stage: str) -> dict[str, str]:
         else:
             raise StageError(f"{dvc_yaml}: stages.{stage}.deps: {dep} does not exist")
     return {p.relative_to(ROOT).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(files)}
+
+
+def dvc_stage(stage: str) -> dict:
+    """dvc.yaml's definition of `stage` (a foreach stage's `do` part, with `foreach` beside it)."""
+    import yaml
+
+    dvc_yaml = ROOT / "dvc.yaml"
+    try:
+        spec = yaml.safe_load(dvc_yaml.read_text())["stages"][stage]
+        return {**(spec.get("do") or spec), "foreach": spec.get("foreach")}
+    except (OSError, yaml.YAMLError, KeyError, TypeError, AttributeError) as e:
+        raise StageError(f"{dvc_yaml}: stages.{stage}: cannot read the stage ({type(e).__name__}: {e})") from None
+
+
+# ---- the params a stage reads: exactly dvc.yaml's `params:` list of the stage ----------------------
+
+# Keys that decide where or how fast a stage runs, never what it writes: no stage lists them, any may read them.
+UNTRACKED = ("profile", "runtime.threads", "runtime.cache_dir", "runtime.offline")
+
+
+class UnlistedParam(StageError):
+    """A stage read a params key that dvc.yaml does not list for it: a change to that key would not rerun the stage."""
+
+
+def params_keys(stage: str, name: str | None = None) -> list[str]:
+    """The dotted params keys dvc.yaml lists for `stage` (${key} and ${item} replaced by the model `name`)."""
+    keys = dvc_stage(stage).get("params") or []
+    return [k.replace("${key}", name).replace("${item}", name) if name else k for k in keys]
+
+
+def _tree(keys) -> dict:
+    """Dotted keys as a nested dict whose leaves are True (the whole value under that key)."""
+    tree: dict = {}
+    for key in keys:
+        node, parts = tree, key.split(".")
+        for part in parts[:-1]:
+            if node.get(part) is True:
+                break
+            node = node.setdefault(part, {})
+        else:
+            node[parts[-1]] = True
+    return tree
+
+
+def stage_params(params, stage: str, name: str | None = None, unused: tuple[str, ...] = ()) -> dict:
+    """The values of exactly the params keys dvc.yaml lists for `stage`, nested as in params.yaml: what an
+    artifact records as the params that made it (so the file is a function of its declared inputs); less the
+    top-level `unused` ones (listed, but not read by this run: e.g. `arm` when no condition applies it)."""
+    def values(obj, tree):
+        if tree is True:
+            return obj.model_dump() if hasattr(obj, "model_dump") else (
+                {k: values(v, True) for k, v in obj.items()} if isinstance(obj, dict) else obj)
+        return {k: values(obj[k] if isinstance(obj, dict) else getattr(obj, k), sub) for k, sub in tree.items()}
+
+    tree = _tree(params_keys(stage, name))
+    return values(params, {k: v for k, v in tree.items() if k not in unused})
+
+
+def params_view(params, stage: str, name: str | None = None):
+    """`params` restricted to the keys dvc.yaml lists for `stage` (and UNTRACKED, and the list its `foreach`
+    names): reading any other key raises UnlistedParam, so a stage cannot depend on a key whose change would not
+    rerun it. The view is the same pydantic classes with the unlisted fields left out."""
+    if name is not None and name not in params.models:
+        from meaningless_tokens.config import model_spec
+
+        model_spec(params, name)  # the error that lists the configured models
+    keys = params_keys(stage, name) + list(UNTRACKED)
+    foreach = str(dvc_stage(stage).get("foreach") or "")
+    if foreach.startswith("${") and foreach[2:-1] != "models":  # e.g. evaluate.models: the stage checks it is listed
+        keys.append(foreach[2:-1])
+    view = _restrict(params, _tree(keys), stage, "")
+    view._file = params._file
+    return view
+
+
+def _restrict(obj, tree, stage: str, prefix: str):
+    if tree is True:
+        return obj
+    if isinstance(obj, dict):
+        return {k: _restrict(obj[k], sub, stage, f"{prefix}{k}.") for k, sub in tree.items() if k in obj}
+    cls = _view_class(type(obj), stage, prefix)
+    view = cls.model_construct(**{k: _restrict(getattr(obj, k), sub, stage, f"{prefix}{k}.")
+                                  for k, sub in tree.items() if k in type(obj).model_fields})
+    for k in type(obj).model_fields:  # model_construct fills defaults in: take out what is not listed
+        if k not in tree:
+            view.__dict__.pop(k, None)
+    return view
+
+
+@functools.cache
+def _view_class(cls, stage: str, prefix: str):
+    def __getattr__(self, item):
+        if item in cls.model_fields:
+            raise UnlistedParam(f"stage '{stage}' reads params key '{prefix}{item}', which dvc.yaml does not list for "
+                                f"it (a change to it would not rerun the stage): add it to stages.{stage}.params")
+        return cls.__getattr__(self, item)
+
+    return type(cls.__name__, (cls,), {"__getattr__": __getattr__, "__module__": cls.__module__,
+                                       "__qualname__": cls.__qualname__})
 
 
 # Written into the environment (sys.prefix) by `make install`: the lock it was installed from and its sha256.
@@ -327,6 +456,12 @@ def provenance(stage: str) -> dict:
         version = "unknown"
     return {"package_version": version, "stage": stage, "code_sha256": code_hashes(stage), "libraries": libs,
             "environment": environment()}
+
+
+def model_provenance(stage: str, params, name: str, manifest: dict, unused: tuple[str, ...] = ()) -> dict:
+    """What every model stage's artifact records first: `provenance(stage)`, the model (its manifest: source, weights
+    sha256, architecture facts) and the params dvc.yaml lists for the stage (`stage_params`)."""
+    return {**provenance(stage), "model": {"name": name, **manifest}, "params": stage_params(params, stage, name, unused)}
 
 
 def run_info() -> dict:
@@ -392,34 +527,55 @@ def write_prompt_timing(path: str | os.PathLike, seconds: float, n_prompts: int,
 
 # ---- where artifacts live (relative to the project root) ---------------------------------------
 
-FIGURES_DIR = Path("reports/figures")
+STAGES = ("prepare", "extract", "evaluate", "stats", "activations", "sweep", "likelihood", "figures", "report",
+          "explorer")
+
+# kind -> path template: every file a stage writes or reads, named once (`{name}`: the model). dvc.yaml spells
+# the same paths with ${key}/${item} (tests/test_store.py checks that each of its outs and metrics is here).
+PATHS = {
+    "manifest": "artifacts/models/{name}.json",
+    "attention": "artifacts/attention/{name}.h5",
+    "eval": "artifacts/eval/{name}.h5",
+    "stats": "artifacts/stats/{name}.h5",
+    "activations": "artifacts/activations/{name}.h5",
+    "sweep": "artifacts/sweep/{name}.h5",
+    "likelihood": "artifacts/likelihood/{name}.h5",
+    # one folder per table kind, so dvc.yaml's top-level `plots` name each folder once
+    **{f"plots/{k}": f"artifacts/plots/{k}/{{name}}.csv" for k in ("original", "full", "sweep", "likelihood")},
+    "metrics/accuracy": "metrics/accuracy/{name}.json",
+    "metrics/sweep": "metrics/sweep/{name}.json",
+    "metrics/likelihood": "metrics/likelihood/{name}.json",
+    # a run's sidecar (never deterministic: timings, the commit that ran); figures and report write none
+    **{f"timing/{s}": f"metrics/timing/{s}-{{name}}.json" for s in STAGES[:7]},
+    # resumable generations (not DVC outputs: kept across runs so an interrupted stage resumes)
+    "journal/eval": "artifacts/eval/.journal/{name}.jsonl",
+    "journal/sweep": "artifacts/sweep/.journal/{name}.jsonl",
+    "figures": "reports/figures",
+    "accuracy_table": "reports/accuracy.csv",
+    "likelihood_links": "reports/likelihood.json",
+    "report.html": "reports/report.html",
+    "report.md": "reports/report.md",
+    "explorer": "reports/explorer.html",
+    "verdict": "metrics/verdict.json",
+    "results.md": "docs/results.md",
+    "results": "docs/results",
+}
 
 
-def attention_path(name: str) -> Path:
-    return Path("artifacts") / "attention" / f"{name}.h5"
+def path(kind: str, name: str | None = None) -> Path:
+    """Where the artifact `kind` (a PATHS key) of model `name` lives, relative to the project root."""
+    try:
+        template = PATHS[kind]
+    except KeyError:
+        raise KeyError(f"no artifact kind {kind!r} (store.PATHS: {', '.join(PATHS)})") from None
+    if ("{name}" in template) != (name is not None):
+        raise TypeError(f"artifact kind {kind!r}: {'a model name is needed' if name is None else 'takes no model name'}")
+    return Path(template.format(name=name) if name is not None else template)
 
 
-def eval_path(name: str) -> Path:
-    return Path("artifacts") / "eval" / f"{name}.h5"
+FIGURES_DIR = path("figures")
 
 
-def stats_path(name: str) -> Path:
-    return Path("artifacts") / "stats" / f"{name}.h5"
-
-
-def activations_path(name: str) -> Path:
-    return Path("artifacts") / "activations" / f"{name}.h5"
-
-
-def sweep_path(name: str) -> Path:
-    return Path("artifacts") / "sweep" / f"{name}.h5"
-
-
-def likelihood_path(name: str) -> Path:
-    return Path("artifacts") / "likelihood" / f"{name}.h5"
-
-
-def plot_table_path(kind: str, name: str) -> Path:
-    """`artifacts/plots/<kind>/<model>.csv`: one folder per kind, so dvc.yaml's top-level `plots`
-    name each folder once and pick up every model's table."""
-    return Path("artifacts") / "plots" / kind / f"{name}.csv"
+# The former accessors, until charts/ and stages/report.py call `path` (then delete these).
+attention_path, eval_path, stats_path, activations_path, sweep_path, likelihood_path = (
+    functools.partial(path, kind) for kind in ("attention", "eval", "stats", "activations", "sweep", "likelihood"))

@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from meaningless_tokens import store
 from meaningless_tokens.progress import bar
 
 
@@ -508,7 +509,10 @@ class Verifier:
 
     def run_facts(self, out: Output) -> tuple[dict, dict] | None:
         """Both sides' run facts from the stage's sidecar (metrics/timing/<stage>-<model>.json)."""
-        sidecar = f"metrics/timing/{out.stage.replace('@', '-')}.json"
+        stage, _, model = out.stage.partition("@")
+        if not model or f"timing/{stage}" not in store.PATHS:
+            return None
+        sidecar = store.path(f"timing/{stage}", model).as_posix()
         try:
             mine = json.loads((self.root / sidecar).read_text())
         except (OSError, ValueError):

@@ -33,16 +33,17 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from meaningless_tokens import arm, cli, models, progress
+from meaningless_tokens import arm, cli, models, progress, store
 from meaningless_tokens.config import ConfigError, Params
 from meaningless_tokens.capture import StopForward, capturing, install_capture
 from meaningless_tokens.intervals import bootstrap_mean_ci, wilcoxon_p
-from meaningless_tokens.prompts import builder_for, dataset_spec, load_problems, put_problems, select_problems
-from meaningless_tokens.store import activations_path, provenance, put, put_json_attr, write_h5, write_prompt_timing
+from meaningless_tokens.prompts import PromptBuilder, builder_for, dataset_spec, load_problems, put_problems, select_problems
+from meaningless_tokens.store import put, put_json_attr, write_h5, write_prompt_timing
 
 SETS = {
     "original": "every original (none) token, at its position in the condition's prompt",
@@ -170,23 +171,53 @@ def summarize(per: dict, conditions: list[str], seed: int, n_boot: int) -> dict:
     return out
 
 
+@dataclass
+class Measured:
+    problems: list
+    layers: list[int]
+    conditions: list[str]
+    builder: PromptBuilder
+    arm_settings: object         # arm.ArmSettings, None without the arm condition
+    mlp: object                  # the first measured layer's MLP module (its class, act_fn and width are recorded)
+    edges: np.ndarray            # histogram bin edges
+    per: dict                    # condition -> set -> measure -> [sample, layer]
+    hist: dict                   # condition -> set -> [layer, bin]
+    outside: dict                # condition -> set -> [layer, below/above]
+    lam: dict                    # condition -> [sample: [layer, head]]
+    summary: dict                # `summarize`
+    showcase: dict               # (problem k, condition) -> (a, z) [layer, token, channel]
+    seconds: float
+    manifest: dict               # the prepared model's
+
+
 def run(params: Params, name: str, out: Path | None = None, timing: Path | None = None) -> Path:
-    cfg = params.activations
-    out = out or params.project_path(str(activations_path(name)))
+    full, params = params, store.params_view(params, "activations", name)  # reads only what dvc.yaml lists; `full`:
+    # models.setup_for checks the model against every key (charts, layers) before any work
+    out = out or params.project_path(str(store.path("activations", name)))
     problems, data_sha = load_problems(params)
     chosen = select_problems(problems, params.extract.n_samples, params.extract.seed, "extract.n_samples")
     if not chosen:
         raise ConfigError(f"{params.file}: extract.n_samples: the subset is empty")
-    setup = models.setup_for(params, name, layers=cfg.layers)
-    prepared, spec = setup.prepared, setup.spec
-    n_layers = prepared.facts["num_layers"]
+    m = measure(params, models.setup_for(full, name, layers=params.activations.layers), chosen)
+    write_artifact(out, params, name, m, data_sha)
+    n_prompts = len(m.problems) * len(m.conditions)
+    write_prompt_timing(timing or params.project_path(str(store.path("timing/activations", name))), m.seconds, n_prompts, out)
+    print(f"{name}: MLP activations of layers {[x + 1 for x in m.layers]} (1-based), {len(m.problems)} problems x "
+          f"{len(m.conditions)} conditions in {m.seconds:.1f} s -> {out} ({out.stat().st_size / 2**20:.1f} MiB)")
+    return out
+
+
+def measure(params: Params, setup: models.ModelSetup, chosen: list) -> Measured:
+    """Every prompt's MLP activations on activations.layers under each condition: per-sample measures,
+    histograms, lambda; only the embeddings and layers 0..max(layers) are read from the checkpoint."""
+    cfg, name = params.activations, setup.name
+    n_layers = setup.facts["num_layers"]
     layers = list(cfg.layers)
     if max(layers) >= n_layers:
         raise ConfigError(f"{params.file}: activations.layers: {[x for x in layers if x >= n_layers]} out of range; "
                           f"{name} has {n_layers} layers (allowed 0..{n_layers - 1})")
     conditions = params.prompt.conditions
     arm_settings = arm.settings_for(params.arm, params.dataset.benchmark, setup) if "arm" in conditions else None
-    # only the embeddings and layers 0..max(layers) are read from the checkpoint
     model, tokenizer = models.load(setup, layers=layers)
     mlps = gated_mlps(model, setup, layers)
     # registered before forward()'s capturing hooks, which therefore see the edited a
@@ -226,61 +257,57 @@ def run(params: Params, name: str, out: Path | None = None, timing: Path | None 
     seconds = time.perf_counter() - started
     per = {c: {s: {m: np.array(v, dtype=np.float64) for m, v in ms.items()} for s, ms in sets.items()}
            for c, sets in per.items()}  # [sample, layer]
-    summary = summarize(per, conditions, cfg.seed, cfg.n_boot)
+    return Measured(chosen, layers, conditions, builder, arm_settings, mlps[0], edges, per, hist, outside, lam,
+                    summarize(per, conditions, cfg.seed, cfg.n_boot), showcase, seconds,
+                    setup.prepared.manifest())
 
+
+def write_artifact(out: Path, params: Params, name: str, m: Measured, data_sha: str) -> None:
+    """artifacts/activations/<model>.h5: per condition and token set the measures, histograms and their summary;
+    the showcase prompts' a and z; provenance at the root."""
+    arm_settings, conditions, manifest = m.arm_settings, m.conditions, m.manifest
     prov = {
-        **provenance("activations"),
-        "model": {"name": name, **prepared.manifest()},
-        **builder.describe(),
+        **store.model_provenance("activations", params, name, manifest, unused=() if arm_settings else ("arm",)),
+        **m.builder.describe(),
         **({"arm": {**arm_settings.describe(), "differences_from_paper": arm.DIFFERENCES}} if arm_settings else {}),
-        "params": {"models": {name: spec.model_dump(exclude={"display_name"})}, "prompt": params.prompt.model_dump(),
-                   "extract": params.extract.model_dump(include={"n_samples", "seed"}),
-                   "activations": cfg.model_dump(), **({"arm": params.arm.model_dump()} if arm_settings else {}),
-                   "dataset": params.dataset.model_dump(),
-                   "runtime": params.runtime.model_dump(include={"device", "dtype"})},
         "dataset_sha256": data_sha,
         "dataset_file": dataset_spec(params).describe(),
     }
     with write_h5(out) as f:
         f.attrs["kind"] = "activations"
         f.attrs["model"] = name
-        f.attrs["layers"] = np.array(layers, dtype=np.int32)
+        f.attrs["layers"] = np.array(m.layers, dtype=np.int32)
         f.attrs["conditions"] = list(conditions)
-        f.attrs["n_samples"] = len(prompts)
-        f.attrs["mlp_class"] = type(mlps[0]).__name__
-        f.attrs["act_fn"] = type(mlps[0].act_fn).__name__
-        f.attrs["intermediate_size"] = int(mlps[0].gate_proj.out_features)
+        f.attrs["n_samples"] = len(m.problems)
+        f.attrs["mlp_class"] = type(m.mlp).__name__
+        f.attrs["act_fn"] = type(m.mlp.act_fn).__name__
+        f.attrs["intermediate_size"] = int(m.mlp.gate_proj.out_features)
         f.attrs["indexing"] = "layers and heads are 0-based; charts say 'Layer 1' for index 0"
         f.attrs["definitions"] = __doc__
         put_json_attr(f, "sets", SETS)
         put_json_attr(f, "measures", MEASURES)
         put_json_attr(f, "provenance", prov)
-        put_problems(f, chosen)
-        put(f, "bin_edges", edges)
+        put_problems(f, m.problems)
+        put(f, "bin_edges", m.edges)
         for c in conditions:
             g = f.create_group(c)
-            put(g, "lambda", np.stack(lam[c]).astype(np.float64), shape="[sample, layer, head]")
-            put(g, "lambda_mean", np.stack(lam[c]).mean(axis=0).astype(np.float64), shape="[layer, head]")
+            put(g, "lambda", np.stack(m.lam[c]).astype(np.float64), shape="[sample, layer, head]")
+            put(g, "lambda_mean", np.stack(m.lam[c]).mean(axis=0).astype(np.float64), shape="[layer, head]")
             for s in SETS:
-                put(g, f"hist_{s}", hist[c][s], shape="[layer, bin]")
-                put(g, f"outside_{s}", outside[c][s], shape="[layer, below/above]")
+                put(g, f"hist_{s}", m.hist[c][s], shape="[layer, bin]")
+                put(g, f"outside_{s}", m.outside[c][s], shape="[layer, below/above]")
                 gs = g.create_group(s)
-                for m in MEASURES:
-                    put(gs, m, per[c][s][m], shape="[sample, layer]")
-                for (cc, ss, key), v in summary.items():
+                for meas in MEASURES:
+                    put(gs, meas, m.per[c][s][meas], shape="[sample, layer]")
+                for (cc, ss, key), v in m.summary.items():
                     if cc == c and ss == s:
                         put(gs, key, v)
         sc = f.create_group("showcase")
-        for (k, c), (a_all, z_all) in showcase.items():
+        for (k, c), (a_all, z_all) in m.showcase.items():
             g = sc.require_group(f"{k:03d}")
-            g.attrs["problem_index"] = chosen[k].index
+            g.attrs["problem_index"] = m.problems[k].index
             put(g.require_group(c), "a", a_all.astype(np.float16), shape="[layer, token, channel]")
             put(g[c], "z", z_all.astype(np.float16), shape="[layer, token, channel]")
-    n_prompts = len(prompts) * len(conditions)
-    write_prompt_timing(timing or params.project_path(f"metrics/timing/activations-{name}.json"), seconds, n_prompts, out)
-    print(f"{name}: MLP activations of layers {[x + 1 for x in layers]} (1-based), {len(prompts)} problems x "
-          f"{len(conditions)} conditions in {seconds:.1f} s -> {out} ({out.stat().st_size / 2**20:.1f} MiB)")
-    return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,31 +31,24 @@ import json
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from pydantic import ValidationError
 
-from meaningless_tokens import arm, cli, grading, models, sampling
+from meaningless_tokens import arm, cli, grading, models, sampling, store
 from meaningless_tokens.config import ConfigError, Params, Shard
 from meaningless_tokens.engines import (Item, Journal, Record, check_engine, make_batches, merge_parts, open_engine, part_path,
                                         run_journaled)
 from meaningless_tokens.grading import has_complete_box
 from meaningless_tokens.intervals import paired
-from meaningless_tokens.prompts import builder_for, dataset_spec, load_problems, put_problems, select_problems
-from meaningless_tokens.store import eval_path, provenance, put, put_json_attr, write_h5, write_json_atomic, write_timing
-
-# the per-model params keys evaluation reads (dvc.yaml lists exactly these, so changing a model's
-# layers or heads, which only extraction reads, or its display_name, which only charts and the
-# report show, does not rerun its evaluation)
-MODEL_KEYS = ("family", "source", "template", "trust_remote_code", "arm")
-
+from meaningless_tokens.prompts import PromptBuilder, builder_for, check_context, dataset_spec, load_problems, put_problems, select_problems
+from meaningless_tokens.store import put, put_json_attr, write_h5, write_json_atomic, write_timing
 
 def paths(name: str) -> dict[str, Path]:
-    return {"out": eval_path(name),
-            "metrics": Path("metrics/accuracy") / f"{name}.json",
-            "timing": Path("metrics/timing") / f"evaluate-{name}.json",
-            "journal": Path("artifacts/eval/.journal") / f"{name}.jsonl"}
+    return {"out": store.path("eval", name), "metrics": store.path("metrics/accuracy", name), "timing": store.path("timing/evaluate", name),
+            "journal": store.path("journal/eval", name)}
 
 
 # ---- metrics --------------------------------------------------------------------------------------
@@ -82,8 +75,24 @@ def summarize(records: dict[str, list[Record]], seed: int) -> dict:
 
 # ---- the stage ------------------------------------------------------------------------------------
 
+@dataclass
+class Plan:
+    """What a run generates: each (problem, condition) greedily, then `n_sampled` samples of each, in fixed batches."""
+    setup: models.ModelSetup
+    engine: object
+    builder: PromptBuilder
+    built: dict                # problem index -> condition -> PromptIds
+    batches: list
+    settings: dict             # what the outputs depend on beyond prompts and weights
+    key: str                   # the journal's: weights, settings and every item
+    arm_settings: object       # arm.ArmSettings, None without the arm condition
+    n_sampled: int
+
+
 def run(params: Params, name: str, root: Path | None = None) -> Path:
-    cfg = params.evaluate
+    full, params = params, store.params_view(params, "evaluate", name)  # reads only what dvc.yaml lists; `full`:
+    # models.setup_for checks the model against every key (charts, layers) before any work
+    cfg, conditions = params.evaluate, params.prompt.conditions
     where = {k: (root / v if root else params.project_path(str(v))) for k, v in paths(name).items()}
     problems, data_sha = load_problems(params)
     chosen = select_problems(problems, cfg.n_samples, cfg.seed, "evaluate.n_samples")
@@ -95,9 +104,39 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
     if name not in params.evaluated:
         raise ConfigError(f"{params.file}: evaluate.models: model '{name}' is not among the models evaluated "
                           f"{params.evaluated}; add it there to evaluate it")
-    setup = models.setup_for(params, name)
-    prepared, spec = setup.prepared, setup.spec
-    conditions = params.prompt.conditions
+    plan = make_plan(params, models.setup_for(full, name), chosen)
+    gold = {p.index: p.answer for p in chosen}
+    if cfg.shard is not None:
+        return run_shard(plan, where["journal"], gold, cfg.shard, conditions)
+
+    journal = Journal(where["journal"], plan.key)
+    merged = merge_parts(journal, where["journal"])
+    started = time.perf_counter()
+    done = run_journaled(plan.engine, plan.batches, journal, gold, f"evaluate {name}", name, conditions)
+    seconds = time.perf_counter() - started
+    by_cond = {c: [journal.records[(p.index, c)] for p in chosen] for c in conditions}
+    samples = {c: [[journal.records[(p.index, c, j)] for j in range(plan.n_sampled)] for p in chosen]
+               for c in conditions} if plan.n_sampled else None
+    metrics = measure(params, by_cond, samples)
+
+    write_artifact(where["out"], params, plan, chosen, by_cond, samples, metrics, data_sha)
+    write_json_atomic(where["metrics"], metrics)
+    write_run_timing(where["timing"], params, plan, by_cond, samples, seconds, done, merged)
+    where["journal"].unlink(missing_ok=True)
+    for p in merged:
+        p.unlink(missing_ok=True)
+    acc = ", ".join(f"{c} {metrics['accuracy'][c]:.3f}" for c in conditions)
+    if samples:
+        k = min(3, plan.n_sampled)
+        acc += f"; pass@{k} " + ", ".join(f"{c} {metrics['sampling'][f'pass@{k}'][c]:.3f}" for c in conditions)
+    print(f"{name}: {len(chosen)} problems x {len(conditions)} conditions in {seconds:.1f} s; accuracy {acc} "
+          f"-> {where['out']}")
+    return where["out"]
+
+
+def make_plan(params: Params, setup: models.ModelSetup, chosen: list) -> Plan:
+    """The engine, the prompts and the batches; refuses a prompt plus its new tokens longer than the context."""
+    cfg, conditions = params.evaluate, params.prompt.conditions
     # ARM's values are checked before the model is loaded (its variant needs only the model_type)
     arm_settings = arm.settings_for(params.arm, params.dataset.benchmark, setup) if "arm" in conditions else None
     engine = open_engine(cfg, conditions, setup, arm_settings)
@@ -108,65 +147,63 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
     sampled = [Item(p.index, c, built[p.index][c].input_ids, j) for p in chosen for c in conditions
                for j in range(n_sampled)]
     longest = max(len(it.input_ids) for it in items)
-    context = prepared.facts["max_position_embeddings"]
     for key_name, limit in (("evaluate.max_new_tokens", cfg.max_new_tokens),
                             ("evaluate.sampling.max_new_tokens", (cfg.sampling.max_new_tokens or 0) if n_sampled else 0)):
-        if context and longest + limit > context:
-            raise ConfigError(f"{params.file}: {key_name}: a prompt of {longest} tokens plus "
-                              f"{limit} new tokens exceeds the context of model '{name}' ({context})")
+        check_context(setup, key_name, f"a prompt of {longest} tokens plus {limit} new tokens", longest + limit)
     # `.sampling` (resolved values and their origin) is evaluate's alone: the sweep shares the engine, not its samples
     settings = {**engine.settings, **({"arm": arm_settings.describe()} if arm_settings else {}),
                 **({"sampling": engine.sampling} if n_sampled else {})}
     key = hashlib.sha256(json.dumps({
-        "weights": prepared.manifest().get("weights_sha256"), "settings": settings,
+        "weights": setup.prepared.manifest().get("weights_sha256"), "settings": settings,
         "items": [(it.index, it.condition, it.input_ids) for it in items],
         **({"sampled": n_sampled} if n_sampled else {})}).encode()).hexdigest()
-    gold = {p.index: p.answer for p in chosen}
     # sampled rows in batches of their own (their own max_new_tokens), after the greedy ones
     batches = make_batches(items, cfg.batch_size) + make_batches(sampled, cfg.batch_size)
+    return Plan(setup, engine, builder, built, batches, settings, key, arm_settings, n_sampled)
 
-    if cfg.shard is not None:  # one job's part: its batches, journaled to the part file the merge reads
-        part = part_path(where["journal"], cfg.shard.index, cfg.shard.count)
-        mine = [b for j, b in enumerate(batches) if j % cfg.shard.count == cfg.shard.index]
-        run_journaled(engine, mine, Journal(part, key, foreign="refuse"), gold,
-                      f"evaluate {name} shard {cfg.shard.index}/{cfg.shard.count}", name, conditions)
-        print(f"{name}: shard {cfg.shard.index} of {cfg.shard.count} ({sum(map(len, mine))} generations) -> {part}; "
-              f"with every part in {part.parent}, a run without evaluate.shard (dvc repro) merges them")
-        return part
 
-    journal = Journal(where["journal"], key)
-    merged = merge_parts(journal, where["journal"])
-    started = time.perf_counter()
-    done = run_journaled(engine, batches, journal, gold, f"evaluate {name}", name, conditions)
-    seconds = time.perf_counter() - started
+def run_shard(plan: Plan, journal: Path, gold: dict, shard: Shard, conditions: list[str]) -> Path:
+    """One job's part: its batches, journaled to the part file the merge reads."""
+    name = plan.setup.name
+    part = part_path(journal, shard.index, shard.count)
+    mine = [b for j, b in enumerate(plan.batches) if j % shard.count == shard.index]
+    run_journaled(plan.engine, mine, Journal(part, plan.key, foreign="refuse"), gold,
+                  f"evaluate {name} shard {shard.index}/{shard.count}", name, conditions)
+    print(f"{name}: shard {shard.index} of {shard.count} ({sum(map(len, mine))} generations) -> {part}; "
+          f"with every part in {part.parent}, a run without evaluate.shard (dvc repro) merges them")
+    return part
 
-    by_cond = {c: [journal.records[(p.index, c)] for p in chosen] for c in conditions}
-    metrics = {"dataset": dataset_spec(params).label, **summarize(by_cond, cfg.seed)}
-    samples = {c: [[journal.records[(p.index, c, j)] for j in range(n_sampled)] for p in chosen]
-               for c in conditions} if n_sampled else None
+
+def measure(params: Params, by_cond: dict, samples: dict | None) -> dict:
+    """metrics/accuracy/<model>.json: accuracy and paired differences per condition (and the sampled outputs')."""
+    conditions, seed = params.prompt.conditions, params.evaluate.seed
+    metrics = {"dataset": dataset_spec(params).label, **summarize(by_cond, seed)}
     if samples:
         metrics["sampling"] = sampling.summarize(
             {c: [[r.output for r in row] for row in samples[c]] for c in conditions},
             {c: [[r.extracted for r in row] for row in samples[c]] for c in conditions},
             {c: np.array([[r.correct for r in row] for row in samples[c]], dtype=bool) for c in conditions},
             {c: np.array([[r.paper_correct for r in row] for row in samples[c]], dtype=bool) for c in conditions},
-            cfg.seed)
+            seed)
+    return metrics
+
+
+def write_artifact(out: Path, params: Params, plan: Plan, chosen: list, by_cond: dict, samples: dict | None,
+                   metrics: dict, data_sha: str) -> None:
+    """artifacts/eval/<model>.h5: per condition every problem's output, its grading (and the sampled outputs')."""
+    name, conditions, arm_settings, built = plan.setup.name, params.prompt.conditions, plan.arm_settings, plan.built
     prov = {
-        **provenance("evaluate"),
-        "model": {"name": name, **prepared.manifest()},
-        **builder.describe(),
-        "generation": settings,
+        **store.model_provenance("evaluate", params, name, plan.setup.prepared.manifest(),
+                                 unused=() if arm_settings else ("arm",)),
+        **plan.builder.describe(),
+        "generation": plan.settings,
         **({"arm": {**arm_settings.describe(), "differences_from_paper": arm.DIFFERENCES}} if arm_settings else {}),
         "grader": {"library": "math-verify", "paper_rule": grading.PAPER_RULE + " Applied to prompt + output, "
                    "as the paper's greedy runs do."},
-        "params": {"models": {name: spec.model_dump(include=set(MODEL_KEYS))}, "prompt": params.prompt.model_dump(),
-                   "evaluate": cfg.model_dump(exclude={"models"}), **({"arm": params.arm.model_dump()} if arm_settings else {}),
-                   "dataset": params.dataset.model_dump(),
-                   "runtime": params.runtime.model_dump(include={"device", "dtype"})},
         "dataset_sha256": data_sha,
         "dataset_file": dataset_spec(params).describe(),
     }
-    with write_h5(where["out"]) as f:
+    with write_h5(out) as f:
         f.attrs["kind"] = "eval"
         f.attrs["model"] = name
         f.attrs["conditions"] = list(conditions)
@@ -193,10 +230,14 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
                 put(sg, "correct", np.array([[r.correct for r in row] for row in rows], dtype=bool))
                 put(sg, "paper_correct", np.array([[r.paper_correct for r in row] for row in rows], dtype=bool),
                     note="the paper's rule on the output alone (its pass@3)")
-    write_json_atomic(where["metrics"], metrics)
+
+
+def write_run_timing(path: Path, params: Params, plan: Plan, by_cond: dict, samples: dict | None, seconds: float,
+                     done: int, merged: dict) -> None:
+    cfg, conditions = params.evaluate, params.prompt.conditions
     tokens = {c: sum(r.n_tokens for r in by_cond[c]) for c in conditions}
     gen_seconds = {c: sum(r.seconds for r in by_cond[c]) for c in conditions}
-    write_timing(where["timing"], {
+    write_timing(path, {
         "seconds_this_run": round(seconds, 2),
         "generation_seconds": {c: round(s, 2) for c, s in gen_seconds.items()},
         "tokens_per_second": {c: round(tokens[c] / gen_seconds[c], 2) if gen_seconds[c] else None
@@ -204,18 +245,8 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
         **({"sampled_generation_seconds": {c: round(sum(r.seconds for row in samples[c] for r in row), 2)
                                            for c in conditions}} if samples else {}),
         "resumed_generations": done, "merged_parts": {p.name: n for p, n in merged.items()},
-        "engine": cfg.engine, **engine.stats, "batch_size": cfg.batch_size, "device": settings["device"],
+        "engine": cfg.engine, **plan.engine.stats, "batch_size": cfg.batch_size, "device": plan.settings["device"],
     })
-    where["journal"].unlink(missing_ok=True)
-    for p in merged:
-        p.unlink(missing_ok=True)
-    acc = ", ".join(f"{c} {metrics['accuracy'][c]:.3f}" for c in conditions)
-    if samples:
-        k = min(3, n_sampled)
-        acc += f"; pass@{k} " + ", ".join(f"{c} {metrics['sampling'][f'pass@{k}'][c]:.3f}" for c in conditions)
-    print(f"{name}: {len(chosen)} problems x {len(conditions)} conditions in {seconds:.1f} s; accuracy {acc} "
-          f"-> {where['out']}")
-    return where["out"]
 
 
 def with_shard(params: Params, shard: str) -> Params:

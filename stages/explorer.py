@@ -30,12 +30,12 @@ from pathlib import Path
 
 import numpy as np
 
-from meaningless_tokens import TEMPLATES, cli, models
+from meaningless_tokens import TEMPLATES, cli, models, store
 from meaningless_tokens.charts.common import Context, load_stats
 from meaningless_tokens.config import ONE_LAYER_KINDS, Params, figure_models
-from meaningless_tokens.store import ArtifactError, activations_path, atomic_path, attention_path, read_h5, stats_path
+from meaningless_tokens.store import ArtifactError, atomic_path, read_h5
 
-OUT = Path("reports/explorer.html")
+OUT = store.path("explorer")
 LEVELS = 255  # one byte per weight
 # the chart kinds that show heads, and what the page calls them
 HEAD_KINDS = {"layer-sweep": "layer sweep", "heads": "heads", "conditions": "conditions", "cross-model": "cross-model"}
@@ -86,8 +86,8 @@ class Tokens:
     def __init__(self, params: Params, name: str, vocab_size: int):
         self.decode, size, where = models.token_decoder(params, name, vocab_size)
         if size != vocab_size:
-            raise ArtifactError(f"{attention_path(name)}: provenance tokenizer.vocab_size {vocab_size} != the "
-                                f"tokenizer's {size} in {where} (rerun: dvc repro extract@{name})")
+            raise ArtifactError(f"{store.path('attention', name)}: provenance tokenizer.vocab_size {vocab_size} != "
+                                f"the tokenizer's {size} in {where} (rerun: dvc repro extract@{name})")
 
     def strings(self, ids) -> list[str]:
         """Each token as the text it stands for (special tokens by name)."""
@@ -108,11 +108,11 @@ def marked_heads(params: Params, name: str, stats: dict) -> dict[str, dict[str, 
     return marks
 
 
-def activation_strips(path: Path, index: int, conds: dict) -> dict | None:
+def activation_strips(path: Path, index: int, conds: dict, params: Params | None = None) -> dict | None:
     """Per token of problem `index`'s prompts, under each condition of the activations file: the share of
     near-zero |a| (the paper's robust radius over the prompt's original tokens, and the fixed one) and the
     mean |a| (L1), for its first layer; None when the problem is not in its showcase."""
-    with read_h5(path, "activations", ("showcase",)) as f:
+    with read_h5(path, "activations", ("showcase",), params=params) as f:
         keys = [k for k in f["showcase"] if int(f["showcase"][k].attrs["problem_index"]) == index]
         if not keys:
             return None
@@ -140,8 +140,8 @@ def activation_strips(path: Path, index: int, conds: dict) -> dict | None:
 def collect(params: Params, name: str, blobs: list[str]) -> dict:
     """One model's entry of the page; appends its encoded matrices to `blobs` (their ids are indices)."""
     root = params.project_path(".")
-    path = root / attention_path(name)
-    with read_h5(path, "attention", ("showcase", "none/offsets", "problems/index")) as f:
+    path = root / store.path("attention", name)
+    with read_h5(path, "attention", ("showcase", "none/offsets", "problems/index"), params=params) as f:
         conditions = [_str(c) for c in f.attrs["conditions"]]
         layers, heads = [int(x) for x in f.attrs["layers"]], [int(x) for x in f.attrs["heads"]]
         prov = json.loads(f.attrs["provenance"])
@@ -171,14 +171,14 @@ def collect(params: Params, name: str, blobs: list[str]) -> dict:
             prompts.append({"key": key, "index": problem, "level": int(f["problems/level"][k]),
                             "subject": _str(f["problems/subject"][k]),
                             "text": tok.decode(f["none"]["input_ids"][n0:n1]), "conds": conds})
-    act_path = root / activations_path(name)
+    act_path = root / store.path("activations", name)
     for pr in prompts:
-        pr["act"] = activation_strips(act_path, pr["index"], pr["conds"]) if act_path.is_file() else None
-    stats = root / stats_path(name)
+        pr["act"] = activation_strips(act_path, pr["index"], pr["conds"], params) if act_path.is_file() else None
+    stats = root / store.path("stats", name)
     marks = marked_heads(params, name, load_stats(stats)) if name in figure_models(params) else {}
     return {"name": name, "disp": params.models[name].display_name, "layers": layers, "heads": heads,
             "conditions": conditions, "marks": marks, "prompts": prompts,
-            "sources": [attention_path(name).as_posix()] + ([activations_path(name).as_posix()]
+            "sources": [store.path("attention", name).as_posix()] + ([store.path("activations", name).as_posix()]
                                                             if any(pr["act"] for pr in prompts) else [])}
 
 

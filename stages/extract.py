@@ -1,6 +1,6 @@
 """extract@<model>: attention weights of the first layers for the none / mless / mful prompts.
 
-Loads only the embeddings and layers 0..max(layers) (meaningless_tokens/models/partial.py), runs the decoder up to the
+Loads only the embeddings and layers 0..max(layers) (meaningless_tokens/models.py), runs the decoder up to the
 last configured layer (never the LM head), with eager attention captured by a registered attention
 function (meaningless_tokens/capture.py; checked against the model's own eager output_attentions on the first
 prompt), and stores per sample, condition, layer and head the
@@ -24,50 +24,75 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from meaningless_tokens import cli, models, progress
+from meaningless_tokens import cli, models, progress, store
 from meaningless_tokens.capture import CaptureError, attention, compare
 from meaningless_tokens.attention import PROMPT_CONDITIONS, QUERY_SETS, VECTORS, reduce
 from meaningless_tokens.config import ConfigError, Params, model_spec
-from meaningless_tokens.prompts import builder_for, dataset_spec, load_problems, put_problems, select_problems
-from meaningless_tokens.store import attention_path, provenance, put, put_json_attr, write_h5, write_prompt_timing
+from meaningless_tokens.prompts import PromptBuilder, builder_for, check_context, dataset_spec, load_problems, put_problems, select_problems
+from meaningless_tokens.store import put, put_json_attr, write_h5, write_prompt_timing
+
+@dataclass
+class Capture:
+    problems: list
+    layers: list[int]
+    heads: list[int]
+    conditions: list[str]        # the conditions extracted
+    skipped: list[str]           # those whose layer-0 attention equals none's (arm)
+    builder: PromptBuilder
+    prompts: list[dict]          # per problem: condition -> PromptIds
+    probe: dict                  # capture == the model's eager attention on the configured layers
+    loaded_layers: int
+    vectors: dict                # condition -> vector -> [per problem: [layer, head, position]]
+    showcase: dict               # (problem k, condition) -> [layer, head, query, key]
+    seconds: float
+
 
 def run(params: Params, name: str, out: Path | None = None, timing: Path | None = None) -> Path:
     spec = model_spec(params, name)
-    out = out or params.project_path(str(attention_path(name)))
-    cfg = params.extract
+    full, params = params, store.params_view(params, "extract", name)  # reads only what dvc.yaml lists; `full`:
+    # models.setup_for checks the model against every key (charts, layers) before any work
+    out = out or params.project_path(str(store.path("attention", name)))
     problems, data_sha = load_problems(params)
-    chosen = select_problems(problems, cfg.n_samples, cfg.seed, "extract.n_samples")
+    chosen = select_problems(problems, params.extract.n_samples, params.extract.seed, "extract.n_samples")
     if not chosen:
         raise ConfigError(f"{params.file}: extract.n_samples: the subset is empty")
-    setup = models.setup_for(params, name, layers=spec.layers)
-    prepared, facts = setup.prepared, setup.facts
+    setup = models.setup_for(full, name, layers=spec.layers)
+    cap = capture(params, setup, chosen)
+    write_artifact(out, params, setup, cap, data_sha)
+    n_prompts = len(cap.prompts) * len(cap.conditions)
+    write_prompt_timing(timing or params.project_path(str(store.path("timing/extract", name))), cap.seconds, n_prompts, out)
+    if cap.skipped:
+        print(f"{name}: conditions {cap.skipped} not extracted (the none prompt; layer-0 attention equals none's)")
+    print(f"{name}: {len(cap.prompts)} problems x {len(cap.conditions)} conditions in {cap.seconds:.1f} s "
+          f"({1000 * cap.seconds / n_prompts:.0f} ms per prompt) -> {out} ({out.stat().st_size / 2**20:.1f} MiB)")
+    return out
+
+
+def capture(params: Params, setup: models.ModelSetup, chosen: list) -> Capture:
+    """Every prompt's attention on the configured layers, reduced (attention.py: `reduce`), after the probe; only
+    the embeddings and layers 0..max(layers) are read from the checkpoint and run, never the later layers."""
+    cfg, spec, facts, name = params.extract, setup.spec, setup.facts, setup.name
     heads = list(range(facts["num_heads"])) if spec.heads == "all" else list(spec.heads)
     layers = list(spec.layers)
-    # only the embeddings and layers 0..max(layers), read from the checkpoint; never the later layers
     model, tokenizer = models.load(setup, layers=layers)
     builder = builder_for(params.prompt, setup, tokenizer)
     prompts = [builder.build(p) for p in chosen]
     conditions = [c for c in params.prompt.conditions if c in PROMPT_CONDITIONS]
     skipped = [c for c in params.prompt.conditions if c not in PROMPT_CONDITIONS]
-    longest = max(len(pr[c].input_ids) for pr in prompts for c in conditions)
-    context = facts["max_position_embeddings"]
-    if context and longest > context:
-        raise ConfigError(f"{params.file}: extract.n_samples: a prompt has {longest} tokens, more than "
-                          f"the context of model '{name}' ({context} positions)")
+    check_context(setup, "extract.n_samples", "a prompt", max(len(pr[c].input_ids) for pr in prompts for c in conditions))
     # the probe of the configured layers, on the first prompt: capture == the model's own eager
     # output_attentions, causal, rows sum to 1 (prepare probed layer 0 and each layer type)
     first = prompts[0]["mless" if "mless" in conditions else "none"].input_ids
     try:
-        check = compare(model, first, layers, tolerance=models.probe_tolerance(setup.dtype))
+        probe = compare(model, first, layers, tolerance=models.probe_tolerance(setup.dtype))
     except CaptureError as e:
         raise models.UnsupportedModel(f"{params.file}: models.{name}.layers: model_type "
                                       f"'{facts['model_type']}': {e}") from None
-
-    dtype = np.float16 if cfg.dtype == "float16" else np.float32
     vectors = {c: {v: [] for v in VECTORS} for c in conditions}
     showcase = {}
     started = time.perf_counter()
@@ -81,28 +106,31 @@ def run(params: Params, name: str, out: Path | None = None, timing: Path | None 
             if k < cfg.showcase:
                 showcase[(k, c)] = probs
         bar.set_postfix(tokens=len(pr["mless" if "mless" in conditions else "none"].input_ids), refresh=False)
-    seconds = time.perf_counter() - started
+    return Capture(chosen, layers, heads, conditions, skipped, builder, prompts, probe,
+                   model.config.get_text_config().num_hidden_layers, vectors, showcase, time.perf_counter() - started)
 
+
+def write_artifact(out: Path, params: Params, setup: models.ModelSetup, cap: Capture, data_sha: str) -> None:
+    """artifacts/attention/<model>.h5: per condition the prompts' tokens, spans and reduced vectors; the showcase
+    prompts' full matrices; provenance at the root."""
+    name, facts, conditions, prompts = setup.name, setup.facts, cap.conditions, cap.prompts
+    dtype = np.float16 if params.extract.dtype == "float16" else np.float32
     prov = {
-        **provenance("extract"),
-        "model": {"name": name, **prepared.manifest()},
-        "layers_probe": check,
-        "loaded_layers": model.config.get_text_config().num_hidden_layers,
-        **builder.describe(),
-        "params": {"models": {name: spec.model_dump(exclude={"display_name"})}, "prompt": params.prompt.model_dump(),
-                   "extract": cfg.model_dump(), "dataset": params.dataset.model_dump(),
-                   "runtime": params.runtime.model_dump(include={"device", "dtype"})},
+        **store.model_provenance("extract", params, name, setup.prepared.manifest()),
+        "layers_probe": cap.probe,
+        "loaded_layers": cap.loaded_layers,
+        **cap.builder.describe(),
         "dataset_sha256": data_sha,
         "dataset_file": dataset_spec(params).describe(),
     }
     with write_h5(out) as f:
         f.attrs["kind"] = "attention"
         f.attrs["model"] = name
-        f.attrs["layers"] = np.array(layers, dtype=np.int32)
-        f.attrs["heads"] = np.array(heads, dtype=np.int32)
+        f.attrs["layers"] = np.array(cap.layers, dtype=np.int32)
+        f.attrs["heads"] = np.array(cap.heads, dtype=np.int32)
         f.attrs["conditions"] = list(conditions)
-        if skipped:
-            f.attrs["skipped_conditions"] = skipped
+        if cap.skipped:
+            f.attrs["skipped_conditions"] = cap.skipped
             f.attrs["skipped_note"] = ("arm: the none prompt with layer 0's MLP edited; layer 0's attention runs before "
                                        "that MLP, so it equals none's, and there is no span to measure attention on")
         f.attrs["num_kv_heads"] = facts["num_kv_heads"]
@@ -113,7 +141,7 @@ def run(params: Params, name: str, out: Path | None = None, timing: Path | None 
                                  "original token; mass_first keeps the attention it receives for statistics that exclude it")
         put_json_attr(f, "query_sets", QUERY_SETS)
         put_json_attr(f, "provenance", prov)
-        put_problems(f, chosen)
+        put_problems(f, cap.problems)
         for c in conditions:
             g = f.create_group(c)
             lengths = [len(pr[c].input_ids) for pr in prompts]
@@ -126,18 +154,11 @@ def run(params: Params, name: str, out: Path | None = None, timing: Path | None 
             put(g, "joint_match", np.array([pr[c].joint_match for pr in prompts], dtype=bool))
             put(g, "span_text", np.array([pr[c].span_text for pr in prompts], dtype=object), compress=False)
             for v in VECTORS:
-                put(g, v, np.concatenate(vectors[c][v], axis=-1).astype(dtype), shape="[layer, head, position]")
+                put(g, v, np.concatenate(cap.vectors[c][v], axis=-1).astype(dtype), shape="[layer, head, position]")
         s = f.create_group("showcase")
-        for (k, c), probs in showcase.items():
+        for (k, c), probs in cap.showcase.items():
             put(s.require_group(f"{k:03d}"), c, probs.astype(dtype), shape="[layer, head, query, key]")
-            s[f"{k:03d}"].attrs["problem_index"] = chosen[k].index
-    n_prompts = len(prompts) * len(conditions)
-    write_prompt_timing(timing or params.project_path(f"metrics/timing/extract-{name}.json"), seconds, n_prompts, out)
-    if skipped:
-        print(f"{name}: conditions {skipped} not extracted (the none prompt; layer-0 attention equals none's)")
-    print(f"{name}: {len(prompts)} problems x {len(conditions)} conditions in {seconds:.1f} s "
-          f"({1000 * seconds / n_prompts:.0f} ms per prompt) -> {out} ({out.stat().st_size / 2**20:.1f} MiB)")
-    return out
+            s[f"{k:03d}"].attrs["problem_index"] = cap.problems[k].index
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -52,27 +52,23 @@ from pathlib import Path
 
 import numpy as np
 
-from meaningless_tokens import arm, cli, models, progress, scoring
+from meaningless_tokens import arm, cli, models, progress, scoring, store
 from meaningless_tokens.config import ConfigError, Params, Prompt
 from meaningless_tokens.intervals import bootstrap_mean_ci, wilcoxon_p
 from meaningless_tokens.prompts import Problem, builder_for, dataset_spec, load_problems, put_problems, require_field, select_problems
 from meaningless_tokens.scoring import Seq, TeacherForcedArm, check_head, pad_id, score
-from meaningless_tokens.store import likelihood_path, plot_table_path, provenance, put, put_json_attr, write_csv_atomic, write_h5, write_json_atomic, write_timing
+from meaningless_tokens.store import put, put_json_attr, write_csv_atomic, write_h5, write_json_atomic, write_timing
 
 CONTINUATIONS = ("solution", "answer")
 # what each continuation's contrasts compare: the solution's mean log-prob per token (nats/token), the
 # answer's summed log-prob (nats: log P(the whole answer))
 OUTCOMES = {"solution": "mean", "answer": "sum"}
 UNITS = {"solution": "nats/token", "answer": "nats"}
-# the per-model params keys this stage reads (dvc.yaml lists exactly these)
-MODEL_KEYS = ("family", "source", "template", "trust_remote_code", "arm")
 
 
 def paths(name: str) -> dict[str, Path]:
-    return {"out": likelihood_path(name),
-            "metrics": Path("metrics/likelihood") / f"{name}.json",
-            "table": plot_table_path("likelihood", name),
-            "timing": Path("metrics/timing") / f"likelihood-{name}.json"}
+    return {"out": store.path("likelihood", name), "metrics": store.path("metrics/likelihood", name),
+            "table": store.path("plots/likelihood", name), "timing": store.path("timing/likelihood", name)}
 
 
 def scoring_prompt(params: Params) -> Prompt:
@@ -153,6 +149,8 @@ def _put_stats(g, prefix: str, stats: list[dict]) -> None:
 
 def run(params: Params, name: str, root: Path | None = None) -> Path:
     started = time.perf_counter()
+    full, params = params, store.params_view(params, "likelihood", name)  # reads only what dvc.yaml lists; `full`:
+    # models.setup_for checks the model against every key (charts, layers) before any work
     cfg = params.likelihood
     where = {k: (root / v if root else params.project_path(str(v))) for k, v in paths(name).items()}
     prompt = scoring_prompt(params)
@@ -162,8 +160,8 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
     if name not in params.scored:
         raise ConfigError(f"{params.file}: likelihood.models: model '{name}' is not among the models scored "
                           f"{params.scored}; add it there to score it")
-    setup = models.setup_for(params, name)
-    prepared, spec = setup.prepared, setup.spec
+    setup = models.setup_for(full, name)
+    prepared = setup.prepared
     conditions = list(cfg.conditions)
     arm_settings = arm.settings_for(params.arm, params.dataset.benchmark, setup) if "arm" in conditions else None
     model, tokenizer, attn = scoring.load(setup)
@@ -191,8 +189,7 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
     summary = summarize(per, conditions, chosen, cfg.seed, cfg.n_boot)
     conts = scoring.Continuations(cfg, builder, dataset_spec(params).path)
     prov = {
-        **provenance("likelihood"),
-        "model": {"name": name, **prepared.manifest()},
+        **store.model_provenance("likelihood", params, name, prepared.manifest(), unused=() if arm_settings else ("arm",)),
         **builder.describe(),
         "scoring": {"attn_implementation": attn, "batch_tokens": cfg.batch_tokens, "pad_token_id": pad,
                     "head_check_max_abs_diff": head_check, "separator_ids": conts.sep, "frame_head_ids": conts.head,
@@ -200,13 +197,6 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
         **({"arm": {**arm_settings.describe(), "teacher_forcing": "prompt = step 0 (one pool); continuation "
                     "position j = decode step j + 1 (its own channels) when apply is all; per-sequence statistics",
                     "differences_from_paper": arm.DIFFERENCES}} if arm_settings else {}),
-        # exactly the params keys dvc.yaml lists for this stage
-        "params": {"models": {name: spec.model_dump(include=set(MODEL_KEYS))},
-                   "prompt": params.prompt.model_dump(include={"instruction", "template", "mless", "mful"}),
-                   "likelihood": cfg.model_dump(exclude={"models"}),
-                   **({"arm": params.arm.model_dump(include={"variant", "apply", "seed"})} if arm_settings else {}),
-                   "dataset": params.dataset.model_dump(),
-                   "runtime": params.runtime.model_dump(include={"device", "dtype"})},
         "dataset_sha256": data_sha,
     }
     import h5py

@@ -2,7 +2,7 @@
 workspace), and its manifest `artifacts/models/<model>.json` (source, weights sha256, architecture facts, the
 attention probe) for later stages.
 
-Sources, conversion and the cache: the package meaningless_tokens/models/. A GGUF source is converted whole when a
+Sources, conversion and the cache: meaningless_tokens/models.py. A GGUF source is converted whole when a
 whole-model stage runs the model (evaluate.models, likelihood.models, the sweep's accuracy or likelihood), so
 one conversion serves every stage; otherwise only up to the layers the layer-only stages run (extract's,
 activations', the sweep's attention). `metrics/timing/prepare-<model>.json`: the run's seconds and peak RSS
@@ -12,14 +12,14 @@ exactly; `hf` sources record the commit their revision resolved to.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
 
-from meaningless_tokens.config import PARAMS_FILE, Params, StageError, load_params
-from meaningless_tokens.models import PreparedModel, manifest_path, prepare, prepare_layers
-from meaningless_tokens.store import environment, os_error_line, write_json_atomic, write_timing
+from meaningless_tokens import cli, store
+from meaningless_tokens.config import Params
+from meaningless_tokens.models import PreparedModel, prepare, prepare_layers
+from meaningless_tokens.store import environment, write_json_atomic, write_timing
 
 
 def run(params: Params, name: str, out: Path | None = None, timing: Path | None = None) -> PreparedModel:
@@ -27,35 +27,18 @@ def run(params: Params, name: str, out: Path | None = None, timing: Path | None 
     layers = prepare_layers(params, name)
     prepared = prepare(params, name, layers=layers)
     # the environment's lock: a reinstall from another lock changes the manifest, so every stage reruns
-    write_json_atomic(out or params.project_path(str(manifest_path(name))), {**prepared.manifest(), "environment": environment()})
+    write_json_atomic(out or params.project_path(str(store.path("manifest", name))), {**prepared.manifest(), "environment": environment()})
     print(f"{name}: {prepared.path} (weights sha256 {prepared.weights_sha256[:12]}…, "
           f"{prepared.facts['num_layers']} layers, {prepared.facts['num_heads']} heads) "
           f"in {time.perf_counter() - started:.1f} s")
-    write_timing(timing or params.project_path(f"metrics/timing/prepare-{name}.json"),
+    write_timing(timing or params.project_path(str(store.path("timing/prepare", name))),
                  {"seconds": round(time.perf_counter() - started, 2), "converted": "whole" if layers is None else
                   f"layers 0-{max(layers)}", "folder": prepared.path.name})
     return prepared
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m stages.prepare", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", action="append", help="model name from params.yaml (repeatable; default: all)")
-    ap.add_argument("--params", default=str(PARAMS_FILE))
-    args = ap.parse_args(argv)
-    try:
-        params = load_params(args.params)
-        for name in args.model or list(params.models):
-            run(params, name)
-    except StageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:
-        print(f"error: {os_error_line(e)}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:  # as meaningless_tokens/cli.py, whose --model is one name and required
-        return 130
-    return 0
+    return cli.main("prepare", __doc__, run, argv, many=True)
 
 
 if __name__ == "__main__":

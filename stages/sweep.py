@@ -37,33 +37,27 @@ import hashlib
 import json
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from meaningless_tokens import cli, models, progress, scoring
+from meaningless_tokens import cli, models, progress, scoring, store
 from meaningless_tokens.attention import QUERY_VECTOR, reduce, sample_stats
 from meaningless_tokens.capture import CaptureError, attention, compare
 from meaningless_tokens.config import ConfigError, Params, Prompt
 from meaningless_tokens.engines import Item, Journal, check_engine, open_engine, run_journaled
 from meaningless_tokens.intervals import bootstrap_mean_ci, bootstrap_ratio_ci, paired, wilcoxon_p
-from meaningless_tokens.prompts import PromptBuilder, PromptError, dataset_spec, load_problems, put_problems, select_problems
-from meaningless_tokens.store import (plot_table_path, provenance, put, put_json_attr, sweep_path, write_csv_atomic, write_h5,
-                                      write_json_atomic, write_timing)
+from meaningless_tokens.prompts import PromptBuilder, PromptError, check_context, dataset_spec, load_problems, put_problems, select_problems
+from meaningless_tokens.store import (put, put_json_attr, write_csv_atomic, write_h5, write_json_atomic,
+                                      write_timing)
 
 JOURNAL_VERSION = 1
-# the params keys this stage reads beyond `sweep` (dvc.yaml lists exactly these)
-MODEL_KEYS = ("family", "source", "template", "trust_remote_code", "heads")
-EVALUATE_KEYS = ("max_new_tokens", "batch_size", "stop_at_boxed")
-LIKELIHOOD_KEYS = ("solution_tokens", "separator", "batch_tokens")
 
 
 def paths(name: str) -> dict[str, Path]:
-    return {"out": sweep_path(name),
-            "metrics": Path("metrics/sweep") / f"{name}.json",
-            "table": plot_table_path("sweep", name),
-            "timing": Path("metrics/timing") / f"sweep-{name}.json",
-            "journal": Path("artifacts/sweep/.journal") / f"{name}.jsonl"}
+    return {"out": store.path("sweep", name), "metrics": store.path("metrics/sweep", name), "table": store.path("plots/sweep", name),
+            "timing": store.path("timing/sweep", name), "journal": store.path("journal/sweep", name)}
 
 
 CONDITIONS = ["none", "mless"]  # the prompts a sweep builds; `mless` with each (token, count) as its span
@@ -177,16 +171,14 @@ def accuracy_sweep(params: Params, setup: models.ModelSetup, problems, where: di
     """Per (token, count): per-problem correctness (count 0 is the none prompt, generated once);
     and the generation settings. Journaled like evaluation: an interrupted run resumes."""
     ev, name, prepared = params.evaluate, setup.name, setup.prepared
-    engine = open_engine(ev, CONDITIONS, setup)
+    engine = open_engine(ev, CONDITIONS, setup, sampled=False)
     prompts = _build(builders(params, setup, engine.tokenizer), params, name, problems)
     cond = {key: f"{key[0]}x{key[1]}" for key in prompts if key != "none" and key[1] > 0}
     items = [Item(p.index, "none", pr.input_ids) for p, pr in zip(problems, prompts["none"])]
     items += [Item(p.index, c, pr.input_ids) for key, c in cond.items() for p, pr in zip(problems, prompts[key])]
-    context = prepared.facts["max_position_embeddings"]
     longest = max(len(it.input_ids) for it in items)
-    if context and longest + ev.max_new_tokens > context:
-        raise ConfigError(f"{params.file}: sweep.counts: a prompt of {longest} tokens plus evaluate.max_new_tokens "
-                          f"{ev.max_new_tokens} exceeds the context of model '{name}' ({context})")
+    check_context(setup, "sweep.counts", f"a prompt of {longest} tokens plus evaluate.max_new_tokens {ev.max_new_tokens}",
+                  longest + ev.max_new_tokens)
     settings = engine.settings
     key = hashlib.sha256(json.dumps({"version": JOURNAL_VERSION, "weights": prepared.manifest().get("weights_sha256"),
                                      "settings": settings, "items": [(it.index, it.condition, it.input_ids)
@@ -221,11 +213,8 @@ def likelihood_sweep(params: Params, setup: models.ModelSetup, problems) -> dict
             ids = list(pr.input_ids)
             seqs.append(scoring.Seq(p.index, "none" if key == "none" else "mless", "solution",
                                     tuple(ids + ctx + scored), len(ids), len(ids) + len(ctx)))
-    context = prepared.facts["max_position_embeddings"]
-    longest = max(len(s.input_ids) for s in seqs)
-    if context and longest > context:
-        raise ConfigError(f"{params.file}: likelihood.solution_tokens: a sweep prompt plus its solution has {longest} "
-                          f"tokens, more than the context of model '{name}' ({context} positions)")
+    check_context(setup, "likelihood.solution_tokens", "a sweep prompt plus its solution",
+                  max(len(s.input_ids) for s in seqs))
     bar = progress.bar(total=len(seqs), desc=f"sweep likelihood {name}", unit="seq")
     lps = scoring.score(model, seqs, params.likelihood.batch_tokens, scoring.pad_id(tokenizer), bar=bar)
     bar.close()
@@ -235,30 +224,77 @@ def likelihood_sweep(params: Params, setup: models.ModelSetup, problems) -> dict
 
 # ---- the stage -------------------------------------------------------------------------------------
 
+@dataclass
+class AttentionSweep:
+    problems: list           # the attention problems
+    heads: list[int]
+    builders: dict           # (token, count) -> PromptBuilder
+    probe: dict              # capture == the model's eager attention, on the longest span's prompt
+    tokenization: dict       # token -> count -> how the tokenizer splits the span (`repetition`)
+    per: dict                # `attention_sweep`
+    summary: dict            # `summarize_attention`
+    prompts: int             # prompts run
+    seconds: float
+    manifest: dict           # the prepared model's
+
+
+@dataclass
+class AccuracySweep:
+    problems: list = field(default_factory=list)  # none: the accuracy sweep is off
+    correct: dict = field(default_factory=dict)   # (token, count) and "none" -> [problem]
+    settings: dict | None = None                  # the engine's generation settings
+    rows: dict = field(default_factory=dict)      # (token, count) -> accuracy, paired difference to count 0
+
+
+@dataclass
+class LikelihoodSweep:
+    problems: list = field(default_factory=list)  # none: the likelihood sweep is off
+    mean: dict = field(default_factory=dict)      # (token, count) and "none" -> [problem], nats/token
+    rows: dict = field(default_factory=dict)      # (token, count) -> paired difference to count 0
+
+
 def run(params: Params, name: str, root: Path | None = None) -> Path:
     started = time.perf_counter()
+    full, params = params, store.params_view(params, "sweep", name)  # reads only what dvc.yaml lists; `full`:
+    # models.setup_for checks the model against every key (charts, layers) before any work
     cfg = params.sweep
     where = {k: (root / v if root else params.project_path(str(v))) for k, v in paths(name).items()}
     problems, data_sha = load_problems(params)
+    att = measure_attention(params, models.setup_for(full, name, layers=[cfg.layer]), problems)
+    if cfg.accuracy_samples:
+        check_engine(params)  # before the whole model is prepared
+    # generation and scoring run the whole model: a GGUF source is converted in full (once) for them
+    whole = models.setup_for(full, name) if cfg.accuracy_samples or cfg.likelihood_samples else None
+    acc = measure_accuracy(params, whole, problems, where) if cfg.accuracy_samples else AccuracySweep()
+    lik = measure_likelihood(params, whole, problems) if cfg.likelihood_samples else LikelihoodSweep()
+
+    write_artifact(where["out"], params, name, att, acc, lik, data_sha)
+    write_json_atomic(where["metrics"], metrics_summary(params, att.summary, att.tokenization, acc.rows,
+                                                        len(att.problems), len(acc.problems), lik.rows, len(lik.problems)))
+    write_table(where["table"], params, att.summary, att.tokenization, acc.rows, lik.rows)
+    write_timing(where["timing"], {"seconds": round(time.perf_counter() - started, 2),
+                                   "attention_seconds": round(att.seconds, 2), "attention_prompts": att.prompts})
+    print(f"{name}: span sweep of {len(cfg.tokens)} token(s) x {len(cfg.counts)} counts on {len(att.problems)} problems"
+          + (f", accuracy on {len(acc.problems)}" if acc.problems else "")
+          + (f", likelihood on {len(lik.problems)}" if lik.problems else "") + f" -> {where['out']}")
+    return where["out"]
+
+
+def measure_attention(params: Params, setup: models.ModelSetup, problems) -> AttentionSweep:
+    """Layer sweep.layer's attention at every (token, count) on the attention problems, probed, reduced and summarized;
+    only the embeddings and layers 0..sweep.layer run (the capture stops after that layer's attention)."""
+    cfg, name, facts = params.sweep, setup.name, setup.facts
     chosen = select_problems(problems, cfg.attention_samples, cfg.seed, "sweep.attention_samples")
-    setup = models.setup_for(params, name, layers=[cfg.layer])
-    prepared, spec, facts = setup.prepared, setup.spec, setup.facts
     if cfg.layer >= facts["num_layers"]:
         raise ConfigError(f"{params.file}: sweep.layer: {cfg.layer} out of range; model '{name}' has "
                           f"{facts['num_layers']} layers (allowed 0..{facts['num_layers'] - 1})")
-    heads = list(range(facts["num_heads"])) if spec.heads == "all" else list(spec.heads)
-    # only the embeddings and layer 0..sweep.layer run (the capture stops after that layer's attention)
+    heads = list(range(facts["num_heads"])) if setup.spec.heads == "all" else list(setup.spec.heads)
     model, tokenizer = models.load(setup, layers=[cfg.layer])
     bs = builders(params, setup, tokenizer)
     prompts = _build(bs, params, name, chosen)
-    context = facts["max_position_embeddings"]
-    longest = max(len(pr.input_ids) for key in prompts for pr in prompts[key])
-    if context and longest > context:
-        raise ConfigError(f"{params.file}: sweep.counts: a prompt has {longest} tokens, more than the context of "
-                          f"model '{name}' ({context} positions)")
-    # the probe extraction runs: capture == the model's own eager attention on the longest span's prompt
-    try:
-        check = compare(model, prompts[(cfg.tokens[0], cfg.counts[-1])][0].input_ids, [cfg.layer],
+    check_context(setup, "sweep.counts", "a prompt", max(len(pr.input_ids) for key in prompts for pr in prompts[key]))
+    try:  # the probe extraction runs: capture == the model's own eager attention on the longest span's prompt
+        probe = compare(model, prompts[(cfg.tokens[0], cfg.counts[-1])][0].input_ids, [cfg.layer],
                         tolerance=models.probe_tolerance(setup.dtype))
     except CaptureError as e:
         raise models.UnsupportedModel(f"{params.file}: sweep.layer: model_type '{facts['model_type']}': {e}") from None
@@ -270,79 +306,72 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
                   f"{ {c: r['span_tokens'] for c, r in rows.items()} }); spans are measured in tokens", file=sys.stderr)
     t0 = time.perf_counter()
     per = attention_sweep(params, name, model, prompts, heads)
-    attention_seconds = time.perf_counter() - t0
-    summary = summarize_attention(params, per)
-    del model
+    seconds = time.perf_counter() - t0
+    return AttentionSweep(chosen, heads, bs, probe, tokenization, per, summarize_attention(params, per),
+                          sum(len(prompts[k]) for k in prompts if k == "none" or k[1] > 0), seconds,
+                          setup.prepared.manifest())
 
-    acc_problems, correct, settings = [], {}, None
-    if cfg.accuracy_samples:
-        check_engine(params)  # before the whole model is prepared
-    # generation and scoring run the whole model: a GGUF source is converted in full (once) for them
-    whole = models.setup_for(params, name) if cfg.accuracy_samples or cfg.likelihood_samples else None
-    if cfg.accuracy_samples:
-        acc_problems = select_problems(problems, cfg.accuracy_samples, cfg.seed, "sweep.accuracy_samples")
-        correct, settings = accuracy_sweep(params, whole, acc_problems, where)
-    lik_problems, lik = [], {}
-    if cfg.likelihood_samples:
-        lik_problems = select_problems(problems, cfg.likelihood_samples, cfg.seed, "sweep.likelihood_samples")
-        lik = likelihood_sweep(params, whole, lik_problems)
-    lik_rows = {}
-    for token in cfg.tokens:
-        for count in cfg.counts:
-            if lik:
-                d = lik[(token, count)] - lik["none"]
-                lo, hi = bootstrap_mean_ci(d, cfg.seed, n_boot=cfg.n_boot)
-                lik_rows[(token, count)] = {"delta": float(d.mean()), "ci": (float(lo), float(hi)),
-                                            "p": wilcoxon_p(d)}
-    accuracy = {}
-    for token in cfg.tokens:
-        for count in cfg.counts:
-            if correct:  # each count against count 0 (the none prompt, generated whether or not 0 is listed)
-                treat = correct[(token, count)]
-                accuracy[(token, count)] = {"accuracy": float(treat.mean()), "correct": int(treat.sum()),
-                                            **(paired(treat, correct["none"], cfg.seed) if count else {})}
 
+def measure_accuracy(params: Params, whole: models.ModelSetup, problems, where: dict) -> AccuracySweep:
+    cfg = params.sweep
+    chosen = select_problems(problems, cfg.accuracy_samples, cfg.seed, "sweep.accuracy_samples")
+    correct, settings = accuracy_sweep(params, whole, chosen, where)
+    # each count against count 0 (the none prompt, generated whether or not 0 is listed)
+    rows = {(t, c): {"accuracy": float(correct[(t, c)].mean()), "correct": int(correct[(t, c)].sum()),
+                     **(paired(correct[(t, c)], correct["none"], cfg.seed) if c else {})}
+            for t in cfg.tokens for c in cfg.counts}
+    return AccuracySweep(chosen, correct, settings, rows)
+
+
+def measure_likelihood(params: Params, whole: models.ModelSetup, problems) -> LikelihoodSweep:
+    cfg = params.sweep
+    chosen = select_problems(problems, cfg.likelihood_samples, cfg.seed, "sweep.likelihood_samples")
+    mean = likelihood_sweep(params, whole, chosen)
+    rows = {}
+    for t in cfg.tokens:
+        for c in cfg.counts:
+            d = mean[(t, c)] - mean["none"]
+            lo, hi = bootstrap_mean_ci(d, cfg.seed, n_boot=cfg.n_boot)
+            rows[(t, c)] = {"delta": float(d.mean()), "ci": (float(lo), float(hi)), "p": wilcoxon_p(d)}
+    return LikelihoodSweep(chosen, mean, rows)
+
+
+def write_artifact(out: Path, params: Params, name: str, att: AttentionSweep, acc: AccuracySweep,
+                   lik: LikelihoodSweep, data_sha: str) -> None:
+    """artifacts/sweep/<model>.h5: the layout the module docstring defines, its provenance at the root."""
+    cfg, bs, per, summary, tokenization = params.sweep, att.builders, att.per, att.summary, att.tokenization
     prov = {
-        **provenance("sweep"),
-        "model": {"name": name, **prepared.manifest()},
-        "layers_probe": check,
+        **store.model_provenance("sweep", params, name, att.manifest),
+        "layers_probe": att.probe,
         **bs[(cfg.tokens[0], cfg.counts[-1])].describe(),
-        # exactly the params keys dvc.yaml lists for this stage, so the file is a function of its declared inputs
-        "params": {"models": {name: spec.model_dump(include=set(MODEL_KEYS))},
-                   "prompt": {"instruction": params.prompt.instruction, "template": params.prompt.template,
-                              "mless": {"placement": params.prompt.mless.placement}},
-                   "sweep": cfg.model_dump(), "stats": params.stats.model_dump(include={"query_set", "exclude_first"}),
-                   # read only when the accuracy sweep runs: otherwise not part of what made this file
-                   "evaluate": params.evaluate.model_dump(include=set(EVALUATE_KEYS)) if cfg.accuracy_samples else None,
-                   "likelihood": params.likelihood.model_dump(include=set(LIKELIHOOD_KEYS))
-                   if cfg.likelihood_samples else None,
-                   "dataset": params.dataset.model_dump(),
-                   "runtime": params.runtime.model_dump(include={"device", "dtype"})},
-        "generation": settings,
+        # evaluate and likelihood are read only when those sweeps run: otherwise not part of what made this file
+        "params": {**store.stage_params(params, "sweep", name), **({"evaluate": None} if not cfg.accuracy_samples else {}),
+                   **({"likelihood": None} if not cfg.likelihood_samples else {})},
+        "generation": acc.settings,
         "dataset_sha256": data_sha,
         "dataset_file": dataset_spec(params).describe(),
     }
-    ref = params.sweep.reference_count
-    with write_h5(where["out"]) as f:
+    ref = cfg.reference_count
+    with write_h5(out) as f:
         f.attrs["kind"] = "sweep"
         f.attrs["model"] = name
         f.attrs["layer"] = cfg.layer
-        f.attrs["heads"] = np.array(heads, dtype=np.int32)
+        f.attrs["heads"] = np.array(att.heads, dtype=np.int32)
         f.attrs["counts"] = np.array(cfg.counts, dtype=np.int32)
         f.attrs["tokens"] = list(cfg.tokens)
         f.attrs["reference_count"] = ref
-        f.attrs["n_samples"] = len(chosen)
-        f.attrs["accuracy_samples"] = len(acc_problems)
-        f.attrs["likelihood_samples"] = len(lik_problems)
+        f.attrs["n_samples"] = len(att.problems)
+        f.attrs["accuracy_samples"] = len(acc.problems)
+        f.attrs["likelihood_samples"] = len(lik.problems)
         f.attrs["indexing"] = "layers and heads are 0-based; charts say 'Layer 1' for index 0"
         f.attrs["definitions"] = __doc__
         put_json_attr(f, "provenance", prov)
-        put_problems(f, chosen)
-        if acc_problems:
-            put(f, "accuracy_problem_index", np.array([p.index for p in acc_problems], dtype=np.int32))
-        if lik_problems:
-            put(f, "likelihood_problem_index", np.array([p.index for p in lik_problems], dtype=np.int32))
-            put(f, "likelihood_none", lik["none"], note="count 0: mean log-prob per token of the solution, per problem")
+        put_problems(f, att.problems)
+        if acc.problems:
+            put(f, "accuracy_problem_index", np.array([p.index for p in acc.problems], dtype=np.int32))
+        if lik.problems:
+            put(f, "likelihood_problem_index", np.array([p.index for p in lik.problems], dtype=np.int32))
+            put(f, "likelihood_none", lik.mean["none"], note="count 0: mean log-prob per token of the solution, per problem")
         put(f, "orig_mean_none", per["none"][0], shape="[sample, head]")
         for k, token in enumerate(cfg.tokens):
             g = f.create_group(f"token_{k}")
@@ -352,40 +381,29 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
             put(g, "span_tokens", np.array([tokenization[token][c]["span_tokens"] for c in cfg.counts], dtype=np.int32))
             put(g, "pieces_per_repetition", np.int32(tokenization[token][cfg.counts[-1]]["pieces_per_repetition"]))
             rows = summary[token]["rows"]
-            for field in rows[cfg.counts[0]]:
-                put(g, field, np.stack([rows[c][field] for c in cfg.counts]).astype(np.float64),
+            for fld in rows[cfg.counts[0]]:
+                put(g, fld, np.stack([rows[c][fld] for c in cfg.counts]).astype(np.float64),
                     shape="[count, ...]; intervals [count, low/high, ...]")
             put(g, "orig_mean", np.stack([per[(token, c)][0] for c in cfg.counts]), shape="[count, sample, head]")
             put(g, "span_mass_per_sample", np.stack([per[(token, c)][1] for c in cfg.counts]),
                 shape="[count, sample, head]")
-            if correct:
-                put(g, "correct", np.stack([correct[(token, c)] for c in cfg.counts]), shape="[count, problem]")
-                acc = [accuracy[(token, c)] for c in cfg.counts]
-                put(g, "accuracy", np.array([a["accuracy"] for a in acc]))
-                put(g, "accuracy_delta", np.array([a.get("delta", 0.0) for a in acc]), note="vs count 0 (none)")
-                put(g, "accuracy_delta_ci", np.array([[a.get("ci95_low", 0.0), a.get("ci95_high", 0.0)] for a in acc]),
+            if acc.correct:
+                put(g, "correct", np.stack([acc.correct[(token, c)] for c in cfg.counts]), shape="[count, problem]")
+                a = [acc.rows[(token, c)] for c in cfg.counts]
+                put(g, "accuracy", np.array([r["accuracy"] for r in a]))
+                put(g, "accuracy_delta", np.array([r.get("delta", 0.0) for r in a]), note="vs count 0 (none)")
+                put(g, "accuracy_delta_ci", np.array([[r.get("ci95_low", 0.0), r.get("ci95_high", 0.0)] for r in a]),
                     shape="[count, low/high]", note="paired bootstrap 95 % interval over problems")
-                put(g, "mcnemar_p", np.array([a.get("mcnemar_p", 1.0) for a in acc]), note="exact McNemar vs count 0")
-            if lik:
-                put(g, "likelihood", np.stack([lik[(token, c)] for c in cfg.counts]), shape="[count, problem]",
+                put(g, "mcnemar_p", np.array([r.get("mcnemar_p", 1.0) for r in a]), note="exact McNemar vs count 0")
+            if lik.mean:
+                put(g, "likelihood", np.stack([lik.mean[(token, c)] for c in cfg.counts]), shape="[count, problem]",
                     note="mean log-prob per token of the reference solution, nats/token")
-                rows_l = [lik_rows[(token, c)] for c in cfg.counts]
+                rows_l = [lik.rows[(token, c)] for c in cfg.counts]
                 put(g, "likelihood_delta", np.array([r["delta"] for r in rows_l]), note="vs count 0 (none), nats/token")
                 put(g, "likelihood_delta_ci", np.array([r["ci"] for r in rows_l]), shape="[count, low/high]")
                 put(g, "likelihood_p", np.array([r["p"] for r in rows_l]), note="Wilcoxon signed-rank vs count 0")
-        if correct:
-            put(f, "correct_none", correct["none"], note="count 0: the none prompt, per accuracy problem")
-    metrics = metrics_summary(params, summary, tokenization, accuracy, len(chosen), len(acc_problems), lik_rows,
-                              len(lik_problems))
-    write_json_atomic(where["metrics"], metrics)
-    write_table(where["table"], params, summary, tokenization, accuracy, lik_rows)
-    write_timing(where["timing"], {"seconds": round(time.perf_counter() - started, 2),
-                                   "attention_seconds": round(attention_seconds, 2),
-                                   "attention_prompts": sum(len(prompts[k]) for k in prompts if k == "none" or k[1] > 0)})
-    print(f"{name}: span sweep of {len(cfg.tokens)} token(s) x {len(cfg.counts)} counts on {len(chosen)} problems"
-          + (f", accuracy on {len(acc_problems)}" if acc_problems else "")
-          + (f", likelihood on {len(lik_problems)}" if lik_problems else "") + f" -> {where['out']}")
-    return where["out"]
+        if acc.correct:
+            put(f, "correct_none", acc.correct["none"], note="count 0: the none prompt, per accuracy problem")
 
 
 def metrics_summary(params: Params, summary: dict, tokenization: dict, accuracy: dict, n: int, n_acc: int,

@@ -192,7 +192,8 @@ def test_bad_evaluate_params(tiny_dirs, write_params, cache_dir, tmp_path):
     with pytest.raises(ConfigError, match=r"evaluate.batch_size: Input should be greater than 0"):
         load_params(write_params(raw))
     params = tiny_eval_params(write_params, tiny_dirs, max_new_tokens=5000)
-    with pytest.raises(ConfigError, match=r"evaluate.max_new_tokens: .* exceeds the context of model 'tiny' \(4096\)"):
+    with pytest.raises(ConfigError, match=r"evaluate.max_new_tokens: a prompt of \d+ tokens plus 5000 new tokens has \d+ tokens, more than "
+                                          r"the context of model 'tiny' \(4096 positions\)"):
         evaluate.run(params, "tiny", root=tmp_path)
     assert not (tmp_path / "artifacts/eval/tiny.h5").exists()
 

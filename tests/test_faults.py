@@ -139,14 +139,14 @@ def test_non_finite_values_are_refused_with_file_dataset_and_index(tmp_path):
     assert not out.exists() and list(out.parent.iterdir()) == []  # no output, no temporary file
 
 
-def _write_artifact(path, model="tiny", stage="stats", kind="stats", values=None):
+def _write_artifact(path, model="tiny", stage="stats", kind="stats", values=None, params=None):
     import numpy as np
 
     from meaningless_tokens.store import put, put_json_attr, write_h5
 
     with write_h5(path) as f:
         f.attrs["kind"], f.attrs["model"] = kind, model
-        put_json_attr(f, "provenance", {"stage": stage})
+        put_json_attr(f, "provenance", {"stage": stage, **({"params": params} if params is not None else {})})
         put(f, "values", np.arange(64, dtype=np.float64) if values is None else values)
     return path
 
@@ -180,6 +180,31 @@ def test_another_models_or_stages_artifact_is_refused(tmp_path, write_params, ca
     with pytest.raises(ArtifactError, match=r"tiny.h5: written by stage 'sweep', expected 'extract'"):
         with read_h5(wrong_stage, "attention"):
             pass
+
+
+def test_an_artifact_made_with_other_params_is_refused_naming_the_key(tiny_dirs, write_params, tmp_path):
+    """An attention file whose recorded params (extract's dvc.yaml keys) differ from today's: a stale file, or one
+    another experiment made, copied in place. stats refuses it in one line naming the first differing key."""
+    from meaningless_tokens.store import ArtifactError, read_h5, stage_params
+
+    params = tiny_eval_params(write_params, tiny_dirs)
+    made = stage_params(params, "extract", "tiny")
+    assert made["extract"]["seed"] == 0
+    made["extract"]["seed"] = 7
+    path = _write_artifact(params.file.parent / "artifacts/attention/tiny.h5", kind="attention", stage="extract",
+                           params=made)
+    code, out, err = stage("stats", params)
+    assert code == 2 and one_error_line(err) == f"error: {path}: made with other params (extract.seed: 7 vs 0)"
+    assert not (params.file.parent / "artifacts/stats/tiny.h5").exists()
+    made["extract"]["seed"], made["models"]["tiny"]["source"]["path"] = 0, "/elsewhere"
+    _write_artifact(path, kind="attention", stage="extract", params=made)
+    with pytest.raises(ArtifactError, match=r'made with other params \(models.tiny.source.path: "/elsewhere" vs '):
+        with read_h5(path, "attention", params=params):
+            pass
+    made["models"]["tiny"]["source"]["path"] = params.models["tiny"].source.path
+    _write_artifact(path, kind="attention", stage="extract", params=made)
+    with read_h5(path, "attention", params=params) as f:  # today's params: accepted
+        assert f.attrs["model"] == "tiny"
 
 
 # ---- filesystem faults are one line ----------------------------------------------------------------------
@@ -259,7 +284,11 @@ def test_config_check_catches_duplicate_keys_empty_model_lists_and_missing_files
 
     good = path.read_text()
     twice = good.replace("\nevaluate:\n", "\nevaluate:\n  seed: 1\n", 1)  # evaluate.seed follows further down
-    assert "key 'seed' given twice" in check(twice) and str(path) in check(twice)
+    lines = twice.splitlines()
+    start = lines.index("evaluate:")
+    first, second = [k + 1 for k, ln in enumerate(lines) if k > start and ln.startswith("  seed:")][:2]
+    assert check(twice) == f"error: {path}: evaluate.seed: given twice (lines {first} and {second}); YAML keys are " \
+        "unique: keep one"
     raw = yaml.safe_load(good)
     for key in ("evaluate", "likelihood"):
         bad = {**raw, key: {**raw[key], "models": []}}

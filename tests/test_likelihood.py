@@ -195,7 +195,7 @@ def test_a_row_without_the_key_is_named_with_file_and_line(key, write_params, tm
     data = tmp_path / "test.jsonl"
     data.write_text("\n".join(rows) + "\n")
     raw = load_params(write_params()).model_dump()
-    raw["dataset"] = {"path": str(data), "sha256": hashlib.sha256(data.read_bytes()).hexdigest()}
+    raw["dataset"] |= {"path": str(data), "sha256": hashlib.sha256(data.read_bytes()).hexdigest()}
     params = load_params(write_params(raw))
     with pytest.raises(DatasetError, match=rf"test\.jsonl: row 7 has no '{key}'"):
         # the answer is required of every benchmark; the solution only by the stages that read it (this one)

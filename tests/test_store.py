@@ -175,3 +175,64 @@ def test_the_import_graph_keeps_its_layers():
         if m not in state:
             visit(m, [m])
     assert len(library) > 20 and sum(map(len, library.values())) > 40  # the walk saw the real graph
+
+
+def test_every_output_dvc_yaml_declares_has_its_path_in_the_table():
+    """store.PATHS names every file a stage writes: dvc.yaml's outs and metrics, with ${key}/${item} as {name}."""
+    from meaningless_tokens.store import PATHS
+
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    templates = set(PATHS.values())
+    missing = []
+    for stage, spec in stages.items():
+        for entry in (spec.get("do") or spec).get("outs", []) + (spec.get("do") or spec).get("metrics", []):
+            out = next(iter(entry)) if isinstance(entry, dict) else entry
+            template = out.replace("${key}", "{name}").replace("${item}", "{name}")
+            if template not in templates:
+                missing.append(f"{stage}: {out}")
+    assert not missing, f"dvc.yaml outputs not in store.PATHS: {missing}"
+
+
+def test_a_stage_reading_a_params_key_dvc_yaml_does_not_list_for_it_fails():
+    """Every stage reads params through store.params_view (the stage tests run each stage so): a key its dvc.yaml
+    entry does not list raises, naming the stage and the key."""
+    from meaningless_tokens.config import load_params
+    from meaningless_tokens.store import UnlistedParam, params_view
+
+    params = load_params(ROOT / "params.yaml")
+    name = next(iter(params.models))
+    view = params_view(params, "sweep", name)
+    assert view.sweep.counts == params.sweep.counts and view.models[name].heads == params.models[name].heads
+    assert view.prompt.mless.placement == params.prompt.mless.placement and view.file == params.file
+    for read, key in ((lambda: view.evaluate.n_samples, "evaluate.n_samples"), (lambda: view.prompt.mful, "prompt.mful"),
+                      (lambda: view.models[name].layers, f"models.{name}.layers"), (lambda: view.figures, "figures")):
+        with pytest.raises(UnlistedParam, match=rf"stage 'sweep' reads params key '{key}', which dvc.yaml does not list"):
+            read()
+    # a derived copy (the sweep's span prompts) stays restricted
+    copy = view.prompt.model_copy(update={"conditions": ["none", "mless"]})
+    with pytest.raises(UnlistedParam, match="'prompt.mful'"):
+        copy.mful
+    # the list a foreach names is readable (the stage checks its model is listed), other models are not there
+    assert name in params_view(params, "evaluate", name).evaluated
+    assert set(params_view(params, "evaluate", name).models) == {name}
+
+
+def test_the_params_an_artifact_records_are_exactly_those_dvc_yaml_lists():
+    from meaningless_tokens.config import load_params
+    from meaningless_tokens.store import dvc_stage, params_keys, stage_params
+
+    params = load_params(ROOT / "params.yaml")
+    name = next(iter(params.models))
+
+    def flat(d, prefix=""):
+        for k, v in d.items():
+            yield from (flat(v, f"{prefix}{k}.") if isinstance(v, dict) and v else [f"{prefix}{k}"])
+
+    for stage in ("extract", "evaluate", "stats", "activations", "sweep", "likelihood"):
+        assert dvc_stage(stage)["params"], stage
+        recorded = set(flat(stage_params(params, stage, name)))
+        for key in params_keys(stage, name):
+            assert any(r == key or r.startswith(key + ".") for r in recorded), (stage, key)
+        for r in recorded:
+            assert any(r == key or r.startswith(key + ".") for key in params_keys(stage, name)), (stage, r)
+    assert "arm" not in stage_params(params, "evaluate", name, unused=("arm",))
