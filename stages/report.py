@@ -133,6 +133,17 @@ def instructions(root: Path, names: list[str]) -> list[dict]:
     return [{"text": t, "literal": "{{}}" in t, "models": ms, "boxless": boxless(t)} for t, ms in seen.items()]
 
 
+def mless_spans(ctx, names: list[str]) -> list[dict]:
+    """The meaningless span each model's extraction inserted (read from its statistics file's provenance), one
+    entry per distinct span with the models that used it."""
+    seen = {}
+    for name in names:
+        span = ctx.stats[name]["mless_span"]
+        seen.setdefault((span["token"], span["count"], span["placement"]), []).append(name)
+    return [{"token": t, "count": c, "before": p == "before_instruction", "models": ms}
+            for (t, c, p), ms in seen.items()]
+
+
 def boxless(instruction: str) -> str:
     """What an output without a box scores under the paper's rule on prompt + output with this instruction."""
     pred = grading.paper_box(instruction)
@@ -331,6 +342,7 @@ def run(params: Params, out: Path | None = None) -> list[Path]:
         "query_set": sorted({ctx.stats[n]["query_set"] for n in names}),
         "layer": params.figures.layer,
         "instructions": instructions(root, names),
+        "spans": mless_spans(ctx, names),
         "paper_models": [ctx.disp(n) for n in names if paper.accuracy_column(ctx, n)],
         "per_model": per_model, "cross": cross, "accuracy": acc, "table": acc.extra["table"],
         "activation_charts": [study["activations"], study["activation-shift"]],

@@ -45,11 +45,23 @@ def load_stats(path: Path) -> dict:
     with read_h5(path, "stats", need) as f:
         conds = [str(c) for c in f.attrs["conditions"]]
         data = {"layers": [int(x) for x in f.attrs["layers"]], "heads": [int(x) for x in f.attrs["heads"]],
-                "conditions": conds, "query_set": str(f.attrs["query_set"]), "span": {}}
+                "conditions": conds, "query_set": str(f.attrs["query_set"]), "span": {},
+                "mless_span": mless_span(path, f.attrs["provenance"])}
         for c in conds:
             data[c] = {k: f[c][k][()] for k in f[c]}
             data["span"][c] = tuple(int(x) for x in f[c].attrs["span"])
     return data
+
+
+def mless_span(path: Path, provenance: str) -> dict:
+    """The meaningless span the extraction inserted (its params' prompt.mless: token, count, placement), as the
+    statistics file's provenance carries it: the report states it from there, never from a template."""
+    try:
+        span = json.loads(provenance)["extract_provenance"]["params"]["prompt"]["mless"]
+        return {"token": str(span["token"]), "count": int(span["count"]), "placement": str(span["placement"])}
+    except (KeyError, TypeError, ValueError):
+        raise ArtifactError(f"{path}: provenance: extract_provenance.params.prompt.mless: missing or incomplete "
+                            "(written by another version? run: dvc repro)") from None
 
 
 def load_metrics(params: Params, name: str) -> dict:

@@ -73,7 +73,7 @@ def explain(ctx: Context, name: str) -> Chart:
     return Chart(
         f"{v.name}-{KIND}", f"{v.disp}: Head {h + 1} across layers {layers}",
         [Text(f"{v.disp}, head {h + 1}, layers {layers}: the attention each original token receives without "
-              "insertion (none) and with 55 meaningless tokens (mless), averaged over the "
+              f"insertion (none) and with {v.st['mless_span']['count']} meaningless tokens (mless), averaged over the "
               f"{qs} queries and over ", n, " problems. The head is the one whose mean attention on "
               f"original tokens drops most in {label(v.layer)}, in absolute terms (or the first one named in "
               "figures.charts.layer-sweep or figures.heads).")],
