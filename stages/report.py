@@ -26,7 +26,9 @@ import numpy as np
 
 from meaningless_tokens import TEMPLATES, arm, charts, cli, grading
 from meaningless_tokens.charts import paper, verdict
-from meaningless_tokens.charts.common import Num, Sources, Text, label, load_context, md_escape
+from meaningless_tokens.charts.context import load_context
+from meaningless_tokens.charts.phrases import label
+from meaningless_tokens.charts.trace import Num, Sources, Text, md_escape
 from meaningless_tokens.config import Params
 from meaningless_tokens.store import FIGURES_DIR, ArtifactError, atomic_path, eval_path, read_h5, stats_path
 

@@ -294,7 +294,7 @@ def test_a_model_of_a_paper_models_shape_is_described_with_traced_numbers(projec
     """The "at a glance" note for a model shaped exactly like one of the paper's (its manifest's facts): the
     Layer 1 drop, λ and the activation shift, each number read back from its file."""
     from meaningless_tokens.charts import paper
-    from meaningless_tokens.charts.common import load_context
+    from meaningless_tokens.charts.context import load_context
 
     root, params, _ = project
     facts = json.loads((root / "artifacts/models/tiny-llama.json").read_text())["facts"]

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from meaningless_tokens.charts.common import (COLORS, LABELS, Chart, Context, Num, Text, colour_key, count_of, excludes_zero, interval,
-                                   label)
+from meaningless_tokens.charts.context import Chart, Context
+from meaningless_tokens.charts.phrases import count_of, label
+from meaningless_tokens.charts.style import COLORS, LABELS, colour_key
+from meaningless_tokens.charts.trace import Num, Text, excludes_zero, interval
 
 KIND = "activations"
 PER_MODEL = False

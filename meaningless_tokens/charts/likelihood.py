@@ -13,7 +13,10 @@ from pathlib import Path
 
 import numpy as np
 
-from meaningless_tokens.charts.common import COLORS, Chart, Context, Text, count_of, excludes_zero, interval, label
+from meaningless_tokens.charts.context import Chart, Context
+from meaningless_tokens.charts.phrases import count_of, label
+from meaningless_tokens.charts.style import COLORS
+from meaningless_tokens.charts.trace import Text, excludes_zero, interval
 from meaningless_tokens.store import activations_path, eval_path, likelihood_path, read_h5, stats_path
 
 KIND = "likelihood"

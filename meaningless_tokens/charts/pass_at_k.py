@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from meaningless_tokens.charts.common import COLORS, LABELS, Chart, Context, Text, colour_key, interval
+from meaningless_tokens.charts.context import Chart, Context
+from meaningless_tokens.charts.style import COLORS, LABELS, colour_key
+from meaningless_tokens.charts.trace import Text, interval
 from meaningless_tokens.config import CONDITIONS
 
 KIND = "pass-at-k"

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from meaningless_tokens.charts.common import Chart, Context, Text, interval
+from meaningless_tokens.charts.context import Chart, Context
+from meaningless_tokens.charts.trace import Text, interval
 from meaningless_tokens.charts.span_sweep import MARKERS, model_colors, token_label
 
 KIND = "span-accuracy"

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from meaningless_tokens.charts.common import AXES_LAYERS, Chart, Context, Num, Text, count_of, interval, label
+from meaningless_tokens.charts.context import Chart, Context
+from meaningless_tokens.charts.phrases import AXES_LAYERS, count_of, label
+from meaningless_tokens.charts.trace import Num, Text, interval
 
 KIND = "span-sweep"
 PER_MODEL = False

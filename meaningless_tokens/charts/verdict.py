@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from meaningless_tokens.charts.common import Context, Num, Text, interval, label
+from meaningless_tokens.charts.context import Context
+from meaningless_tokens.charts.phrases import label
+from meaningless_tokens.charts.trace import Num, Text, interval
 from meaningless_tokens.store import eval_path, read_h5
 
 RULE = ("A claim is reproduced when its 95 % interval excludes zero on the side the paper predicts, contradicted "
