@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from markupsafe import Markup
 
 from meaningless_tokens import TEMPLATES, arm, charts, cli, grading
 from meaningless_tokens.charts import paper, verdict
@@ -200,6 +201,7 @@ def power_lines(ctx, power: dict) -> list[Text]:
         return Num(float(value), src, key, "value", 1.0, fmt)
 
     gains = ", ".join(f"{k} +{v:g}" for k, v in power["paper_gains"].items())
+    gain = f"+{power['paper_gain_points']:g} points"  # the paper's smallest MATH-500 gain (charts/verdict.py)
     for n, a in power["accuracy"].items():
         key = f"power.accuracy.{n}"
         head = [f"Accuracy, {ctx.disp(n)}: with ", num(f"{key}.n", "d"), " problems "]
@@ -212,16 +214,17 @@ def power_lines(ctx, power: dict) -> list[Text]:
                         num(f"{key}.mde_points", ".1f"), f" points; the paper reports {gains}. "]
         need = a["needed_for_paper_gain"]
         if need and need <= a["benchmark_limit"]:
-            parts += ["Detecting +2 points would take ", num(f"{key}.needed_for_paper_gain", "d"),
+            parts += [f"Detecting {gain} would take ", num(f"{key}.needed_for_paper_gain", "d"),
                       f" problems: dvc exp run -S evaluate.n_samples={need}"]
             if a["hours_needed"] is not None:
                 parts += [", about ", num(f"{key}.hours_needed", ".2g"),
                           " hours of evaluation at this run's speed (metrics/timing)"]
             parts.append(".")
         elif need:
-            parts += ["Detecting +2 points would take ", num(f"{key}.needed_for_paper_gain", "d"),
-                      " problems at this spread, more than MATH-500's 500: even dvc exp run -S evaluate.n_samples=null "
-                      "(all 500"]
+            limit = a["benchmark_limit"]
+            parts += [f"Detecting {gain} would take ", num(f"{key}.needed_for_paper_gain", "d"),
+                      f" problems at this spread, more than MATH-500's {limit}: even dvc exp run -S "
+                      f"evaluate.n_samples=null (all {limit}"]
             if a["hours_needed"] is not None:
                 parts += [", about ", num(f"{key}.hours_needed", ".2g"),
                           " hours for the problems needed at this run's speed"]
@@ -280,13 +283,24 @@ def code_span(text: str) -> str:
     return f"{ticks}{pad}{text}{pad}{ticks}"
 
 
+# the markup of a phrase in each format: templates/prose.j2 writes the report's sentences once with these
+HTML_MARKUP = {"b": lambda x: Markup("<b>{}</b>").format(x), "em": lambda x: Markup("<em>{}</em>").format(x),
+               "code": lambda x: Markup("<code>{}</code>").format(x), "q": lambda x: Markup("“{}”").format(x),
+               "to": "→"}
+MD_MARKUP = {"b": lambda x: f"**{md_escape(x)}**", "em": lambda x: f"*{md_escape(x)}*", "code": lambda x: code_span(x),
+             "q": lambda x: f'"{md_escape(x)}"', "to": "->"}
+
+
 def render(context: dict) -> tuple[str, str]:
     from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
     loader = FileSystemLoader(str(TEMPLATES))
     html_env = Environment(loader=loader, autoescape=True, undefined=StrictUndefined, keep_trailing_newline=True)
+    html_env.globals.update(HTML_MARKUP)
+    html_env.filters["md"] = lambda x: x  # text from data: autoescaping escapes it
     md_env = Environment(loader=loader, autoescape=False, undefined=StrictUndefined, keep_trailing_newline=True,
                          trim_blocks=True, lstrip_blocks=True)
+    md_env.globals.update(MD_MARKUP)
     md_env.filters["md"] = md_escape
     md_env.filters["fence"] = fence
     md_env.filters["code"] = code_span
