@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import tempfile
@@ -392,34 +393,55 @@ def write_prompt_timing(path: str | os.PathLike, seconds: float, n_prompts: int,
 
 # ---- where artifacts live (relative to the project root) ---------------------------------------
 
-FIGURES_DIR = Path("reports/figures")
+STAGES = ("prepare", "extract", "evaluate", "stats", "activations", "sweep", "likelihood", "figures", "report",
+          "explorer")
+
+# kind -> path template: every file a stage writes or reads, named once (`{name}`: the model). dvc.yaml spells
+# the same paths with ${key}/${item} (tests/test_store.py checks that each of its outs and metrics is here).
+PATHS = {
+    "manifest": "artifacts/models/{name}.json",
+    "attention": "artifacts/attention/{name}.h5",
+    "eval": "artifacts/eval/{name}.h5",
+    "stats": "artifacts/stats/{name}.h5",
+    "activations": "artifacts/activations/{name}.h5",
+    "sweep": "artifacts/sweep/{name}.h5",
+    "likelihood": "artifacts/likelihood/{name}.h5",
+    # one folder per table kind, so dvc.yaml's top-level `plots` name each folder once
+    **{f"plots/{k}": f"artifacts/plots/{k}/{{name}}.csv" for k in ("original", "full", "sweep", "likelihood")},
+    "metrics/accuracy": "metrics/accuracy/{name}.json",
+    "metrics/sweep": "metrics/sweep/{name}.json",
+    "metrics/likelihood": "metrics/likelihood/{name}.json",
+    # a run's sidecar (never deterministic: timings, the commit that ran); figures and report write none
+    **{f"timing/{s}": f"metrics/timing/{s}-{{name}}.json" for s in STAGES[:7]},
+    # resumable generations (not DVC outputs: kept across runs so an interrupted stage resumes)
+    "journal/eval": "artifacts/eval/.journal/{name}.jsonl",
+    "journal/sweep": "artifacts/sweep/.journal/{name}.jsonl",
+    "figures": "reports/figures",
+    "accuracy_table": "reports/accuracy.csv",
+    "likelihood_links": "reports/likelihood.json",
+    "report.html": "reports/report.html",
+    "report.md": "reports/report.md",
+    "explorer": "reports/explorer.html",
+    "verdict": "metrics/verdict.json",
+    "results.md": "docs/results.md",
+    "results": "docs/results",
+}
 
 
-def attention_path(name: str) -> Path:
-    return Path("artifacts") / "attention" / f"{name}.h5"
+def path(kind: str, name: str | None = None) -> Path:
+    """Where the artifact `kind` (a PATHS key) of model `name` lives, relative to the project root."""
+    try:
+        template = PATHS[kind]
+    except KeyError:
+        raise KeyError(f"no artifact kind {kind!r} (store.PATHS: {', '.join(PATHS)})") from None
+    if ("{name}" in template) != (name is not None):
+        raise TypeError(f"artifact kind {kind!r}: {'a model name is needed' if name is None else 'takes no model name'}")
+    return Path(template.format(name=name) if name is not None else template)
 
 
-def eval_path(name: str) -> Path:
-    return Path("artifacts") / "eval" / f"{name}.h5"
+FIGURES_DIR = path("figures")
 
 
-def stats_path(name: str) -> Path:
-    return Path("artifacts") / "stats" / f"{name}.h5"
-
-
-def activations_path(name: str) -> Path:
-    return Path("artifacts") / "activations" / f"{name}.h5"
-
-
-def sweep_path(name: str) -> Path:
-    return Path("artifacts") / "sweep" / f"{name}.h5"
-
-
-def likelihood_path(name: str) -> Path:
-    return Path("artifacts") / "likelihood" / f"{name}.h5"
-
-
-def plot_table_path(kind: str, name: str) -> Path:
-    """`artifacts/plots/<kind>/<model>.csv`: one folder per kind, so dvc.yaml's top-level `plots`
-    name each folder once and pick up every model's table."""
-    return Path("artifacts") / "plots" / kind / f"{name}.csv"
+# The former accessors, until charts/ and stages/report.py call `path` (then delete these).
+attention_path, eval_path, stats_path, activations_path, sweep_path, likelihood_path = (
+    functools.partial(path, kind) for kind in ("attention", "eval", "stats", "activations", "sweep", "likelihood"))

@@ -37,12 +37,12 @@ from pathlib import Path
 
 import numpy as np
 
-from meaningless_tokens import arm, cli, models, progress
+from meaningless_tokens import arm, cli, models, progress, store
 from meaningless_tokens.config import ConfigError, Params
 from meaningless_tokens.capture import StopForward, capturing, install_capture
 from meaningless_tokens.intervals import bootstrap_mean_ci, wilcoxon_p
 from meaningless_tokens.prompts import builder_for, dataset_spec, load_problems, put_problems, select_problems
-from meaningless_tokens.store import activations_path, provenance, put, put_json_attr, write_h5, write_prompt_timing
+from meaningless_tokens.store import provenance, put, put_json_attr, write_h5, write_prompt_timing
 
 SETS = {
     "original": "every original (none) token, at its position in the condition's prompt",
@@ -172,7 +172,7 @@ def summarize(per: dict, conditions: list[str], seed: int, n_boot: int) -> dict:
 
 def run(params: Params, name: str, out: Path | None = None, timing: Path | None = None) -> Path:
     cfg = params.activations
-    out = out or params.resolve(str(activations_path(name)))
+    out = out or params.resolve(str(store.path("activations", name)))
     problems, data_sha = load_problems(params)
     chosen = select_problems(problems, params.extract.n_samples, params.extract.seed, "extract.n_samples")
     if not chosen:
@@ -277,7 +277,7 @@ def run(params: Params, name: str, out: Path | None = None, timing: Path | None 
             put(g.require_group(c), "a", a_all.astype(np.float16), shape="[layer, token, channel]")
             put(g[c], "z", z_all.astype(np.float16), shape="[layer, token, channel]")
     n_prompts = len(prompts) * len(conditions)
-    write_prompt_timing(timing or params.resolve(f"metrics/timing/activations-{name}.json"), seconds, n_prompts, out)
+    write_prompt_timing(timing or params.resolve(str(store.path("timing/activations", name))), seconds, n_prompts, out)
     print(f"{name}: MLP activations of layers {[x + 1 for x in layers]} (1-based), {len(prompts)} problems x "
           f"{len(conditions)} conditions in {seconds:.1f} s -> {out} ({out.stat().st_size / 2**20:.1f} MiB)")
     return out

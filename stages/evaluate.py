@@ -36,14 +36,14 @@ from pathlib import Path
 import numpy as np
 from pydantic import ValidationError
 
-from meaningless_tokens import arm, cli, grading, models, sampling
+from meaningless_tokens import arm, cli, grading, models, sampling, store
 from meaningless_tokens.config import ConfigError, Params, Shard
 from meaningless_tokens.engines import (Item, Journal, Record, check_engine, make_batches, merge_parts, open_engine, part_path,
                                         run_journaled)
 from meaningless_tokens.grading import has_complete_box
 from meaningless_tokens.intervals import paired
 from meaningless_tokens.prompts import builder_for, dataset_spec, load_problems, put_problems, select_problems
-from meaningless_tokens.store import eval_path, provenance, put, put_json_attr, write_h5, write_json_atomic, write_timing
+from meaningless_tokens.store import provenance, put, put_json_attr, write_h5, write_json_atomic, write_timing
 
 # the per-model params keys evaluation reads (dvc.yaml lists exactly these, so changing a model's
 # layers or heads, which only extraction reads, or its display_name, which only charts and the
@@ -52,10 +52,8 @@ MODEL_KEYS = ("family", "source", "template", "trust_remote_code", "arm")
 
 
 def paths(name: str) -> dict[str, Path]:
-    return {"out": eval_path(name),
-            "metrics": Path("metrics/accuracy") / f"{name}.json",
-            "timing": Path("metrics/timing") / f"evaluate-{name}.json",
-            "journal": Path("artifacts/eval/.journal") / f"{name}.jsonl"}
+    return {"out": store.path("eval", name), "metrics": store.path("metrics/accuracy", name), "timing": store.path("timing/evaluate", name),
+            "journal": store.path("journal/eval", name)}
 
 
 # ---- metrics --------------------------------------------------------------------------------------

@@ -30,13 +30,13 @@ from pathlib import Path
 
 import numpy as np
 
-from meaningless_tokens import TEMPLATES, cli, models
+from meaningless_tokens import TEMPLATES, cli, models, store
 from meaningless_tokens.charts.context import Context
 from meaningless_tokens.charts.load import load_stats
 from meaningless_tokens.config import ONE_LAYER_KINDS, Params, figure_models, model_spec
-from meaningless_tokens.store import ArtifactError, activations_path, atomic_path, attention_path, read_h5, stats_path
+from meaningless_tokens.store import ArtifactError, atomic_path, read_h5
 
-OUT = Path("reports/explorer.html")
+OUT = store.path("explorer")
 LEVELS = 255  # one byte per weight
 # the chart kinds that show heads, and what the page calls them
 HEAD_KINDS = {"layer-sweep": "layer sweep", "heads": "heads", "conditions": "conditions", "cross-model": "cross-model"}
@@ -100,7 +100,7 @@ class Tokens:
         if self.decode is None:
             tok = models.load_tokenizer(folder, gguf_file, spec.trust_remote_code)
             if len(tok) != vocab_size:
-                raise ArtifactError(f"{attention_path(name)}: provenance tokenizer.vocab_size {vocab_size} != the "
+                raise ArtifactError(f"{store.path('attention', name)}: provenance tokenizer.vocab_size {vocab_size} != the "
                                     f"tokenizer's {len(tok)} in {folder / (gguf_file or '')} (rerun: dvc repro "
                                     f"extract@{name})")
             self.decode = lambda ids: tok.decode([int(i) for i in ids])
@@ -156,7 +156,7 @@ def activation_strips(path: Path, index: int, conds: dict) -> dict | None:
 def collect(params: Params, name: str, blobs: list[str]) -> dict:
     """One model's entry of the page; appends its encoded matrices to `blobs` (their ids are indices)."""
     root = params.resolve(".")
-    path = root / attention_path(name)
+    path = root / store.path("attention", name)
     with read_h5(path, "attention", ("showcase", "none/offsets", "problems/index")) as f:
         conditions = [_str(c) for c in f.attrs["conditions"]]
         layers, heads = [int(x) for x in f.attrs["layers"]], [int(x) for x in f.attrs["heads"]]
@@ -187,14 +187,14 @@ def collect(params: Params, name: str, blobs: list[str]) -> dict:
             prompts.append({"key": key, "index": problem, "level": int(f["problems/level"][k]),
                             "subject": _str(f["problems/subject"][k]),
                             "text": tok.decode(f["none"]["input_ids"][n0:n1]), "conds": conds})
-    act_path = root / activations_path(name)
+    act_path = root / store.path("activations", name)
     for pr in prompts:
         pr["act"] = activation_strips(act_path, pr["index"], pr["conds"]) if act_path.is_file() else None
-    stats = root / stats_path(name)
+    stats = root / store.path("stats", name)
     marks = marked_heads(params, name, load_stats(stats)) if name in figure_models(params) else {}
     return {"name": name, "disp": params.models[name].display_name, "layers": layers, "heads": heads,
             "conditions": conditions, "marks": marks, "prompts": prompts,
-            "sources": [attention_path(name).as_posix()] + ([activations_path(name).as_posix()]
+            "sources": [store.path("attention", name).as_posix()] + ([store.path("activations", name).as_posix()]
                                                             if any(pr["act"] for pr in prompts) else [])}
 
 

@@ -28,16 +28,16 @@ from pathlib import Path
 
 import numpy as np
 
-from meaningless_tokens import cli, models, progress
+from meaningless_tokens import cli, models, progress, store
 from meaningless_tokens.capture import CaptureError, attention, compare
 from meaningless_tokens.attention import PROMPT_CONDITIONS, QUERY_SETS, VECTORS, reduce
 from meaningless_tokens.config import ConfigError, Params, model_spec
 from meaningless_tokens.prompts import builder_for, dataset_spec, load_problems, put_problems, select_problems
-from meaningless_tokens.store import attention_path, provenance, put, put_json_attr, write_h5, write_prompt_timing
+from meaningless_tokens.store import provenance, put, put_json_attr, write_h5, write_prompt_timing
 
 def run(params: Params, name: str, out: Path | None = None, timing: Path | None = None) -> Path:
     spec = model_spec(params, name)
-    out = out or params.resolve(str(attention_path(name)))
+    out = out or params.resolve(str(store.path("attention", name)))
     cfg = params.extract
     problems, data_sha = load_problems(params)
     chosen = select_problems(problems, cfg.n_samples, cfg.seed, "extract.n_samples")
@@ -132,7 +132,7 @@ def run(params: Params, name: str, out: Path | None = None, timing: Path | None 
             put(s.require_group(f"{k:03d}"), c, probs.astype(dtype), shape="[layer, head, query, key]")
             s[f"{k:03d}"].attrs["problem_index"] = chosen[k].index
     n_prompts = len(prompts) * len(conditions)
-    write_prompt_timing(timing or params.resolve(f"metrics/timing/extract-{name}.json"), seconds, n_prompts, out)
+    write_prompt_timing(timing or params.resolve(str(store.path("timing/extract", name))), seconds, n_prompts, out)
     if skipped:
         print(f"{name}: conditions {skipped} not extracted (the none prompt; layer-0 attention equals none's)")
     print(f"{name}: {len(prompts)} problems x {len(conditions)} conditions in {seconds:.1f} s "

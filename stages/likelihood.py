@@ -52,12 +52,12 @@ from pathlib import Path
 
 import numpy as np
 
-from meaningless_tokens import arm, cli, models, progress, scoring
+from meaningless_tokens import arm, cli, models, progress, scoring, store
 from meaningless_tokens.config import ConfigError, Params, Prompt
 from meaningless_tokens.intervals import bootstrap_mean_ci, wilcoxon_p
 from meaningless_tokens.prompts import Problem, builder_for, dataset_spec, load_problems, put_problems, require_field, select_problems
 from meaningless_tokens.scoring import Seq, TeacherForcedArm, check_head, pad_id, score
-from meaningless_tokens.store import likelihood_path, plot_table_path, provenance, put, put_json_attr, write_csv_atomic, write_h5, write_json_atomic, write_timing
+from meaningless_tokens.store import provenance, put, put_json_attr, write_csv_atomic, write_h5, write_json_atomic, write_timing
 
 CONTINUATIONS = ("solution", "answer")
 # what each continuation's contrasts compare: the solution's mean log-prob per token (nats/token), the
@@ -69,10 +69,8 @@ MODEL_KEYS = ("family", "source", "template", "trust_remote_code", "arm")
 
 
 def paths(name: str) -> dict[str, Path]:
-    return {"out": likelihood_path(name),
-            "metrics": Path("metrics/likelihood") / f"{name}.json",
-            "table": plot_table_path("likelihood", name),
-            "timing": Path("metrics/timing") / f"likelihood-{name}.json"}
+    return {"out": store.path("likelihood", name), "metrics": store.path("metrics/likelihood", name),
+            "table": store.path("plots/likelihood", name), "timing": store.path("timing/likelihood", name)}
 
 
 def scoring_prompt(params: Params) -> Prompt:

@@ -17,8 +17,9 @@ import sys
 import time
 from pathlib import Path
 
+from meaningless_tokens import store
 from meaningless_tokens.config import PARAMS_FILE, Params, StageError, load_params
-from meaningless_tokens.models import PreparedModel, manifest_path, prepare, prepare_layers
+from meaningless_tokens.models import PreparedModel, prepare, prepare_layers
 from meaningless_tokens.store import environment, os_error_line, write_json_atomic, write_timing
 
 
@@ -27,11 +28,11 @@ def run(params: Params, name: str, out: Path | None = None, timing: Path | None 
     layers = prepare_layers(params, name)
     prepared = prepare(params, name, layers=layers)
     # the environment's lock: a reinstall from another lock changes the manifest, so every stage reruns
-    write_json_atomic(out or params.resolve(str(manifest_path(name))), {**prepared.manifest(), "environment": environment()})
+    write_json_atomic(out or params.resolve(str(store.path("manifest", name))), {**prepared.manifest(), "environment": environment()})
     print(f"{name}: {prepared.path} (weights sha256 {prepared.weights_sha256[:12]}…, "
           f"{prepared.facts['num_layers']} layers, {prepared.facts['num_heads']} heads) "
           f"in {time.perf_counter() - started:.1f} s")
-    write_timing(timing or params.resolve(f"metrics/timing/prepare-{name}.json"),
+    write_timing(timing or params.resolve(str(store.path("timing/prepare", name))),
                  {"seconds": round(time.perf_counter() - started, 2), "converted": "whole" if layers is None else
                   f"layers 0-{max(layers)}", "folder": prepared.path.name})
     return prepared

@@ -42,12 +42,12 @@ from pathlib import Path
 
 import numpy as np
 
-from meaningless_tokens import cli
+from meaningless_tokens import cli, store
 from meaningless_tokens.attention import PROMPT_CONDITIONS, QUERY_VECTOR, VECTORS, sample_stats
 from meaningless_tokens.config import Params, model_spec
 from meaningless_tokens.intervals import bootstrap_mean_ci, bootstrap_ratio_ci
-from meaningless_tokens.store import (ArtifactError, attention_path, plot_table_path, provenance, put, put_json_attr, read_h5,
-                                      stats_path, write_csv_atomic, write_h5, write_timing)
+from meaningless_tokens.store import (ArtifactError, provenance, put, put_json_attr, read_h5, write_csv_atomic,
+                                      write_h5, write_timing)
 
 
 def _per_sample(f, cond: str, query_set: str, n_orig: np.ndarray):
@@ -85,8 +85,8 @@ def run(params: Params, name: str, src: Path | None = None, out: Path | None = N
     started = time.perf_counter()
     model_spec(params, name)
     cfg = params.stats
-    src = src or params.resolve(str(attention_path(name)))
-    out = out or params.resolve(str(stats_path(name)))
+    src = src or params.resolve(str(store.path("attention", name)))
+    out = out or params.resolve(str(store.path("stats", name)))
     need = [f"{c}/{v}" for c in ("none",) for v in VECTORS] + ["none/offsets", "none/original_pos"]
     with read_h5(src, "attention", tuple(need)) as f:
         conditions = [str(c) for c in f.attrs["conditions"]]
@@ -135,7 +135,7 @@ def run(params: Params, name: str, src: Path | None = None, out: Path | None = N
         f.attrs["n_samples"] = len(n_orig)
         f.attrs["indexing"] = "layers and heads are 0-based; charts say 'Layer 1' for index 0"
         f.attrs["definitions"] = __doc__
-        put_json_attr(f, "provenance", {**provenance("stats"), "source": str(attention_path(name)),
+        put_json_attr(f, "provenance", {**provenance("stats"), "source": str(store.path("attention", name)),
                                         "extract_provenance": extract_prov,
                                         "params": {"stats": cfg.model_dump()}})
         put(f, "problem_index", problem_index)
@@ -146,9 +146,9 @@ def run(params: Params, name: str, src: Path | None = None, out: Path | None = N
             for k, v in results[c].items():
                 put(g, k, v.astype(np.float64) if v.dtype.kind == "f" else v)
     for kind in ("original", "full"):
-        path = tables / kind / f"{name}.csv" if tables else params.resolve(str(plot_table_path(kind, name)))
+        path = tables / kind / f"{name}.csv" if tables else params.resolve(str(store.path(f"plots/{kind}", name)))
         write_plot_table(path, kind, results, layers)
-    write_timing(timing or params.resolve(f"metrics/timing/stats-{name}.json"),
+    write_timing(timing or params.resolve(str(store.path("timing/stats", name))),
                  {"seconds": round(time.perf_counter() - started, 2)})
     print(f"{name}: statistics of {len(n_orig)} samples ({cfg.query_set} queries) -> {out}")
     return out

@@ -41,15 +41,15 @@ from pathlib import Path
 
 import numpy as np
 
-from meaningless_tokens import cli, models, progress, scoring
+from meaningless_tokens import cli, models, progress, scoring, store
 from meaningless_tokens.attention import QUERY_VECTOR, reduce, sample_stats
 from meaningless_tokens.capture import CaptureError, attention, compare
 from meaningless_tokens.config import ConfigError, Params, Prompt
 from meaningless_tokens.engines import Item, Journal, check_engine, open_engine, run_journaled
 from meaningless_tokens.intervals import bootstrap_mean_ci, bootstrap_ratio_ci, paired, wilcoxon_p
 from meaningless_tokens.prompts import PromptBuilder, PromptError, dataset_spec, load_problems, put_problems, select_problems
-from meaningless_tokens.store import (plot_table_path, provenance, put, put_json_attr, sweep_path, write_csv_atomic, write_h5,
-                                      write_json_atomic, write_timing)
+from meaningless_tokens.store import (provenance, put, put_json_attr, write_csv_atomic, write_h5, write_json_atomic,
+                                      write_timing)
 
 JOURNAL_VERSION = 1
 # the params keys this stage reads beyond `sweep` (dvc.yaml lists exactly these)
@@ -59,11 +59,8 @@ LIKELIHOOD_KEYS = ("solution_tokens", "separator", "batch_tokens")
 
 
 def paths(name: str) -> dict[str, Path]:
-    return {"out": sweep_path(name),
-            "metrics": Path("metrics/sweep") / f"{name}.json",
-            "table": plot_table_path("sweep", name),
-            "timing": Path("metrics/timing") / f"sweep-{name}.json",
-            "journal": Path("artifacts/sweep/.journal") / f"{name}.jsonl"}
+    return {"out": store.path("sweep", name), "metrics": store.path("metrics/sweep", name), "table": store.path("plots/sweep", name),
+            "timing": store.path("timing/sweep", name), "journal": store.path("journal/sweep", name)}
 
 
 CONDITIONS = ["none", "mless"]  # the prompts a sweep builds; `mless` with each (token, count) as its span

@@ -171,3 +171,19 @@ def test_the_import_graph_keeps_its_layers():
         if m not in state:
             visit(m, [m])
     assert len(library) > 20 and sum(map(len, library.values())) > 40  # the walk saw the real graph
+
+
+def test_every_output_dvc_yaml_declares_has_its_path_in_the_table():
+    """store.PATHS names every file a stage writes: dvc.yaml's outs and metrics, with ${key}/${item} as {name}."""
+    from meaningless_tokens.store import PATHS
+
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    templates = set(PATHS.values())
+    missing = []
+    for stage, spec in stages.items():
+        for entry in (spec.get("do") or spec).get("outs", []) + (spec.get("do") or spec).get("metrics", []):
+            out = next(iter(entry)) if isinstance(entry, dict) else entry
+            template = out.replace("${key}", "{name}").replace("${item}", "{name}")
+            if template not in templates:
+                missing.append(f"{stage}: {out}")
+    assert not missing, f"dvc.yaml outputs not in store.PATHS: {missing}"
