@@ -25,18 +25,18 @@ from pathlib import Path
 import numpy as np
 from markupsafe import Markup
 
-from meaningless_tokens import TEMPLATES, arm, charts, cli, grading
+from meaningless_tokens import TEMPLATES, arm, charts, cli, grading, store
 from meaningless_tokens.charts import paper, verdict
 from meaningless_tokens.charts.context import load_context
 from meaningless_tokens.charts.phrases import label
-from meaningless_tokens.charts.trace import Num, Sources, Text, md_escape
+from meaningless_tokens.charts.trace import Num, Sources, Text, artifact, md_escape
 from meaningless_tokens.config import Params
-from meaningless_tokens.store import FIGURES_DIR, ArtifactError, atomic_path, eval_path, read_h5, stats_path
+from meaningless_tokens.store import FIGURES_DIR, ArtifactError, atomic_path, read_h5
 
-OUT_DIR = Path("reports")
-VERDICT = Path("metrics/verdict.json")   # git-tracked (cache: false): docs/results.md is rendered from it alone
-RESULTS = Path("docs/results.md")
-RESULT_FIGURES = Path("docs/results")     # small PNG copies of the key charts, beside docs/results.md
+OUT_DIR = store.path("report.html").parent
+VERDICT = store.path("verdict")           # git-tracked (cache: false): docs/results.md is rendered from it alone
+RESULTS = store.path("results.md")
+RESULT_FIGURES = store.path("results")    # small PNG copies of the key charts, beside docs/results.md
 KEY_CHARTS = ("cross-model", "accuracy", "likelihood")
 CPU_KEYS = ("device", "cpu_model", "cpu_capability", "threads")  # in newer run sidecars (metrics/timing/*.json)
 
@@ -46,7 +46,7 @@ def example(params: Params, root: Path, name: str, disp: str, limit: int = 700) 
     """One problem where the conditions' grades differ (else the first), with each condition's output."""
     from meaningless_tokens.prompts import load_problems
 
-    path = root / eval_path(name)
+    path = root / store.path("eval", name)
     with read_h5(path, "eval", ("problems/index", "problems/answer")) as f:
         conds = [str(c) for c in f.attrs["conditions"]]
         index = f["problems/index"][()]
@@ -73,18 +73,18 @@ def example(params: Params, root: Path, name: str, disp: str, limit: int = 700) 
 
 
 def provenance_rows(src: Sources, root: Path, name: str, disp: str, evaluated: bool = True) -> dict:
-    manifest = src.json(f"artifacts/models/{name}.json")
-    with read_h5(root / stats_path(name), "stats") as f:
+    manifest = src.json(artifact("manifest", name))
+    with read_h5(root / store.path("stats", name), "stats") as f:
         sp = json.loads(f.attrs["provenance"])
     ep = {}
     if evaluated:
-        with read_h5(root / eval_path(name), "eval") as f:
+        with read_h5(root / store.path("eval", name), "eval") as f:
             ep = json.loads(f.attrs["provenance"])
     xp = sp["extract_provenance"]
     source = manifest.get("source", {})
     timing, commits, machine = {}, {}, ""
     for stage, key in (("extract", "seconds"), ("evaluate", "seconds_this_run"), ("stats", None)):
-        f = f"metrics/timing/{stage}-{name}.json"  # the run's sidecar: run time and the git commit that ran
+        f = artifact(f"timing/{stage}", name)  # the run's sidecar: run time and the git commit that ran
         sidecar = src.json(f) if (root / f).is_file() else {}
         if key:
             timing[stage] = src.js(f, key, fmt=".0f") if sidecar else None
@@ -113,7 +113,7 @@ def boxed_grades(root: Path, name: str) -> dict[str, str]:
     """Per condition, the paper's rule on the outputs that wrote a complete box ("67 % of 3 boxed"), or "n/a"
     with the count when none did: on a boxless output the rule grades the instruction's own box."""
     out = {}
-    with read_h5(root / eval_path(name), "eval") as f:
+    with read_h5(root / store.path("eval", name), "eval") as f:
         for c in [str(c) for c in f.attrs["conditions"]]:
             texts = [o.decode() if isinstance(o, bytes) else str(o) for o in f[c]["output"][()]]
             boxed = np.array([grading.has_complete_box(t) for t in texts], dtype=bool)
@@ -129,7 +129,7 @@ def instructions(root: Path, names: list[str]) -> list[dict]:
     file), and whether it is the paper code's literal text with doubled braces (`\\boxed{{}}`)."""
     seen = {}
     for name in names:
-        with read_h5(root / stats_path(name), "stats") as f:
+        with read_h5(root / store.path("stats", name), "stats") as f:
             text = json.loads(f.attrs["provenance"])["extract_provenance"].get("params", {}).get(
                 "prompt", {}).get("instruction", "?")
         seen.setdefault(text, []).append(name)
@@ -163,10 +163,10 @@ def arm_section(root: Path, names: list[str], disp) -> dict | None:
     None when no model was evaluated under `arm`."""
     rows = []
     for name in names:
-        with read_h5(root / eval_path(name), "eval") as f:
+        with read_h5(root / store.path("eval", name), "eval") as f:
             prov = json.loads(f.attrs["provenance"]).get("arm")
         if prov:
-            rows.append({"model": disp(name), "file": eval_path(name).as_posix(), **prov})
+            rows.append({"model": disp(name), "file": store.path("eval", name).as_posix(), **prov})
     return {"models": rows, "differences": arm.DIFFERENCES} if rows else None
 
 
@@ -376,7 +376,7 @@ def run(params: Params, out: Path | None = None) -> list[Path]:
     }
     html, md = render(context)
     written = []
-    for path, text in ((out / "report.html", html), (out / "report.md", md)):
+    for path, text in ((out / store.path("report.html").name, html), (out / store.path("report.md").name, md)):
         with atomic_path(path) as tmp:
             tmp.write_text(text, encoding="utf-8")
         written.append(path)

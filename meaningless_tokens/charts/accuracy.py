@@ -8,7 +8,7 @@ import numpy as np
 from meaningless_tokens.charts.context import Chart, Context
 from meaningless_tokens.charts.phrases import count_of
 from meaningless_tokens.charts.style import COLORS, colour_key
-from meaningless_tokens.charts.trace import Text, interval
+from meaningless_tokens.charts.trace import Text, artifact, interval
 from meaningless_tokens.config import CONDITIONS
 
 KIND = "accuracy"
@@ -46,7 +46,7 @@ def explain(ctx: Context, name: None = None) -> Chart:
     skipped = [disp[n] for n in ctx.names if n not in ctx.metrics]
     rows, table, gains, arm_gains = [], [], [], []
     for name in names:
-        f = f"metrics/accuracy/{name}.json"
+        f = artifact("metrics/accuracy", name)
         n = src.js(f, "n_problems", fmt="d")
         conds = [c for c in CONDITIONS if c in src.json(f).get("accuracy", {})]
         acc = {c: src.js(f, f"accuracy.{c}", 100, ".1f") for c in conds}

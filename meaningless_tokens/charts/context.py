@@ -14,9 +14,8 @@ from pathlib import Path
 
 from meaningless_tokens.charts.load import load_activations, load_likelihood, load_metrics, load_stats, load_sweep
 from meaningless_tokens.charts.style import Labels
-from meaningless_tokens.charts.trace import Num, Sources
+from meaningless_tokens.charts.trace import Num, Sources, artifact
 from meaningless_tokens.config import ConfigError, Params, chart_selection, figure_models
-from meaningless_tokens.store import activations_path, likelihood_path, stats_path, sweep_path
 
 
 def selected_models(params: Params) -> list[str]:
@@ -58,21 +57,21 @@ class Context:
     def activations(self) -> dict[str, dict]:
         """{model: activations file}, read when a chart first asks for it."""
         if self._activations is None:
-            self._activations = {n: load_activations(self.params.resolve(str(activations_path(n)))) for n in self.names}
+            self._activations = {n: load_activations(self.params.resolve(artifact("activations", n))) for n in self.names}
         return self._activations
 
     @property
     def sweep(self) -> dict[str, dict]:
         """{model: sweep file}, read when a chart first asks for it."""
         if self._sweep is None:
-            self._sweep = {n: load_sweep(self.params.resolve(str(sweep_path(n)))) for n in self.names}
+            self._sweep = {n: load_sweep(self.params.resolve(artifact("sweep", n))) for n in self.names}
         return self._sweep
 
     @property
     def likelihood(self) -> dict[str, dict]:
         """{model: likelihood file}, read when a chart first asks for it."""
         if self._likelihood is None:
-            self._likelihood = {n: load_likelihood(self.params.resolve(str(likelihood_path(n)))) for n in self.names
+            self._likelihood = {n: load_likelihood(self.params.resolve(artifact("likelihood", n))) for n in self.names
                                 if n in self.params.scored}  # likelihood.models
         return self._likelihood
 
@@ -98,7 +97,7 @@ class Context:
 
 def load_context(params: Params) -> Context:
     names = selected_models(params)
-    stats = {n: load_stats(params.resolve(str(stats_path(n)))) for n in names}
+    stats = {n: load_stats(params.resolve(artifact("stats", n))) for n in names}
     # accuracy only for the models evaluated (evaluate.models): the others have no evaluation to read
     return Context(params, stats, {n: load_metrics(params, n) for n in names if n in params.evaluated})
 
@@ -159,7 +158,7 @@ class ModelView:
     def __init__(self, ctx: Context, name: str, kind: str | None = None):
         params, st = ctx.params, ctx.stats[name]
         self.src, self.name, self.st = ctx.src, name, st
-        self.file = str(stats_path(name))
+        self.file = artifact("stats", name)
         self.disp = ctx.disp(name)
         self.heads = choose_heads(params, name, st, kind)
         self.layers, lkey = chart_layers(params, kind)

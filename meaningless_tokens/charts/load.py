@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from meaningless_tokens.charts.trace import artifact
 from meaningless_tokens.config import Params
 from meaningless_tokens.store import ArtifactError, read_h5
 
@@ -34,7 +35,7 @@ def mless_span(path: Path, provenance: str) -> dict:
 
 
 def load_metrics(params: Params, name: str) -> dict:
-    path = params.resolve(f"metrics/accuracy/{name}.json")
+    path = params.resolve(artifact("metrics/accuracy", name))
     if not path.is_file():
         raise ArtifactError(f"{path}: missing evaluation metrics (run: dvc repro evaluate@{name})")
     try:

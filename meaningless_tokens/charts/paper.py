@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from meaningless_tokens.charts.context import Context
 from meaningless_tokens.charts.phrases import label
-from meaningless_tokens.charts.trace import Num, Text, excludes_zero, interval
+from meaningless_tokens.charts.trace import Num, Text, artifact, excludes_zero, interval
 
 # params model name (profiles/gpu.yaml) -> the paper's name for that model
 PAPER_MODELS = {"qwen2_5-math-1_5b": "Qwen2.5-Math-1.5B", "qwen2_5-math-7b": "Qwen2.5-Math-7B",
@@ -124,7 +124,7 @@ def _accuracy(ctx: Context) -> list[dict]:
         paper = paper_name(ctx, n)
         if paper not in ACCURACY or n not in ctx.metrics:  # a model of the paper not evaluated here
             continue
-        f = f"metrics/accuracy/{n}.json"
+        f = artifact("metrics/accuracy", n)
         if "mless-none" not in ctx.src.json(f):
             continue
         d, lo, hi = (ctx.src.js(f, f"mless-none.{k}", 100, "+.1f") for k in ("delta", "ci95_low", "ci95_high"))
@@ -156,7 +156,7 @@ def shape_notes(ctx: Context) -> list[Text]:
 
     notes = []
     for n in ctx.names:
-        f = f"artifacts/models/{n}.json"
+        f = artifact("manifest", n)
         facts = ctx.src.json(f)["facts"]
         paper = next((p for p, s in SHAPES.items() if tuple(facts.get(k) for k in SHAPE_KEYS) == s), None)
         if paper is None or "mless" not in ctx.stats[n]["conditions"]:

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 from markupsafe import Markup, escape
 
+from meaningless_tokens import store
 from meaningless_tokens.store import ArtifactError, read_h5
 
 
@@ -59,8 +60,12 @@ class Text:
 
 _INDEX = re.compile(r"^(?P<ds>[^\[]+)(?:\[(?P<idx>[^\]]*)\])?$")
 # the artifact kind of each folder a number can come from
-H5_KINDS = {"artifacts/stats/": "stats", "artifacts/eval/": "eval", "artifacts/activations/": "activations",
-            "artifacts/sweep/": "sweep", "artifacts/likelihood/": "likelihood"}
+H5_KINDS = {store.PATHS[k].split("{name}")[0]: k for k in ("stats", "eval", "activations", "sweep", "likelihood")}
+
+
+def artifact(kind: str, name: str | None = None) -> str:
+    """An artifact's path as a number's `src` names it (store.PATHS, relative to the project root)."""
+    return store.path(kind, name).as_posix()
 
 
 def parse_index(text: str | None) -> tuple:
