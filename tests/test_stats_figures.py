@@ -273,3 +273,12 @@ def test_the_papers_models_are_named_by_their_params_keys():
     assert paper.PAPER_MODELS == {n: m.display_name for n, m in gpu.models.items()}
     assert {m for seeds in paper.SEEDS.values() for m, *_ in seeds} <= set(paper.PAPER_MODELS.values())
     assert set(paper.ACCURACY) <= set(paper.PAPER_MODELS.values())
+
+
+def test_the_chart_kinds_params_select_are_chart_modules():
+    """figures.charts.<kind> (config.CHART_KINDS, checked when params load, before any chart module is imported)
+    names chart kinds that charts/ draws; the one-layer kinds draw heads of one layer."""
+    from meaningless_tokens.config import CHART_KINDS, ONE_LAYER_KINDS
+
+    kinds = {k.KIND: k for k in charts.KINDS}
+    assert set(CHART_KINDS) <= set(kinds) and set(ONE_LAYER_KINDS) <= set(CHART_KINDS)
