@@ -36,7 +36,7 @@ CONDITIONS = ("none", "mless", "mful", "arm")
 # A family is a model_type of transformers (`models.<name>.family`; null: the model's own). Some
 # families also accept these model_types (gemma-3-4b-it is the multimodal wrapper around gemma3_text).
 # Which model_types are supported is decided when a model is prepared: every decoder-only causal LM
-# of the installed transformers whose attention passes the probe (meaningless_tokens/models.py, meaningless_tokens/capture.py).
+# of the installed transformers whose attention passes the probe (meaningless_tokens/models/probe.py, meaningless_tokens/capture.py).
 FAMILIES = {"gemma3": ("gemma3", "gemma3_text"), "gemma3_text": ("gemma3", "gemma3_text")}
 
 Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]

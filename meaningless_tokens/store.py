@@ -574,8 +574,3 @@ def path(kind: str, name: str | None = None) -> Path:
 
 
 FIGURES_DIR = path("figures")
-
-
-# The former accessors, until charts/ and stages/report.py call `path` (then delete these).
-attention_path, eval_path, stats_path, activations_path, sweep_path, likelihood_path = (
-    functools.partial(path, kind) for kind in ("attention", "eval", "stats", "activations", "sweep", "likelihood"))

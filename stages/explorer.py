@@ -31,7 +31,8 @@ from pathlib import Path
 import numpy as np
 
 from meaningless_tokens import TEMPLATES, cli, models, store
-from meaningless_tokens.charts.common import Context, load_stats
+from meaningless_tokens.charts.context import Context
+from meaningless_tokens.charts.load import load_stats
 from meaningless_tokens.config import ONE_LAYER_KINDS, Params, figure_models
 from meaningless_tokens.store import ArtifactError, atomic_path, read_h5
 

@@ -23,17 +23,20 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from markupsafe import Markup
 
-from meaningless_tokens import TEMPLATES, arm, charts, cli, grading
+from meaningless_tokens import TEMPLATES, arm, charts, cli, grading, store
 from meaningless_tokens.charts import paper, verdict
-from meaningless_tokens.charts.common import Num, Sources, Text, label, load_context, md_escape
+from meaningless_tokens.charts.context import load_context
+from meaningless_tokens.charts.phrases import label
+from meaningless_tokens.charts.trace import Num, Sources, Text, artifact, md_escape
 from meaningless_tokens.config import Params
-from meaningless_tokens.store import FIGURES_DIR, ArtifactError, atomic_path, eval_path, read_h5, stats_path
+from meaningless_tokens.store import FIGURES_DIR, ArtifactError, atomic_path, read_h5
 
-OUT_DIR = Path("reports")
-VERDICT = Path("metrics/verdict.json")   # git-tracked (cache: false): docs/results.md is rendered from it alone
-RESULTS = Path("docs/results.md")
-RESULT_FIGURES = Path("docs/results")     # small PNG copies of the key charts, beside docs/results.md
+OUT_DIR = store.path("report.html").parent
+VERDICT = store.path("verdict")           # git-tracked (cache: false): docs/results.md is rendered from it alone
+RESULTS = store.path("results.md")
+RESULT_FIGURES = store.path("results")    # small PNG copies of the key charts, beside docs/results.md
 KEY_CHARTS = ("cross-model", "accuracy", "likelihood")
 CPU_KEYS = ("device", "cpu_model", "cpu_capability", "threads")  # in newer run sidecars (metrics/timing/*.json)
 
@@ -43,7 +46,7 @@ def example(params: Params, root: Path, name: str, disp: str, limit: int = 700) 
     """One problem where the conditions' grades differ (else the first), with each condition's output."""
     from meaningless_tokens.prompts import load_problems
 
-    path = root / eval_path(name)
+    path = root / store.path("eval", name)
     with read_h5(path, "eval", ("problems/index", "problems/answer")) as f:
         conds = [str(c) for c in f.attrs["conditions"]]
         index = f["problems/index"][()]
@@ -70,18 +73,18 @@ def example(params: Params, root: Path, name: str, disp: str, limit: int = 700) 
 
 
 def provenance_rows(src: Sources, root: Path, name: str, disp: str, evaluated: bool = True) -> dict:
-    manifest = src.json(f"artifacts/models/{name}.json")
-    with read_h5(root / stats_path(name), "stats") as f:
+    manifest = src.json(artifact("manifest", name))
+    with read_h5(root / store.path("stats", name), "stats") as f:
         sp = json.loads(f.attrs["provenance"])
     ep = {}
     if evaluated:
-        with read_h5(root / eval_path(name), "eval") as f:
+        with read_h5(root / store.path("eval", name), "eval") as f:
             ep = json.loads(f.attrs["provenance"])
     xp = sp["extract_provenance"]
     source = manifest.get("source", {})
     timing, commits, machine = {}, {}, ""
     for stage, key in (("extract", "seconds"), ("evaluate", "seconds_this_run"), ("stats", None)):
-        f = f"metrics/timing/{stage}-{name}.json"  # the run's sidecar: run time and the git commit that ran
+        f = artifact(f"timing/{stage}", name)  # the run's sidecar: run time and the git commit that ran
         sidecar = src.json(f) if (root / f).is_file() else {}
         if key:
             timing[stage] = src.js(f, key, fmt=".0f") if sidecar else None
@@ -110,7 +113,7 @@ def boxed_grades(root: Path, name: str) -> dict[str, str]:
     """Per condition, the paper's rule on the outputs that wrote a complete box ("67 % of 3 boxed"), or "n/a"
     with the count when none did: on a boxless output the rule grades the instruction's own box."""
     out = {}
-    with read_h5(root / eval_path(name), "eval") as f:
+    with read_h5(root / store.path("eval", name), "eval") as f:
         for c in [str(c) for c in f.attrs["conditions"]]:
             texts = [o.decode() if isinstance(o, bytes) else str(o) for o in f[c]["output"][()]]
             boxed = np.array([grading.has_complete_box(t) for t in texts], dtype=bool)
@@ -126,11 +129,22 @@ def instructions(root: Path, names: list[str]) -> list[dict]:
     file), and whether it is the paper code's literal text with doubled braces (`\\boxed{{}}`)."""
     seen = {}
     for name in names:
-        with read_h5(root / stats_path(name), "stats") as f:
+        with read_h5(root / store.path("stats", name), "stats") as f:
             text = json.loads(f.attrs["provenance"])["extract_provenance"].get("params", {}).get(
                 "prompt", {}).get("instruction", "?")
         seen.setdefault(text, []).append(name)
     return [{"text": t, "literal": "{{}}" in t, "models": ms, "boxless": boxless(t)} for t, ms in seen.items()]
+
+
+def mless_spans(ctx, names: list[str]) -> list[dict]:
+    """The meaningless span each model's extraction inserted (read from its statistics file's provenance), one
+    entry per distinct span with the models that used it."""
+    seen = {}
+    for name in names:
+        span = ctx.stats[name]["mless_span"]
+        seen.setdefault((span["token"], span["count"], span["placement"]), []).append(name)
+    return [{"token": t, "count": c, "before": p == "before_instruction", "models": ms}
+            for (t, c, p), ms in seen.items()]
 
 
 def boxless(instruction: str) -> str:
@@ -149,10 +163,10 @@ def arm_section(root: Path, names: list[str], disp) -> dict | None:
     None when no model was evaluated under `arm`."""
     rows = []
     for name in names:
-        with read_h5(root / eval_path(name), "eval") as f:
+        with read_h5(root / store.path("eval", name), "eval") as f:
             prov = json.loads(f.attrs["provenance"]).get("arm")
         if prov:
-            rows.append({"model": disp(name), "file": eval_path(name).as_posix(), **prov})
+            rows.append({"model": disp(name), "file": store.path("eval", name).as_posix(), **prov})
     return {"models": rows, "differences": arm.DIFFERENCES} if rows else None
 
 
@@ -187,6 +201,7 @@ def power_lines(ctx, power: dict) -> list[Text]:
         return Num(float(value), src, key, "value", 1.0, fmt)
 
     gains = ", ".join(f"{k} +{v:g}" for k, v in power["paper_gains"].items())
+    gain = f"+{power['paper_gain_points']:g} points"  # the paper's smallest MATH-500 gain (charts/verdict.py)
     for n, a in power["accuracy"].items():
         key = f"power.accuracy.{n}"
         head = [f"Accuracy, {ctx.disp(n)}: with ", num(f"{key}.n", "d"), " problems "]
@@ -199,16 +214,17 @@ def power_lines(ctx, power: dict) -> list[Text]:
                         num(f"{key}.mde_points", ".1f"), f" points; the paper reports {gains}. "]
         need = a["needed_for_paper_gain"]
         if need and need <= a["benchmark_limit"]:
-            parts += ["Detecting +2 points would take ", num(f"{key}.needed_for_paper_gain", "d"),
+            parts += [f"Detecting {gain} would take ", num(f"{key}.needed_for_paper_gain", "d"),
                       f" problems: dvc exp run -S evaluate.n_samples={need}"]
             if a["hours_needed"] is not None:
                 parts += [", about ", num(f"{key}.hours_needed", ".2g"),
                           " hours of evaluation at this run's speed (metrics/timing)"]
             parts.append(".")
         elif need:
-            parts += ["Detecting +2 points would take ", num(f"{key}.needed_for_paper_gain", "d"),
-                      " problems at this spread, more than MATH-500's 500: even dvc exp run -S evaluate.n_samples=null "
-                      "(all 500"]
+            limit = a["benchmark_limit"]
+            parts += [f"Detecting {gain} would take ", num(f"{key}.needed_for_paper_gain", "d"),
+                      f" problems at this spread, more than MATH-500's {limit}: even dvc exp run -S "
+                      f"evaluate.n_samples=null (all {limit}"]
             if a["hours_needed"] is not None:
                 parts += [", about ", num(f"{key}.hours_needed", ".2g"),
                           " hours for the problems needed at this run's speed"]
@@ -267,13 +283,24 @@ def code_span(text: str) -> str:
     return f"{ticks}{pad}{text}{pad}{ticks}"
 
 
+# the markup of a phrase in each format: templates/prose.j2 writes the report's sentences once with these
+HTML_MARKUP = {"b": lambda x: Markup("<b>{}</b>").format(x), "em": lambda x: Markup("<em>{}</em>").format(x),
+               "code": lambda x: Markup("<code>{}</code>").format(x), "q": lambda x: Markup("“{}”").format(x),
+               "to": "→"}
+MD_MARKUP = {"b": lambda x: f"**{md_escape(x)}**", "em": lambda x: f"*{md_escape(x)}*", "code": lambda x: code_span(x),
+             "q": lambda x: f'"{md_escape(x)}"', "to": "->"}
+
+
 def render(context: dict) -> tuple[str, str]:
     from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
     loader = FileSystemLoader(str(TEMPLATES))
     html_env = Environment(loader=loader, autoescape=True, undefined=StrictUndefined, keep_trailing_newline=True)
+    html_env.globals.update(HTML_MARKUP)
+    html_env.filters["md"] = lambda x: x  # text from data: autoescaping escapes it
     md_env = Environment(loader=loader, autoescape=False, undefined=StrictUndefined, keep_trailing_newline=True,
                          trim_blocks=True, lstrip_blocks=True)
+    md_env.globals.update(MD_MARKUP)
     md_env.filters["md"] = md_escape
     md_env.filters["fence"] = fence
     md_env.filters["code"] = code_span
@@ -331,6 +358,7 @@ def run(params: Params, out: Path | None = None) -> list[Path]:
         "query_set": sorted({ctx.stats[n]["query_set"] for n in names}),
         "layer": params.figures.layer,
         "instructions": instructions(root, names),
+        "spans": mless_spans(ctx, names),
         "paper_models": [ctx.disp(n) for n in names if paper.accuracy_column(ctx, n)],
         "per_model": per_model, "cross": cross, "accuracy": acc, "table": acc.extra["table"],
         "activation_charts": [study["activations"], study["activation-shift"]],
@@ -348,7 +376,7 @@ def run(params: Params, out: Path | None = None) -> list[Path]:
     }
     html, md = render(context)
     written = []
-    for path, text in ((out / "report.html", html), (out / "report.md", md)):
+    for path, text in ((out / store.path("report.html").name, html), (out / store.path("report.md").name, md)):
         with atomic_path(path) as tmp:
             tmp.write_text(text, encoding="utf-8")
         written.append(path)

@@ -21,6 +21,7 @@ from tests.conftest import ROOT, default_params
 
 EVIL = '<script>alert("x")</script> & <img src=x onerror=alert(1)>'
 SHOT_DIR = ROOT / "test-output"
+SPAN_COUNT = 21
 
 
 @pytest.fixture(scope="module")
@@ -33,6 +34,7 @@ def project(tmp_path_factory, tiny_dirs):
     # an AIME-layout benchmark: Parquet, no level or subject, zero-padded answers, the 2024 rows by a filter
     raw["dataset"].update(benchmark="aime2024", filter={"field": "url", "contains": "2024_AIME"})
     raw["prompt"]["conditions"] = ["none", "mless", "mful", "arm"]  # all four (the default leaves arm out)
+    raw["prompt"]["mless"]["count"] = SPAN_COUNT  # not the default 55: the report must state the span it ran
     raw["extract"].update(n_samples=5, showcase=1)
     raw["evaluate"].update(n_samples=4, max_new_tokens=12, batch_size=6,
                            sampling={"n": 2, "temperature": 1.0, "top_p": 0.95, "top_k": 0, "max_new_tokens": 8,
@@ -292,7 +294,7 @@ def test_a_model_of_a_paper_models_shape_is_described_with_traced_numbers(projec
     """The "at a glance" note for a model shaped exactly like one of the paper's (its manifest's facts): the
     Layer 1 drop, λ and the activation shift, each number read back from its file."""
     from meaningless_tokens.charts import paper
-    from meaningless_tokens.charts.common import load_context
+    from meaningless_tokens.charts.context import load_context
 
     root, params, _ = project
     facts = json.loads((root / "artifacts/models/tiny-llama.json").read_text())["facts"]
@@ -498,6 +500,19 @@ def test_markdown_payload_stays_text_in_a_commonmark_renderer(project):
     p.feed(out)
     assert "script" not in p.tags and not any("onerror" in img for img in p.imgs)
     assert "&lt;script&gt;" in out
+
+
+def test_the_span_stated_is_the_span_extracted(project):
+    """The span's count and token come from the artifacts' provenance: the fixture's count, not the default's."""
+    root, params, (html_path, md_path) = project
+    default = default_params()["prompt"]["mless"]["count"]
+    assert params.prompt.mless.count == SPAN_COUNT != default
+    html, md = _text(html_path), md_path.read_text(encoding="utf-8")
+    assert f'instruction + {SPAN_COUNT} meaningless “/” tokens + question' in html
+    assert f'instruction + {SPAN_COUNT} meaningless "/" tokens + question' in md
+    for page in (html, md):
+        assert f"with {SPAN_COUNT} meaningless tokens (mless)" in page  # the layer-sweep chart's overview
+        assert not re.search(rf"\b{default} meaningless", page)
 
 
 def test_no_traced_number_is_lost(project):

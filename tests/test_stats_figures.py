@@ -6,10 +6,11 @@ import pytest
 
 from meaningless_tokens import charts
 from stages import activations, extract, figures, likelihood, stats, sweep
-from meaningless_tokens.charts import span_accuracy
-from meaningless_tokens.charts.common import load_context
+from meaningless_tokens.charts import paper, span_accuracy, style
+from meaningless_tokens.charts.context import load_context
 from meaningless_tokens.config import ConfigError, load_params
 from meaningless_tokens.store import ArtifactError, read_h5
+from tests.conftest import ROOT
 from tests.test_extract import tiny_params
 
 
@@ -244,3 +245,40 @@ def test_figures_bad_params(tiny_stats, write_params, tmp_path):
     (params.file.parent / "metrics/accuracy/tiny.json").unlink()
     with pytest.raises(ArtifactError, match=r"tiny.json: missing evaluation metrics"):
         figures.run(params, tmp_path / "f")
+
+
+def test_label_modes_are_tables_over_the_descriptive_texts():
+    """figures.labels: each mode is one table keyed by chart kind; it may only replace texts the descriptive
+    table draws (a misspelt key would silently never apply), and a legend only names conditions."""
+    kinds = {k.KIND for k in charts.KINDS} | {"*"}
+    conditions = set(style.LABELS)
+    for mode, table in style.MODES.items():
+        assert set(table) <= kinds, mode
+        for kind, texts in table.items():
+            known = set(style.DESCRIPTIVE["*"]) | set(style.DESCRIPTIVE.get(kind, {}))
+            assert {k.split("@")[0] for k in texts} <= known, (mode, kind)
+            assert set(texts.get("legend", {})) <= conditions, (mode, kind)
+        for kind in kinds - {"*"}:
+            labels = style.Labels(mode, kind)
+            assert all(labels.legend(c) for c in conditions)
+    paper_heads = style.Labels("paper", "heads")
+    assert paper_heads.legend("mless") == "w/ meaningless tokens" and paper_heads["y"] == "Average Attention Weight"
+    assert style.Labels("descriptive", "heads").legend("mless") == style.LABELS["mless"]
+
+
+def test_the_papers_models_are_named_by_their_params_keys():
+    """The paper beside this run recognises the paper's models by their names in params (the GPU profile's),
+    whatever their display names."""
+    gpu = load_params(ROOT / "profiles/gpu.yaml")
+    assert paper.PAPER_MODELS == {n: m.display_name for n, m in gpu.models.items()}
+    assert {m for seeds in paper.SEEDS.values() for m, *_ in seeds} <= set(paper.PAPER_MODELS.values())
+    assert set(paper.ACCURACY) <= set(paper.PAPER_MODELS.values())
+
+
+def test_the_chart_kinds_params_select_are_chart_modules():
+    """figures.charts.<kind> (config.CHART_KINDS, checked when params load, before any chart module is imported)
+    names chart kinds that charts/ draws; the one-layer kinds draw heads of one layer."""
+    from meaningless_tokens.config import CHART_KINDS, ONE_LAYER_KINDS
+
+    kinds = {k.KIND: k for k in charts.KINDS}
+    assert set(CHART_KINDS) <= set(kinds) and set(ONE_LAYER_KINDS) <= set(CHART_KINDS)

@@ -5,36 +5,34 @@ from __future__ import annotations
 
 import numpy as np
 
-from meaningless_tokens.charts.common import COLORS, LABELS, Chart, Context, Text, colour_key, count_of, interval
+from meaningless_tokens.charts.context import Chart, Context
+from meaningless_tokens.charts.phrases import count_of
+from meaningless_tokens.charts.style import COLORS, colour_key
+from meaningless_tokens.charts.trace import Text, artifact, interval
 from meaningless_tokens.config import CONDITIONS
 
 KIND = "accuracy"
 PER_MODEL = False
 
 
-# the seed's legend and title (figures.labels: paper)
-PAPER_LEGEND = {"none": "w/o", "mless": "w/ Mless", "mful": "w/ Mful"}
-PAPER_TITLE = "Results on Math-500"
-
-
 def draw(plt, ctx: Context, name: None = None):
     # the models figures.charts.accuracy names (else figures.models), in its order
     metrics = {n: ctx.metrics[n] for n in ctx.chart_models(KIND) if n in ctx.metrics}
     names = list(metrics)
-    paper = ctx.paper_labels
+    lab = ctx.labels(KIND)
     conds = [c for c in CONDITIONS if all(c in m["accuracy"] for m in metrics.values())]
     width = 0.8 / len(conds)
     fig, ax = plt.subplots(figsize=(2.2 + 1.6 * len(names), 3.6))
     for k, c in enumerate(conds):
         x = np.arange(len(names)) + (k - (len(conds) - 1) / 2) * width
         acc = [100 * metrics[n]["accuracy"][c] for n in names]
-        bars = ax.bar(x, acc, width, color=COLORS[c], label=(PAPER_LEGEND if paper else LABELS).get(c, LABELS[c]))
+        bars = ax.bar(x, acc, width, color=COLORS[c], label=lab.legend(c))
         for b, n in zip(bars, names):
             ax.annotate(f"{metrics[n]['correct'][c]}/{metrics[n]['n_problems']}", (b.get_x() + b.get_width() / 2,
                         b.get_height()), ha="center", va="bottom", fontsize=8, xytext=(0, 2), textcoords="offset points")
     ax.set_xticks(np.arange(len(names)), [ctx.disp(n) for n in names], rotation=10)
-    ax.set_ylabel("Accuracy (%, math-verify)" if paper else f"{ctx.benchmark} accuracy (%, math-verify)")
-    ax.set_title(PAPER_TITLE if paper and ctx.benchmark == "MATH-500" else "Accuracy by prompt condition")
+    ax.set_ylabel(lab.text("y", benchmark=ctx.benchmark))
+    ax.set_title(lab.get(f"title@{ctx.benchmark}", lab["title"]))
     ax.set_ylim(0, max(5.0, 1.25 * max(100 * v for m in metrics.values() for v in m["accuracy"].values())))
     ax.legend(loc="upper left")
     ax.grid(axis="y", alpha=0.3, lw=0.5)
@@ -48,7 +46,7 @@ def explain(ctx: Context, name: None = None) -> Chart:
     skipped = [disp[n] for n in ctx.names if n not in ctx.metrics]
     rows, table, gains, arm_gains = [], [], [], []
     for name in names:
-        f = f"metrics/accuracy/{name}.json"
+        f = artifact("metrics/accuracy", name)
         n = src.js(f, "n_problems", fmt="d")
         conds = [c for c in CONDITIONS if c in src.json(f).get("accuracy", {})]
         acc = {c: src.js(f, f"accuracy.{c}", 100, ".1f") for c in conds}

@@ -7,7 +7,10 @@ from __future__ import annotations
 import numpy as np
 
 from meaningless_tokens.charts.activations import NAMES, views
-from meaningless_tokens.charts.common import COLORS, LABELS, Chart, Context, Text, count_of, excludes_zero, interval, label
+from meaningless_tokens.charts.context import Chart, Context
+from meaningless_tokens.charts.phrases import count_of, label
+from meaningless_tokens.charts.style import COLORS, LABELS
+from meaningless_tokens.charts.trace import Text, excludes_zero, interval
 
 KIND = "activation-shift"
 PER_MODEL = False

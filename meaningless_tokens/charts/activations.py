@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from meaningless_tokens.charts.common import (COLORS, LABELS, Chart, Context, Num, Text, colour_key, count_of, excludes_zero, interval,
-                                   label)
+from meaningless_tokens.charts.context import Chart, Context
+from meaningless_tokens.charts.phrases import count_of, label
+from meaningless_tokens.charts.style import COLORS, LABELS, colour_key
+from meaningless_tokens.charts.trace import Num, Text, artifact, excludes_zero, interval
 
 KIND = "activations"
 PER_MODEL = False
@@ -63,7 +65,7 @@ class ActivationView:
 
     def __init__(self, ctx: Context, name: str):
         self.ctx, self.name, self.act = ctx, name, ctx.activations[name]
-        self.file = f"artifacts/activations/{name}.h5"
+        self.file = artifact("activations", name)
         self.disp = ctx.disp(name)
         self.layer = self.act["layers"][0]
         self.conds = self.act["conditions"]

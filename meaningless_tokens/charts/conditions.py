@@ -4,42 +4,37 @@ Head 14" chart."""
 
 from __future__ import annotations
 
-from meaningless_tokens.charts.common import (AXES_LAYERS, AXES_ORIGINAL, AXES_WEIGHT, HYPOTHESIS, PAPER_BAND, Chart, Context,
-                                  Text, attention_axes, curve, interval, label, shade_span)
+from meaningless_tokens.charts.context import Chart, Context
+from meaningless_tokens.charts.phrases import AXES_LAYERS, AXES_ORIGINAL, AXES_WEIGHT, HYPOTHESIS, label
+from meaningless_tokens.charts.style import attention_axes, curve, shade_span
+from meaningless_tokens.charts.trace import Text, interval
 
 KIND = "conditions"
 PER_MODEL = True
 
 
-# the seed's legend and title (figures.labels: paper)
-PAPER_LEGEND = {"none": "None", "mless": "Mless", "mful": "Mful"}
-
-
-def paper_title(head: int) -> str:
-    return f"Average attention on Head {head + 1}"
-
-
 def draw(plt, ctx: Context, name: str):
-    st, cfg, paper = ctx.stats[name], ctx.params.figures, ctx.paper_labels
+    st, cfg, lab = ctx.stats[name], ctx.params.figures, ctx.labels(KIND)
     v = ctx.view(name, KIND)
     disp, li, head = v.disp, v.li, v.heads[0]
     P, F = cfg.original_positions, cfg.full_positions
     h0 = st["heads"].index(head)
-    fig, axes = plt.subplots(1, 2, figsize=(9.6, 3.6 if not paper else 3.9))
+    names = {"disp": disp, "layer": label(v.layer), "layer_head": label(v.layer, head), "head": head + 1}
+    fig, axes = plt.subplots(1, 2, figsize=(9.6, lab["height"]))
     for c in st["conditions"]:
-        curve(axes[0], st, c, "original", li, h0, P, **({"label": PAPER_LEGEND[c]} if paper else {}))
-    axes[0].set_title(f"{disp} {label(v.layer, head)}" if not paper else f"{disp} {label(v.layer)}: original tokens")
-    attention_axes(axes[0], "Token position" if paper else "Original token position", P, paper)
+        curve(axes[0], st, c, "original", li, h0, P, label=lab.legend(c))
+    axes[0].set_title(lab.text("title", **names))
+    attention_axes(axes[0], lab, lab["x"], P)
     for c in ("mless", "mful"):
         if c in st["conditions"]:
-            curve(axes[1], st, c, "full", li, h0, F, **({"label": PAPER_LEGEND[c]} if paper else {}))
-    shade_span(axes[1], st, "mless", F, label=PAPER_BAND if paper else "Inserted span")
-    axes[1].set_title(f"{disp} {label(v.layer, head)}: full prompt" if not paper else f"{disp} {label(v.layer)}: full prompt")
-    attention_axes(axes[1], "Token position", F, paper)
+            curve(axes[1], st, c, "full", li, h0, F, label=lab.legend(c))
+    shade_span(axes[1], st, "mless", F, label=lab["band"])
+    axes[1].set_title(lab.text("title_full", **names))
+    attention_axes(axes[1], lab, lab["x_full"], F)
     axes[0].legend(loc="upper right")
     axes[1].legend(loc="upper right")
-    if paper:
-        fig.suptitle(paper_title(head))
+    if lab["suptitle"]:
+        fig.suptitle(lab.text("suptitle", **names))
     fig.tight_layout()
     return fig
 

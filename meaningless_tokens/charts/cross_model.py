@@ -3,27 +3,28 @@
 
 from __future__ import annotations
 
-from meaningless_tokens.charts.common import (AXES_LAYERS, AXES_WEIGHT, HYPOTHESIS, Chart, Context, Text, attention_axes,
-                                  change, count_of, curve, label, shade_span)
+from meaningless_tokens.charts.context import Chart, Context
+from meaningless_tokens.charts.phrases import AXES_LAYERS, AXES_WEIGHT, HYPOTHESIS, change, count_of, label
+from meaningless_tokens.charts.style import attention_axes, curve, shade_span
+from meaningless_tokens.charts.trace import Text
 
 KIND = "cross-model"
 PER_MODEL = False
 
 
 def draw(plt, ctx: Context, name: None = None):
-    cfg, paper, names = ctx.params.figures, ctx.paper_labels, ctx.chart_models(KIND)
+    cfg, lab, names = ctx.params.figures, ctx.labels(KIND), ctx.chart_models(KIND)
     fig, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 3.4), squeeze=False)
     for ax, n in zip(axes[0], names):
         st, v = ctx.stats[n], ctx.view(n, KIND)
         h = v.heads[0]
         li, hi = v.li, st["heads"].index(h)
-        curve(ax, st, "mless", "full", li, hi, cfg.full_positions, label="Meaningless tokens")
+        curve(ax, st, "mless", "full", li, hi, cfg.full_positions, label=lab.legend("mless"))
         if "mful" in st["conditions"]:
-            curve(ax, st, "mful", "full", li, hi, cfg.full_positions, label="Random sentence")
-        # the seed's legend is the two curves; its band is the mless line's own label, so it stays out of the legend
-        shade_span(ax, st, "mless", cfg.full_positions, label="_nolegend_" if paper else "Inserted span")
+            curve(ax, st, "mful", "full", li, hi, cfg.full_positions, label=lab.legend("mful"))
+        shade_span(ax, st, "mless", cfg.full_positions, label=lab["band"])
         ax.set_title(f"{ctx.disp(n)} {label(v.layer, h)}")
-        attention_axes(ax, "Token position", cfg.full_positions, paper)
+        attention_axes(ax, lab, lab["x"], cfg.full_positions)
         ax.legend(loc="upper right")
     fig.tight_layout()
     return fig

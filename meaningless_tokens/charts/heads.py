@@ -3,19 +3,18 @@ vs mless over original positions (top) and the full mless prompt with the span s
 
 from __future__ import annotations
 
-from meaningless_tokens.charts.common import (change, AXES_LAYERS, AXES_ORIGINAL, AXES_WEIGHT, HYPOTHESIS, PAPER_BAND, Chart, Context,
-                                  Text, attention_axes, curve, excludes_zero, head_list, interval, label, shade_span)
+from meaningless_tokens.charts.context import Chart, Context
+from meaningless_tokens.charts.phrases import (AXES_LAYERS, AXES_ORIGINAL, AXES_WEIGHT, HYPOTHESIS, change, head_list,
+                                               label)
+from meaningless_tokens.charts.style import attention_axes, curve, shade_span
+from meaningless_tokens.charts.trace import Text, excludes_zero, interval
 
 KIND = "heads"
 PER_MODEL = True
 
 
-# the seed's legend (figures.labels: paper)
-PAPER_LEGEND = {"none": "w/o meaningless tokens", "mless": "w/ meaningless tokens"}
-
-
 def draw(plt, ctx: Context, name: str):
-    st, cfg, paper = ctx.stats[name], ctx.params.figures, ctx.paper_labels
+    st, cfg, lab = ctx.stats[name], ctx.params.figures, ctx.labels(KIND)
     v = ctx.view(name, KIND)
     disp, heads, li = v.disp, v.heads, v.li
     P, F = cfg.original_positions, cfg.full_positions
@@ -23,13 +22,13 @@ def draw(plt, ctx: Context, name: str):
     for k, h in enumerate(heads):
         hi = st["heads"].index(h)
         for c in ("none", "mless"):
-            curve(axes[0][k], st, c, "original", li, hi, P, **({"label": PAPER_LEGEND[c]} if paper else {}))
+            curve(axes[0][k], st, c, "original", li, hi, P, label=lab.legend(c))
         axes[0][k].set_title(f"{disp} {label(v.layer, h)}")
-        attention_axes(axes[0][k], "Original token position" if not paper else "Token position", P, paper)
-        curve(axes[1][k], st, "mless", "full", li, hi, F, **({"label": PAPER_LEGEND["mless"]} if paper else {}))
-        shade_span(axes[1][k], st, "mless", F, label=PAPER_BAND)
-        axes[1][k].set_title(f"{disp} {label(v.layer, h)}" if paper else f"{label(v.layer, h)}: full mless prompt")
-        attention_axes(axes[1][k], "Token position (mless prompt)" if not paper else "Token position", F, paper)
+        attention_axes(axes[0][k], lab, lab["x"], P)
+        curve(axes[1][k], st, "mless", "full", li, hi, F, label=lab.legend("mless"))
+        shade_span(axes[1][k], st, "mless", F, label=lab["band"])
+        axes[1][k].set_title(lab.text("title_full", disp=disp, layer_head=label(v.layer, h)))
+        attention_axes(axes[1][k], lab, lab["x_full"], F)
     axes[0][0].legend(loc="upper right")
     axes[1][0].legend(loc="upper right")
     fig.tight_layout()

@@ -3,20 +3,18 @@ head of figures.heads), none vs mless over original positions."""
 
 from __future__ import annotations
 
-from meaningless_tokens.charts.common import (change, AXES_LAYERS, AXES_ORIGINAL, AXES_WEIGHT, HYPOTHESIS, Chart, Context, Text,
-                                  attention_axes, chart_layers, curve, excludes_zero, interval, label, layer_index,
-                                  verdict_drop)
+from meaningless_tokens.charts.context import Chart, Context, chart_layers, layer_index
+from meaningless_tokens.charts.phrases import (AXES_LAYERS, AXES_ORIGINAL, AXES_WEIGHT, HYPOTHESIS, change, label,
+                                               verdict_drop)
+from meaningless_tokens.charts.style import attention_axes, curve
+from meaningless_tokens.charts.trace import Text, excludes_zero, interval
 
 KIND = "layer-sweep"
 PER_MODEL = True
 
 
-# the seed's legend (figures.labels: paper)
-PAPER_LEGEND = {"none": "None", "mless": "Mless"}
-
-
 def draw(plt, ctx: Context, name: str):
-    params, st, paper = ctx.params, ctx.stats[name], ctx.paper_labels
+    params, st, lab = ctx.params, ctx.stats[name], ctx.labels(KIND)
     P = params.figures.original_positions
     head = ctx.view(name, KIND).heads[0]
     h0 = st["heads"].index(head)
@@ -25,9 +23,9 @@ def draw(plt, ctx: Context, name: str):
     fig, axes = plt.subplots(1, len(sweep), figsize=(4.2 * len(sweep), 3.4), squeeze=False)
     for ax, lj in zip(axes[0], sweep):
         for c in ("none", "mless"):
-            curve(ax, st, c, "original", lj, h0, P, **({"label": PAPER_LEGEND[c]} if paper else {}))
+            curve(ax, st, c, "original", lj, h0, P, label=lab.legend(c))
         ax.set_title(f"{ctx.disp(name)} {label(st['layers'][lj], head)}")
-        attention_axes(ax, "Token position" if paper else "Original token position", P, paper)
+        attention_axes(ax, lab, lab["x"], P)
     axes[0][0].legend(loc="upper right")
     fig.tight_layout()
     return fig
@@ -73,7 +71,7 @@ def explain(ctx: Context, name: str) -> Chart:
     return Chart(
         f"{v.name}-{KIND}", f"{v.disp}: Head {h + 1} across layers {layers}",
         [Text(f"{v.disp}, head {h + 1}, layers {layers}: the attention each original token receives without "
-              "insertion (none) and with 55 meaningless tokens (mless), averaged over the "
+              f"insertion (none) and with {v.st['mless_span']['count']} meaningless tokens (mless), averaged over the "
               f"{qs} queries and over ", n, " problems. The head is the one whose mean attention on "
               f"original tokens drops most in {label(v.layer)}, in absolute terms (or the first one named in "
               "figures.charts.layer-sweep or figures.heads).")],

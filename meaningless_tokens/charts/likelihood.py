@@ -13,12 +13,16 @@ from pathlib import Path
 
 import numpy as np
 
-from meaningless_tokens.charts.common import COLORS, Chart, Context, Text, count_of, excludes_zero, interval, label
-from meaningless_tokens.store import activations_path, eval_path, likelihood_path, read_h5, stats_path
+from meaningless_tokens import store
+from meaningless_tokens.charts.context import Chart, Context
+from meaningless_tokens.charts.phrases import count_of, label
+from meaningless_tokens.charts.style import COLORS
+from meaningless_tokens.charts.trace import Text, artifact, excludes_zero, interval
+from meaningless_tokens.store import read_h5
 
 KIND = "likelihood"
 PER_MODEL = False
-LINK = Path("reports/likelihood.json")
+LINK = store.path("likelihood_links")
 CONTRASTS = ("mless-none", "mful-none", "arm-none")
 # per-problem shift measures the gain is correlated with: (source, description)
 SHIFTS = {
@@ -33,7 +37,7 @@ UNITS = {"solution": "nats/token", "answer": "nats"}
 
 
 def path(name: str) -> str:
-    return str(likelihood_path(name))
+    return artifact("likelihood", name)
 
 
 # ---- the per-problem links --------------------------------------------------------------------------------
@@ -61,7 +65,7 @@ def shifts(root: Path, name: str) -> dict[str, dict[str, dict[int, float]]]:
     """{contrast: {shift measure: {problem index: value}}} from the statistics (Layer 1 = layer index 0, or the
     first analysed layer) and the activations (their first measured layer) files."""
     out: dict = {}
-    with read_h5(root / stats_path(name), "stats", ("problem_index", "none/orig_mean")) as f:
+    with read_h5(root / store.path("stats", name), "stats", ("problem_index", "none/orig_mean")) as f:
         index = [int(i) for i in f["problem_index"][()]]
         layers = [int(x) for x in f.attrs["layers"]]
         li = layers.index(0) if 0 in layers else 0
@@ -71,7 +75,7 @@ def shifts(root: Path, name: str) -> dict[str, dict[str, dict[int, float]]]:
             mass = f[f"{c}/span_mass_per_sample"][()][:, li, :].mean(-1)
             out.setdefault(f"{c}-none", {})["attention_drop"] = dict(zip(index, drop))
             out[f"{c}-none"]["span_mass"] = dict(zip(index, mass))
-    with read_h5(root / activations_path(name), "activations", ("problems/index",)) as f:
+    with read_h5(root / store.path("activations", name), "activations", ("problems/index",)) as f:
         index = [int(i) for i in f["problems/index"][()]]
         for c in [str(c) for c in f.attrs["conditions"] if c != "none"]:
             for key, m in (("near_zero_shift", "near_zero_robust"), ("l1_shift", "l1")):
@@ -83,9 +87,9 @@ def shifts(root: Path, name: str) -> dict[str, dict[str, dict[int, float]]]:
 def flips(root: Path, name: str) -> tuple[dict[int, dict[str, bool]], list[str]]:
     """{problem index: {condition: correct}} from the evaluation file; empty where there is none (no generated
     accuracy to compare with)."""
-    if not (root / eval_path(name)).is_file():
+    if not (root / store.path("eval", name)).is_file():
         return {}, []
-    with read_h5(root / eval_path(name), "eval", ("problems/index",)) as f:
+    with read_h5(root / store.path("eval", name), "eval", ("problems/index",)) as f:
         conds = [str(c) for c in f.attrs["conditions"]]
         correct = {c: f[f"{c}/correct"][()] for c in conds}
         return {int(i): {c: bool(correct[c][k]) for c in conds} for k, i in enumerate(f["problems/index"][()])}, conds

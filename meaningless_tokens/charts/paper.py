@@ -1,17 +1,21 @@
 """The paper beside this run: each seed chart's claims, checked against this run's numbers.
 
-The seed charts (issue 20) name exact models, layers and heads. A configured model is "the paper's" when its
-`display_name` is the paper's name for it (the GPU profile's names); a claim is checked when its chart shows that
-model at the seed's layer and head, and reads "agrees" or "does not agree" with the number it rests on. The
-paper's accuracies are read from its bar chart (approximate; its grader counts a substring of the gold answer as
+The seed charts (issue 20) name exact models, layers and heads. A configured model is "the paper's" when its name
+in params.yaml's `models` is a key of `PAPER_MODELS` (the GPU profile's names; its display name is free); a claim is
+checked when its chart shows that model at the seed's layer and head, and reads "agrees" or "does not agree" with
+the number it rests on. The paper's accuracies are read from its bar chart (approximate; its grader counts a substring of the gold answer as
 right, so they are not math-verify numbers).
 """
 
 from __future__ import annotations
 
-from meaningless_tokens.charts.common import Context, Num, Text, excludes_zero, interval, label
+from meaningless_tokens.charts.context import Context
+from meaningless_tokens.charts.phrases import label
+from meaningless_tokens.charts.trace import Num, Text, artifact, excludes_zero, interval
 
-PAPER_MODELS = ("Qwen2.5-Math-1.5B", "Qwen2.5-Math-7B", "Llama-3.1-8B-Instruct", "Gemma-3-4b-it")
+# params model name (profiles/gpu.yaml) -> the paper's name for that model
+PAPER_MODELS = {"qwen2_5-math-1_5b": "Qwen2.5-Math-1.5B", "qwen2_5-math-7b": "Qwen2.5-Math-7B",
+                "llama3_1-8b-instruct": "Llama-3.1-8B-Instruct", "gemma3-4b-it": "Gemma-3-4b-it"}
 # MATH-500 accuracy in percent, w/o / w/ Mless / w/ Mful, read from the paper's "Results on Math-500" chart
 ACCURACY = {"Qwen2.5-Math-1.5B": {"none": 64, "mless": 66, "mful": 66},
             "Qwen2.5-Math-7B": {"none": 73, "mless": 76, "mful": 74},
@@ -28,8 +32,8 @@ SEEDS = {
 
 
 def paper_name(ctx: Context, name: str) -> str | None:
-    disp = ctx.disp(name)
-    return disp if disp in PAPER_MODELS else None
+    """The paper's name for configured model `name`, or None when the paper did not run it."""
+    return PAPER_MODELS.get(name)
 
 
 def _row(claim: str, number: Text, ok: bool, why: str = "") -> dict:
@@ -120,7 +124,7 @@ def _accuracy(ctx: Context) -> list[dict]:
         paper = paper_name(ctx, n)
         if paper not in ACCURACY or n not in ctx.metrics:  # a model of the paper not evaluated here
             continue
-        f = f"metrics/accuracy/{n}.json"
+        f = artifact("metrics/accuracy", n)
         if "mless-none" not in ctx.src.json(f):
             continue
         d, lo, hi = (ctx.src.js(f, f"mless-none.{k}", 100, "+.1f") for k in ("delta", "ci95_low", "ci95_high"))
@@ -152,7 +156,7 @@ def shape_notes(ctx: Context) -> list[Text]:
 
     notes = []
     for n in ctx.names:
-        f = f"artifacts/models/{n}.json"
+        f = artifact("manifest", n)
         facts = ctx.src.json(f)["facts"]
         paper = next((p for p, s in SHAPES.items() if tuple(facts.get(k) for k in SHAPE_KEYS) == s), None)
         if paper is None or "mless" not in ctx.stats[n]["conditions"]:

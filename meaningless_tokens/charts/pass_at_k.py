@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from meaningless_tokens.charts.common import COLORS, LABELS, Chart, Context, Text, colour_key, interval
+from meaningless_tokens.charts.context import Chart, Context
+from meaningless_tokens.charts.style import COLORS, LABELS, colour_key
+from meaningless_tokens.charts.trace import Text, artifact, interval
 from meaningless_tokens.config import CONDITIONS
 
 KIND = "pass-at-k"
@@ -68,7 +70,7 @@ def explain(ctx: Context, name: None = None) -> Chart:
     k = k_shown(ctx)
     rows, obs = [], []
     for n in _models(ctx):
-        f = f"metrics/accuracy/{n}.json"
+        f = artifact("metrics/accuracy", n)
         s = ctx.metrics[n]["sampling"]
         conds = [c for c in CONDITIONS if c in s[f"pass@{k}"]]
         parts = [f"{ctx.disp(n)} (", ctx.src.js(f, "sampling.n_problems", fmt="d"), " problems, ",

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from meaningless_tokens.charts.common import Chart, Context, Text, interval
+from meaningless_tokens.charts.context import Chart, Context
+from meaningless_tokens.charts.trace import Text, artifact, interval
 from meaningless_tokens.charts.span_sweep import MARKERS, model_colors, token_label
 
 KIND = "span-accuracy"
@@ -51,7 +52,7 @@ def explain(ctx: Context, name: None = None) -> Chart:
     if reason is None:
         for n in ctx.names:
             sw = ctx.sweep[n]
-            counts, f = sw["counts"], f"artifacts/sweep/{n}.h5"
+            counts, f = sw["counts"], artifact("sweep", n)
             for t in sw["tokens"]:
                 g = t["group"]
                 who = f"{ctx.disp(n)}, token {token_label(t['token'])}"

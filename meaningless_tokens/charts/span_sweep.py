@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from meaningless_tokens.charts.common import AXES_LAYERS, Chart, Context, Num, Text, count_of, interval, label
+from meaningless_tokens.charts.context import Chart, Context
+from meaningless_tokens.charts.phrases import AXES_LAYERS, count_of, label
+from meaningless_tokens.charts.trace import Num, Text, artifact, interval
 
 KIND = "span-sweep"
 PER_MODEL = False
@@ -76,7 +78,7 @@ def draw(plt, ctx: Context, name: None = None):
 
 
 def series(ctx: Context, name: str, k: int, ds: str, fmt: str, scale: float = 1.0) -> list[Num]:
-    src = f"artifacts/sweep/{name}.h5"
+    src = artifact("sweep", name)
     return [ctx.src.h5(src, f"token_{k}/{ds}[{i}]", fmt=fmt, scale=scale) for i in range(len(ctx.sweep[name]["counts"]))]
 
 
@@ -91,7 +93,7 @@ def explain(ctx: Context, name: None = None) -> Chart:
     for n in ctx.names:
         sw = ctx.sweep[n]
         counts = sw["counts"]
-        src = f"artifacts/sweep/{n}.h5"
+        src = artifact("sweep", n)
         for k, t in enumerate(sw["tokens"]):
             drop = series(ctx, n, k, "drop_heads_pct", "+.1f")
             lo = [ctx.src.h5(src, f"token_{k}/drop_heads_pct_ci[{i},0]", fmt="+.1f") for i in range(len(counts))]

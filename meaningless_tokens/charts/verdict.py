@@ -14,8 +14,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from meaningless_tokens.charts.common import Context, Num, Text, interval, label
-from meaningless_tokens.store import eval_path, read_h5
+from meaningless_tokens import store
+from meaningless_tokens.charts.context import Context
+from meaningless_tokens.charts.phrases import label
+from meaningless_tokens.charts.trace import Num, Text, artifact, interval
+from meaningless_tokens.store import read_h5
 
 RULE = ("A claim is reproduced when its 95 % interval excludes zero on the side the paper predicts, contradicted "
         "when it excludes zero on the other side, and inconclusive when it includes zero; not run when this run did "
@@ -66,7 +69,7 @@ def _not_run(why: str) -> Cell:
 # ---- the claims ------------------------------------------------------------------------------------------
 
 def _stats_layer(ctx: Context, name: str, cond: str, ds: str, index: str, unit: str) -> Cell:
-    st, f = ctx.stats[name], f"artifacts/stats/{name}.h5"
+    st, f = ctx.stats[name], artifact("stats", name)
     if cond not in st["conditions"]:
         return _not_run(f"{cond} not extracted")
     if ds not in st[cond]:
@@ -102,7 +105,7 @@ def mful_gap(ctx: Context, name: str) -> Cell:
 def span_growth(ctx: Context, name: str) -> Cell:
     """The drop at the longest span minus at the shortest (first token of the sweep); the interval of the
     difference is the conservative one the two intervals give (their far ends)."""
-    sw, f = ctx.sweep[name], f"artifacts/sweep/{name}.h5"
+    sw, f = ctx.sweep[name], artifact("sweep", name)
     counts = sw["counts"]
     nonzero = [i for i, c in enumerate(counts) if c > 0]
     if len(nonzero) < 2:
@@ -129,7 +132,7 @@ def activation(measure: str, direction: int):
 
 def accuracy(cond: str):
     def cell(ctx: Context, name: str) -> Cell:
-        f = f"metrics/accuracy/{name}.json"
+        f = artifact("metrics/accuracy", name)
         if name not in ctx.metrics:
             return _not_run("not in evaluate.models")
         if f"{cond}-none" not in ctx.src.json(f):
@@ -145,7 +148,7 @@ def likelihood(cond: str, part: str):
             return _not_run("not in likelihood.models")
         if f"{cond}-none" not in ctx.likelihood[name]["contrasts"]:
             return _not_run(f"{cond} not scored")
-        f, g = f"artifacts/likelihood/{name}.h5", f"contrasts/{cond}-none/{part}"
+        f, g = artifact("likelihood", name), f"contrasts/{cond}-none/{part}"
         fmt = "+.4f" if part == "solution" else "+.3f"
         return _cell(ctx.src.h5(f, f"{g}/mean[0]", fmt=fmt), ctx.src.h5(f, f"{g}/ci[0,0]", fmt=fmt),
                      ctx.src.h5(f, f"{g}/ci[0,1]", fmt=fmt), " nats/token" if part == "solution" else " nats")
@@ -251,13 +254,13 @@ def power(ctx: Context) -> dict:
     for n in ctx.names:
         if n not in ctx.metrics:
             continue
-        with read_h5(ctx.root / eval_path(n), "eval") as f:
+        with read_h5(ctx.root / store.path("eval", n), "eval") as f:
             conds = [str(c) for c in f.attrs["conditions"]]
             if "mless" not in conds:
                 continue
             diff = 100 * (f["mless/correct"][()].astype(float) - f["none/correct"][()].astype(float))
-        timing = ctx.root / f"metrics/timing/evaluate-{n}.json"
-        t = ctx.src.json(f"metrics/timing/evaluate-{n}.json") if timing.is_file() else {}
+        timing = ctx.root / artifact("timing/evaluate", n)
+        t = ctx.src.json(artifact("timing/evaluate", n)) if timing.is_file() else {}
         per = t["seconds_this_run"] / (len(diff) * len(conds)) if t.get("seconds_this_run") else None
         need = needed(diff, PAPER_GAIN)
         out["accuracy"][n] = {"n": len(diff), "mde_points": _r(mde(diff)), "needed_for_paper_gain": need,
@@ -269,8 +272,8 @@ def power(ctx: Context) -> dict:
         if res is None:
             continue
         diff = res["solution"]["diff"]
-        t = ctx.root / f"metrics/timing/likelihood-{n}.json"
-        secs = ctx.src.json(f"metrics/timing/likelihood-{n}.json").get("seconds") if t.is_file() else None
+        t = ctx.root / artifact("timing/likelihood", n)
+        secs = ctx.src.json(artifact("timing/likelihood", n)).get("seconds") if t.is_file() else None
         m = mde(diff)
         out["likelihood"][n] = {"n": len(diff), "mde_nats_per_token": _r(m),
                                 "mde_at_500": _r(m * math.sqrt(len(diff) / limit)) if m else None,

@@ -1,0 +1,88 @@
+"""The artifacts the charts read, each loaded into plain dicts of arrays (`Context` loads them once per stage run)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from meaningless_tokens.charts.trace import artifact
+from meaningless_tokens.config import Params
+from meaningless_tokens.store import ArtifactError, read_h5
+
+
+def load_stats(path: Path) -> dict:
+    need = ("none/original_avg", "none/full_avg", "mless/head_rank")
+    with read_h5(path, "stats", need) as f:
+        conds = [str(c) for c in f.attrs["conditions"]]
+        data = {"layers": [int(x) for x in f.attrs["layers"]], "heads": [int(x) for x in f.attrs["heads"]],
+                "conditions": conds, "query_set": str(f.attrs["query_set"]), "span": {},
+                "mless_span": mless_span(path, f.attrs["provenance"])}
+        for c in conds:
+            data[c] = {k: f[c][k][()] for k in f[c]}
+            data["span"][c] = tuple(int(x) for x in f[c].attrs["span"])
+    return data
+
+
+def mless_span(path: Path, provenance: str) -> dict:
+    """The meaningless span the extraction inserted (its params' prompt.mless: token, count, placement), as the
+    statistics file's provenance carries it: the report states it from there, never from a template."""
+    try:
+        span = json.loads(provenance)["extract_provenance"]["params"]["prompt"]["mless"]
+        return {"token": str(span["token"]), "count": int(span["count"]), "placement": str(span["placement"])}
+    except (KeyError, TypeError, ValueError):
+        raise ArtifactError(f"{path}: provenance: extract_provenance.params.prompt.mless: missing or incomplete "
+                            "(written by another version? run: dvc repro)") from None
+
+
+def load_metrics(params: Params, name: str) -> dict:
+    path = params.project_path(artifact("metrics/accuracy", name))
+    if not path.is_file():
+        raise ArtifactError(f"{path}: missing evaluation metrics (run: dvc repro evaluate@{name})")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ArtifactError(f"{path}: not valid JSON ({e})") from None
+
+
+def load_likelihood(file: Path) -> dict:
+    """A likelihood file: problems, conditions, per contrast and continuation the per-problem differences and
+    the summaries, and the seed / n_boot it was made with."""
+    with read_h5(file, "likelihood", ("problems/index", "none/solution/mean")) as f:
+        conds = [str(c) for c in f.attrs["conditions"]]
+        data = {"conditions": conds, "index": f["problems/index"][()], "level": f["problems/level"][()],
+                "n": int(f.attrs["n_samples"]), "contrasts": {},
+                "params": json.loads(f.attrs["provenance"])["params"]["likelihood"],
+                "tokens": float(f["none/solution/tokens"][()].mean())}
+        for c in conds:
+            if c == "none":
+                continue
+            data["contrasts"][f"{c}-none"] = {k: {ds: g[ds][()] for ds in g} for k in ("solution", "answer")
+                                              for g in [f[f"contrasts/{c}-none/{k}"]]}
+    return data
+
+
+def load_activations(path: Path) -> dict:
+    """An activations file (stages/activations.py) as nested dicts of arrays."""
+    with read_h5(path, "activations", ("bin_edges", "none/hist_original", "none/original/l1_mean")) as f:
+        conds = [str(c) for c in f.attrs["conditions"]]
+        data = {"layers": [int(x) for x in f.attrs["layers"]], "conditions": conds,
+                "n_samples": int(f.attrs["n_samples"]), "bin_edges": f["bin_edges"][()]}
+        for c in conds:
+            g = f[c]
+            data[c] = {k: (g[k][()] if hasattr(g[k], "shape") else {m: g[k][m][()] for m in g[k]}) for k in g}
+    return data
+
+
+def load_sweep(path: Path) -> dict:
+    """A sweep file (stages/sweep.py): per token group its per-count arrays, plus the grid."""
+    with read_h5(path, "sweep", ("token_0/drop_heads_pct", "token_0/span_mass_heads")) as f:
+        data = {"layer": int(f.attrs["layer"]), "counts": [int(c) for c in f.attrs["counts"]],
+                "reference_count": int(f.attrs["reference_count"]), "n_samples": int(f.attrs["n_samples"]),
+                "accuracy_samples": int(f.attrs["accuracy_samples"]),
+                "likelihood_samples": int(f.attrs.get("likelihood_samples", 0)), "tokens": [],
+                "correct_none": f["correct_none"][()] if "correct_none" in f else None}
+        for k in range(len(f.attrs["tokens"])):
+            g = f[f"token_{k}"]
+            data["tokens"].append({"token": str(g.attrs["token"]), "group": f"token_{k}",
+                                   **{ds: g[ds][()] for ds in g}})
+    return data
