@@ -271,6 +271,141 @@ def score_shared(model, seqs: list[Seq], batch_tokens: int, pad: int, bar=None) 
     return result
 
 
+@dataclass
+class Packed:
+    """A problem's sequences as one token tree: each distinct prefix once (a prompt shared by its continuations,
+    the instruction shared by the conditions), flattened in creation order (a parent before its children)."""
+    ids: list[int]           # the token of each node
+    parent: list[int]        # its parent node (-1: the first token)
+    pos: list[int]           # its position in every sequence through it (the depth)
+    paths: list[list[int]]   # per sequence (in the order given), the node of each of its tokens
+
+
+def pack(seqs: list[Seq]) -> Packed:
+    ids, parent, pos, paths = [], [], [], []
+    children: dict[tuple[int, int], int] = {}
+    for s in seqs:
+        node, path = -1, []
+        for t, tok in enumerate(s.input_ids):
+            nxt = children.get((node, tok))
+            if nxt is None:
+                nxt = children[(node, tok)] = len(ids)
+                ids.append(tok)
+                parent.append(node)
+                pos.append(t)
+            path.append(nxt)
+            node = nxt
+        paths.append(path)
+    return Packed(ids, parent, pos, paths)
+
+
+def tree_masks(model, packs: list[Packed], width: int, dtype):
+    """The attention mask of a batch of packed rows, as the decoder takes a prepared one: a node sees its
+    ancestors and itself (within the sliding window, counted in positions, on sliding layers), pads themselves
+    only; additive (0 or the dtype's minimum), [rows, 1, width, width]. A dict by layer type for the families
+    whose layers mix full and sliding attention (`layer_types`), else one tensor (windowed where the config has
+    a sliding window)."""
+    import torch
+
+    text = model.config.get_text_config()
+    window = getattr(text, "sliding_window", None)
+    see = np.zeros((len(packs), width, width), dtype=bool)
+    dist = np.zeros((len(packs), width, width), dtype=np.int64)
+    for r, pk in enumerate(packs):
+        n = len(pk.ids)
+        anc = see[r]
+        for i, p in enumerate(pk.parent):
+            if p >= 0:
+                anc[i, :i] = anc[p, :i]
+            anc[i, i] = True
+        q = np.asarray(pk.pos)
+        dist[r, :n, :n] = q[:, None] - q[None, :]
+        idx = np.arange(n, width)
+        anc[idx, idx] = True  # pads: themselves only (a row with no key would be NaN)
+    minimum = torch.finfo(dtype).min
+
+    def additive(allowed):
+        return torch.where(torch.from_numpy(allowed)[:, None], torch.tensor(0.0, dtype=dtype),
+                           torch.tensor(minimum, dtype=dtype))
+
+    full = additive(see)
+    sliding = additive(see & (dist < window)) if window else full
+    if getattr(text, "layer_types", None) is not None:
+        return {"full_attention": full, "sliding_attention": sliding}
+    return sliding
+
+
+def packed_batches(packs: list[Packed], batch_tokens: int) -> list[list[int]]:
+    """Indices of `packs` sorted by length, cut so that rows x longest row stays within batch_tokens."""
+    order = sorted(range(len(packs)), key=lambda k: (len(packs[k].ids), k))
+    out, cur = [], []
+    for k in order:
+        if cur and (len(cur) + 1) * len(packs[k].ids) > batch_tokens:
+            out.append(cur)
+            cur = []
+        cur.append(k)
+    return out + ([cur] if cur else [])
+
+
+def score_packed(model, seqs: list[Seq], batch_tokens: int, pad: int, bar=None) -> list[np.ndarray]:
+    """`score`, each problem's sequences packed into one row (`pack`: every shared prefix computed once, the
+    prompt for both continuations and the instruction for every condition), the tree's attention mask and each
+    token's own position passed to the decoder; rows batched by length within batch_tokens, right-padded. The
+    same log-probs as `score` within float rounding where the family honours a prepared 4D mask (`check_packed`
+    verifies it on the model at hand). No ARM rows (the hook edits a sequence's prompt in one row: `score`)."""
+    import torch
+
+    if any(s.condition == "arm" for s in seqs):
+        raise ValueError("arm rows are scored by `score` (the ARM hook edits the prompt of one sequence per row)")
+    device = model.get_output_embeddings().weight.device
+    dtype = model.get_output_embeddings().weight.dtype
+    decoder = model.get_decoder()
+    by_problem: dict[int, list[int]] = {}
+    for k, s in enumerate(seqs):
+        by_problem.setdefault(s.index, []).append(k)
+    members = list(by_problem.values())
+    packs = [pack([seqs[k] for k in ks]) for ks in members]
+    result: list = [None] * len(seqs)
+    for batch in packed_batches(packs, batch_tokens):
+        rows = [packs[g] for g in batch]
+        width = max(len(pk.ids) for pk in rows)
+        ids = torch.full((len(rows), width), pad, dtype=torch.long)
+        pos = torch.zeros((len(rows), width), dtype=torch.long)
+        for r, pk in enumerate(rows):
+            ids[r, :len(pk.ids)] = torch.tensor(pk.ids)
+            pos[r, :len(pk.ids)] = torch.tensor(pk.pos)
+        mask = tree_masks(model, rows, width, dtype)
+        mask = {k: v.to(device) for k, v in mask.items()} if isinstance(mask, dict) else mask.to(device)
+        r_idx, at, targets, owners = [], [], [], []
+        for r, g in enumerate(batch):
+            for k, path in zip(members[g], packs[g].paths):
+                s = seqs[k]
+                r_idx += [r] * len(s.scored)
+                at += path[s.start - 1:len(s.input_ids) - 1]
+                targets += s.scored
+                owners.append((k, len(s.scored)))
+        with torch.no_grad():
+            hidden = decoder(input_ids=ids.to(device), attention_mask=mask, position_ids=pos.to(device),
+                             use_cache=False)[0]
+            lp = head_logprobs(model, hidden[torch.tensor(r_idx, device=device), torch.tensor(at, device=device)],
+                               torch.tensor(targets, device=device))
+        i = 0
+        for k, n in owners:
+            result[k] = lp[i:i + n]
+            i += n
+        if bar is not None:
+            bar.update(len(owners))
+    return result
+
+
+def check_packed(model, seqs: list[Seq], batch_tokens: int, pad: int) -> float:
+    """The max abs difference of the summed log-probs between `score_packed` and `score` on the given sequences
+    (one problem's: the stage's guard that the family honours the prepared tree mask)."""
+    a = score(model, seqs, batch_tokens, pad)
+    b = score_packed(model, seqs, batch_tokens, pad)
+    return float(max(abs(x.sum() - y.sum()) for x, y in zip(a, b)))
+
+
 def check_head(model, seq: Seq, pad: int) -> float:
     """The max abs difference between `score` and the model's own logits + log_softmax on one sequence;
     refuses a family whose final logits this stage does not reproduce."""
