@@ -3,11 +3,14 @@ shared by the likelihood stage and the sweep's likelihood.
 
 A sequence is prompt + context + scored tokens, every part tokenized as a separate segment, as the prompt's parts
 are, so the scored ids are the same in every condition (`check_alignment`). The whole model runs (no early exit);
-the LM head runs only at the positions that predict a scored token, in chunks (never a [T, vocab] tensor for the
-whole prompt); sequences are sorted by length and batched up to a token budget (right padding: causal attention
-keeps the pads out of every real token). `score_shared` computes each prompt once and its continuations from
-its KV cache (the same log-probs within 1e-4 nats; not faster on a 2-core CPU: docs/benchmarks.md). `TeacherForcedArm` applies ARM as generation would have applied it had
-the model generated exactly these tokens (stages/likelihood.py's text says how).
+the LM head runs only at the positions that predict a scored token, over slices of the vocabulary (never a
+[T, vocab] tensor for the whole prompt). `score` batches whole sequences by length up to a token budget (right
+padding: causal attention keeps the pads out of every real token); `score_packed`, what the likelihood stage
+runs, packs each problem's sequences into one token tree (every shared prefix once) with the tree's attention
+mask and each token's own position, the same log-probs within 1e-4 nats and faster on a 2-core CPU
+(docs/benchmarks.md); `score_shared` computes each prompt once and its continuations from its KV cache (equal
+too, not faster). `TeacherForcedArm` applies ARM as generation would have applied it had the model generated
+exactly these tokens (stages/likelihood.py's text says how).
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ from meaningless_tokens.config import ANSWER_MARK, Likelihood
 from meaningless_tokens.prompts import DatasetError, Problem
 
 
-HEAD_CHUNK = 1 << 23  # logits per chunk of the LM head (32 positions of a 262k vocabulary: 32 MiB in float32)
+HEAD_CHUNK = 1 << 23  # logits per chunk of the LM head (1024 positions x 8192 words: 32 MiB in float32)
+VOCAB_CHUNK = 8192    # words per slice of the LM head (a slice's weight stays in cache across its positions)
 
 
 @dataclass(frozen=True)
@@ -112,27 +116,39 @@ class TeacherForcedArm:
 
 
 def head_logprobs(model, hidden, targets):
-    """log P(target) from final hidden states [N, D] (after the final norm): the LM head in chunks, with the
-    family's final logit transformations (Gemma's softcapping, Granite's scaling, Cohere's scale); float64 [N]."""
+    """log P(target) from final hidden states [N, D] (after the final norm): the LM head over slices of the
+    vocabulary (VOCAB_CHUNK words, for up to HEAD_CHUNK // VOCAB_CHUNK positions at a time), a running log-sum-exp
+    across the slices, so the head's weight is read once per block of positions, not once per 32 positions; with
+    the family's final logit transformations (Gemma's softcapping, Granite's scaling, Cohere's scale); float64 [N]."""
     import torch
 
     text = model.config.get_text_config()
     head = model.get_output_embeddings()
+    weight, bias = head.weight, getattr(head, "bias", None)
     cap = getattr(text, "final_logit_softcapping", None)
     scaling = getattr(text, "logits_scaling", None)
     scale = getattr(text, "logit_scale", None)
-    step = max(1, HEAD_CHUNK // head.weight.shape[0])
+    vocab = weight.shape[0]
+    cols = min(vocab, VOCAB_CHUNK)
+    rows = max(1, HEAD_CHUNK // cols)
     out = []
-    for i in range(0, hidden.shape[0], step):
-        logits = head(hidden[i:i + step]).float()
-        if scale is not None:
-            logits = logits * scale
-        if scaling is not None:
-            logits = logits / scaling
-        if cap is not None:
-            logits = torch.tanh(logits / cap) * cap
-        t = targets[i:i + step, None]
-        out.append((logits.gather(1, t) - torch.logsumexp(logits, dim=-1, keepdim=True))[:, 0])
+    for i in range(0, hidden.shape[0], rows):
+        h, t = hidden[i:i + rows], targets[i:i + rows]
+        lse = torch.full((h.shape[0],), -float("inf"), device=h.device)
+        picked = torch.zeros(h.shape[0], device=h.device)
+        for j in range(0, vocab, cols):
+            logits = torch.nn.functional.linear(h, weight[j:j + cols], None if bias is None else bias[j:j + cols])
+            logits = logits.float()
+            if scale is not None:
+                logits = logits * scale
+            if scaling is not None:
+                logits = logits / scaling
+            if cap is not None:
+                logits = torch.tanh(logits / cap) * cap
+            lse = torch.logaddexp(lse, torch.logsumexp(logits, dim=-1))
+            inside = (t >= j) & (t < j + logits.shape[1])
+            picked = torch.where(inside, logits.gather(1, (t - j).clamp(0, logits.shape[1] - 1)[:, None])[:, 0], picked)
+        out.append(picked - lse)
     return torch.cat(out).double().cpu().numpy() if out else np.zeros(0)
 
 

@@ -23,11 +23,15 @@ is edited alone as decode step j + 1 (its own channels, seeded by (arm.seed, pro
 what the hook does at each decode step; with arm.apply: prefill only the prompt's positions are edited. The
 statistics are each sequence's own (arm.pool: row); batch pooling has no counterpart in scoring one sequence.
 
-The whole model runs (no early exit); the LM head runs only at the positions that predict a scored token, in
-chunks (never a [T, vocab] tensor for the whole prompt); sequences are sorted by length and batched up to
-likelihood.batch_tokens padded tokens (right padding: causal attention keeps the pads out of every real token).
-(scoring.score_shared computes each prompt once and both continuations from its KV cache, equal within 1e-4
-nats; on the 2-core CPU it was not faster, docs/benchmarks.md, so the stage scores each sequence whole.)
+The whole model runs (no early exit); the LM head runs only at the positions that predict a scored token, over
+slices of the vocabulary (never a [T, vocab] tensor for the whole prompt). Each problem's sequences are packed
+into one row (scoring.score_packed): a token tree in which every shared prefix appears once (the prompt for both
+continuations, the instruction for every condition), each token attending to its ancestors only (within the
+sliding window, counted in positions, on sliding layers) at its own position in its sequences; rows are batched
+by length up to likelihood.batch_tokens padded tokens. The log-probs are those of each sequence scored whole
+within float rounding; the stage checks that on one problem first (scoring.check_packed, within 1e-4 nats) and
+scores every sequence whole (scoring.score) for a family that does not honour the tree mask. `arm` rows are
+scored whole (the hook edits one sequence's prompt per row).
 
 Outputs:
   artifacts/likelihood/<model>.h5    per condition and continuation: sum, mean (nats/token) and tokens per
@@ -64,6 +68,9 @@ CONTINUATIONS = ("solution", "answer")
 # answer's summed log-prob (nats: log P(the whole answer))
 OUTCOMES = {"solution": "mean", "answer": "sum"}
 UNITS = {"solution": "nats/token", "answer": "nats"}
+# the largest difference of a summed log-prob (nats) between the packed and the whole-sequence scoring on the
+# checked problem for which the stage uses the packed one (float rounding gives about 1e-5)
+PACKED_TOLERANCE = 1e-4
 # the per-model params keys this stage reads (dvc.yaml lists exactly these)
 MODEL_KEYS = ("family", "source", "template", "trust_remote_code", "arm")
 
@@ -172,9 +179,27 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
     pad = pad_id(tokenizer)
     head_check = check_head(model, min(seqs, key=lambda s: len(s.input_ids)), pad)
     hook = TeacherForcedArm(arm.layer0_mlp(model, setup), arm_settings) if arm_settings else None
+    plain = [k for k, s in enumerate(seqs) if s.condition != "arm"]
+    method, packed_check = "whole", None
+    if plain:  # the family must honour the tree mask: checked on one problem before the rest trusts it
+        first = [seqs[k] for k in plain if seqs[k].index == seqs[plain[0]].index]
+        packed_check = scoring.check_packed(model, first, cfg.batch_tokens, pad)
+        method = "packed" if packed_check < PACKED_TOLERANCE else "whole"
+        if method == "whole":
+            print(f"{name}: scoring each sequence whole: the packed scoring differs by {packed_check:.3g} nats on "
+                  f"problem {first[0].index} (model_type '{model.config.model_type}' does not honour a prepared "
+                  "attention mask)", file=sys.stderr)
     bar = progress.bar(total=len(seqs), desc=f"likelihood {name}", unit="seq")
     t0 = time.perf_counter()
-    logprobs = score(model, seqs, cfg.batch_tokens, pad, hook, bar)
+    if method == "packed":
+        logprobs: list = [None] * len(seqs)
+        for k, lp in zip(plain, scoring.score_packed(model, [seqs[k] for k in plain], cfg.batch_tokens, pad, bar)):
+            logprobs[k] = lp
+        rest = [k for k in range(len(seqs)) if logprobs[k] is None]  # arm rows: the hook edits one sequence per row
+        for k, lp in zip(rest, score(model, [seqs[k] for k in rest], cfg.batch_tokens, pad, hook, bar)):
+            logprobs[k] = lp
+    else:
+        logprobs = score(model, seqs, cfg.batch_tokens, pad, hook, bar)
     seconds = time.perf_counter() - t0
     bar.close()
     if hook is not None:
@@ -195,6 +220,7 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
         "model": {"name": name, **prepared.manifest()},
         **builder.describe(),
         "scoring": {"attn_implementation": attn, "batch_tokens": cfg.batch_tokens, "pad_token_id": pad,
+                    "method": method, "packed_check_max_abs_diff": packed_check,
                     "head_check_max_abs_diff": head_check, "separator_ids": conts.sep, "frame_head_ids": conts.head,
                     "frame_tail": conts.tail},
         **({"arm": {**arm_settings.describe(), "teacher_forcing": "prompt = step 0 (one pool); continuation "
