@@ -68,9 +68,6 @@ CONTINUATIONS = ("solution", "answer")
 # answer's summed log-prob (nats: log P(the whole answer))
 OUTCOMES = {"solution": "mean", "answer": "sum"}
 UNITS = {"solution": "nats/token", "answer": "nats"}
-# the largest difference of a summed log-prob (nats) between the packed and the whole-sequence scoring on the
-# checked problem for which the stage uses the packed one (float rounding gives about 1e-5)
-PACKED_TOLERANCE = 1e-4
 # the per-model params keys this stage reads (dvc.yaml lists exactly these)
 MODEL_KEYS = ("family", "source", "template", "trust_remote_code", "arm")
 
@@ -179,27 +176,10 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
     pad = pad_id(tokenizer)
     head_check = check_head(model, min(seqs, key=lambda s: len(s.input_ids)), pad)
     hook = TeacherForcedArm(arm.layer0_mlp(model, setup), arm_settings) if arm_settings else None
-    plain = [k for k, s in enumerate(seqs) if s.condition != "arm"]
-    method, packed_check = "whole", None
-    if plain:  # the family must honour the tree mask: checked on one problem before the rest trusts it
-        first = [seqs[k] for k in plain if seqs[k].index == seqs[plain[0]].index]
-        packed_check = scoring.check_packed(model, first, cfg.batch_tokens, pad)
-        method = "packed" if packed_check < PACKED_TOLERANCE else "whole"
-        if method == "whole":
-            print(f"{name}: scoring each sequence whole: the packed scoring differs by {packed_check:.3g} nats on "
-                  f"problem {first[0].index} (model_type '{model.config.model_type}' does not honour a prepared "
-                  "attention mask)", file=sys.stderr)
     bar = progress.bar(total=len(seqs), desc=f"likelihood {name}", unit="seq")
     t0 = time.perf_counter()
-    if method == "packed":
-        logprobs: list = [None] * len(seqs)
-        for k, lp in zip(plain, scoring.score_packed(model, [seqs[k] for k in plain], cfg.batch_tokens, pad, bar)):
-            logprobs[k] = lp
-        rest = [k for k in range(len(seqs)) if logprobs[k] is None]  # arm rows: the hook edits one sequence per row
-        for k, lp in zip(rest, score(model, [seqs[k] for k in rest], cfg.batch_tokens, pad, hook, bar)):
-            logprobs[k] = lp
-    else:
-        logprobs = score(model, seqs, cfg.batch_tokens, pad, hook, bar)
+    logprobs, how = scoring.score_fastest(model, seqs, cfg.batch_tokens, pad, hook, bar,
+                                          warn=lambda why: print(f"{name}: {why}", file=sys.stderr))
     seconds = time.perf_counter() - t0
     bar.close()
     if hook is not None:
@@ -220,7 +200,7 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
         "model": {"name": name, **prepared.manifest()},
         **builder.describe(),
         "scoring": {"attn_implementation": attn, "batch_tokens": cfg.batch_tokens, "pad_token_id": pad,
-                    "method": method, "packed_check_max_abs_diff": packed_check,
+                    **how,
                     "head_check_max_abs_diff": head_check, "separator_ids": conts.sep, "frame_head_ids": conts.head,
                     "frame_tail": conts.tail},
         **({"arm": {**arm_settings.describe(), "teacher_forcing": "prompt = step 0 (one pool); continuation "

@@ -227,7 +227,8 @@ def likelihood_sweep(params: Params, setup: models.ModelSetup, problems) -> dict
         raise ConfigError(f"{params.file}: likelihood.solution_tokens: a sweep prompt plus its solution has {longest} "
                           f"tokens, more than the context of model '{name}' ({context} positions)")
     bar = progress.bar(total=len(seqs), desc=f"sweep likelihood {name}", unit="seq")
-    lps = scoring.score(model, seqs, params.likelihood.batch_tokens, scoring.pad_id(tokenizer), bar=bar)
+    lps, _ = scoring.score_fastest(model, seqs, params.likelihood.batch_tokens, scoring.pad_id(tokenizer), bar=bar,
+                                   warn=lambda why: print(f"{name}: {why}", file=sys.stderr))
     bar.close()
     mean = {key: np.array([lps[at[(key, p.index)]].mean() for p in problems]) for key in keys}
     return {key: mean["none" if key == "none" or key[1] == 0 else key] for key in prompts}
