@@ -12,10 +12,13 @@ sequences, in one run.
 The workload: `--n` problems (seeded, stratified, as the stage picks them) x the none and mless prompts x the two
 continuations (the reference solution's first `--solution-tokens` tokens; the gold answer in the frame), built
 by stages/likelihood.py. Arms, on the same loaded model (SDPA, float32, the same threads):
-- `stage`: scoring.score, what the stage runs: every sequence whole, batched by length up to
-  likelihood.batch_tokens, the LM head only at the positions that predict a scored token, in chunks;
+- `stage`: scoring.score_packed, what the stage runs: each problem's sequences packed into one token tree (every
+  shared prefix once: the prompt for both continuations, the instruction for both conditions) with the tree's
+  attention mask, rows batched by length up to likelihood.batch_tokens, the LM head only at the positions that
+  predict a scored token, over slices of the vocabulary;
+- `whole`: scoring.score: every sequence whole, batched by length, the same LM head (the stage before packing);
 - `shared`: scoring.score_shared: each prompt once (batched, left-padded), both continuations from its KV
-  cache, the same LM head;
+  cache, the same LM head (not in the default arms);
 - `lm-eval`: lm-evaluation-harness's HFLM(pretrained=<the model>, batch_size=--lmeval-batch)
   `_loglikelihood_tokens` on the identical (context ids, continuation ids) pairs (skipped, saying so, where
   lm_eval is not installed);
@@ -115,6 +118,12 @@ def naive(model, tok, seqs, params, pad):
 def staged(model, tok, seqs, params, pad):
     from meaningless_tokens import scoring
 
+    return [a.sum() for a in scoring.score_packed(model, seqs, params.likelihood.batch_tokens, pad)]
+
+
+def whole(model, tok, seqs, params, pad):
+    from meaningless_tokens import scoring
+
     return [a.sum() for a in scoring.score(model, seqs, params.likelihood.batch_tokens, pad)]
 
 
@@ -148,7 +157,7 @@ def lm_eval(model, tok, seqs, params, pad, batch_size: int = 8):
     return [ll for ll, _ in lm._loglikelihood_tokens(requests, disable_tqdm=True)]
 
 
-ARMS = {"stage": staged, "shared": shared, "lm-eval": lm_eval, "naive": naive}
+ARMS = {"stage": staged, "whole": whole, "shared": shared, "lm-eval": lm_eval, "naive": naive}
 
 
 def memory_child(args) -> None:
@@ -188,7 +197,7 @@ def main() -> None:
     ap.add_argument("--solution-tokens", type=int, default=32)
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
-    ap.add_argument("--arms", default="stage,shared,lm-eval,naive", help="comma-separated, from " + ",".join(ARMS))
+    ap.add_argument("--arms", default="stage,whole,lm-eval,naive", help="comma-separated, from " + ",".join(ARMS))
     ap.add_argument("--memory", choices=list(ARMS), help=argparse.SUPPRESS)
     args = ap.parse_args()
 

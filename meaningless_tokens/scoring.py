@@ -3,11 +3,14 @@ shared by the likelihood stage and the sweep's likelihood.
 
 A sequence is prompt + context + scored tokens, every part tokenized as a separate segment, as the prompt's parts
 are, so the scored ids are the same in every condition (`check_alignment`). The whole model runs (no early exit);
-the LM head runs only at the positions that predict a scored token, in chunks (never a [T, vocab] tensor for the
-whole prompt); sequences are sorted by length and batched up to a token budget (right padding: causal attention
-keeps the pads out of every real token). `score_shared` computes each prompt once and its continuations from
-its KV cache (the same log-probs within 1e-4 nats; not faster on a 2-core CPU: docs/benchmarks.md). `TeacherForcedArm` applies ARM as generation would have applied it had
-the model generated exactly these tokens (stages/likelihood.py's text says how).
+the LM head runs only at the positions that predict a scored token, over slices of the vocabulary (never a
+[T, vocab] tensor for the whole prompt). `score` batches whole sequences by length up to a token budget (right
+padding: causal attention keeps the pads out of every real token); `score_packed`, what the likelihood stage
+runs, packs each problem's sequences into one token tree (every shared prefix once) with the tree's attention
+mask and each token's own position, the same log-probs within 1e-4 nats and faster on a 2-core CPU
+(docs/benchmarks.md); `score_shared` computes each prompt once and its continuations from its KV cache (equal
+too, not faster). `TeacherForcedArm` applies ARM as generation would have applied it had the model generated
+exactly these tokens (stages/likelihood.py's text says how).
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ from meaningless_tokens.config import ANSWER_MARK, Likelihood
 from meaningless_tokens.prompts import DatasetError, Problem
 
 
-HEAD_CHUNK = 1 << 23  # logits per chunk of the LM head (32 positions of a 262k vocabulary: 32 MiB in float32)
+HEAD_CHUNK = 1 << 23  # logits per chunk of the LM head (1024 positions x 8192 words: 32 MiB in float32)
+VOCAB_CHUNK = 8192    # words per slice of the LM head (a slice's weight stays in cache across its positions)
 
 
 @dataclass(frozen=True)
@@ -112,27 +116,39 @@ class TeacherForcedArm:
 
 
 def head_logprobs(model, hidden, targets):
-    """log P(target) from final hidden states [N, D] (after the final norm): the LM head in chunks, with the
-    family's final logit transformations (Gemma's softcapping, Granite's scaling, Cohere's scale); float64 [N]."""
+    """log P(target) from final hidden states [N, D] (after the final norm): the LM head over slices of the
+    vocabulary (VOCAB_CHUNK words, for up to HEAD_CHUNK // VOCAB_CHUNK positions at a time), a running log-sum-exp
+    across the slices, so the head's weight is read once per block of positions, not once per 32 positions; with
+    the family's final logit transformations (Gemma's softcapping, Granite's scaling, Cohere's scale); float64 [N]."""
     import torch
 
     text = model.config.get_text_config()
     head = model.get_output_embeddings()
+    weight, bias = head.weight, getattr(head, "bias", None)
     cap = getattr(text, "final_logit_softcapping", None)
     scaling = getattr(text, "logits_scaling", None)
     scale = getattr(text, "logit_scale", None)
-    step = max(1, HEAD_CHUNK // head.weight.shape[0])
+    vocab = weight.shape[0]
+    cols = min(vocab, VOCAB_CHUNK)
+    rows = max(1, HEAD_CHUNK // cols)
     out = []
-    for i in range(0, hidden.shape[0], step):
-        logits = head(hidden[i:i + step]).float()
-        if scale is not None:
-            logits = logits * scale
-        if scaling is not None:
-            logits = logits / scaling
-        if cap is not None:
-            logits = torch.tanh(logits / cap) * cap
-        t = targets[i:i + step, None]
-        out.append((logits.gather(1, t) - torch.logsumexp(logits, dim=-1, keepdim=True))[:, 0])
+    for i in range(0, hidden.shape[0], rows):
+        h, t = hidden[i:i + rows], targets[i:i + rows]
+        lse = torch.full((h.shape[0],), -float("inf"), device=h.device)
+        picked = torch.zeros(h.shape[0], device=h.device)
+        for j in range(0, vocab, cols):
+            logits = torch.nn.functional.linear(h, weight[j:j + cols], None if bias is None else bias[j:j + cols])
+            logits = logits.float()
+            if scale is not None:
+                logits = logits * scale
+            if scaling is not None:
+                logits = logits / scaling
+            if cap is not None:
+                logits = torch.tanh(logits / cap) * cap
+            lse = torch.logaddexp(lse, torch.logsumexp(logits, dim=-1))
+            inside = (t >= j) & (t < j + logits.shape[1])
+            picked = torch.where(inside, logits.gather(1, (t - j).clamp(0, logits.shape[1] - 1)[:, None])[:, 0], picked)
+        out.append(picked - lse)
     return torch.cat(out).double().cpu().numpy() if out else np.zeros(0)
 
 
@@ -269,6 +285,175 @@ def score_shared(model, seqs: list[Seq], batch_tokens: int, pad: int, bar=None) 
     if batch:
         run(batch)
     return result
+
+
+@dataclass
+class Packed:
+    """A problem's sequences as one token tree: each distinct prefix once (a prompt shared by its continuations,
+    the instruction shared by the conditions), flattened in creation order (a parent before its children)."""
+    ids: list[int]           # the token of each node
+    parent: list[int]        # its parent node (-1: the first token)
+    pos: list[int]           # its position in every sequence through it (the depth)
+    paths: list[list[int]]   # per sequence (in the order given), the node of each of its tokens
+
+
+def pack(seqs: list[Seq]) -> Packed:
+    ids, parent, pos, paths = [], [], [], []
+    children: dict[tuple[int, int], int] = {}
+    for s in seqs:
+        node, path = -1, []
+        for t, tok in enumerate(s.input_ids):
+            nxt = children.get((node, tok))
+            if nxt is None:
+                nxt = children[(node, tok)] = len(ids)
+                ids.append(tok)
+                parent.append(node)
+                pos.append(t)
+            path.append(nxt)
+            node = nxt
+        paths.append(path)
+    return Packed(ids, parent, pos, paths)
+
+
+def tree_masks(model, packs: list[Packed], width: int, dtype):
+    """The attention mask of a batch of packed rows, as the decoder takes a prepared one: a node sees its
+    ancestors and itself (within the sliding window, counted in positions, on sliding layers), pads themselves
+    only; additive (0 or the dtype's minimum), [rows, 1, width, width]. A dict by layer type for the families
+    whose layers mix full and sliding attention (`layer_types`), else one tensor (windowed where the config has
+    a sliding window)."""
+    import torch
+
+    text = model.config.get_text_config()
+    window = getattr(text, "sliding_window", None)
+    see = np.zeros((len(packs), width, width), dtype=bool)
+    dist = np.zeros((len(packs), width, width), dtype=np.int64)
+    for r, pk in enumerate(packs):
+        n = len(pk.ids)
+        anc = see[r]
+        for i, p in enumerate(pk.parent):
+            if p >= 0:
+                anc[i, :i] = anc[p, :i]
+            anc[i, i] = True
+        q = np.asarray(pk.pos)
+        dist[r, :n, :n] = q[:, None] - q[None, :]
+        idx = np.arange(n, width)
+        anc[idx, idx] = True  # pads: themselves only (a row with no key would be NaN)
+    minimum = torch.finfo(dtype).min
+
+    def additive(allowed):
+        return torch.where(torch.from_numpy(allowed)[:, None], torch.tensor(0.0, dtype=dtype),
+                           torch.tensor(minimum, dtype=dtype))
+
+    full = additive(see)
+    sliding = additive(see & (dist < window)) if window else full
+    if getattr(text, "layer_types", None) is not None:
+        return {"full_attention": full, "sliding_attention": sliding}
+    return sliding
+
+
+def packed_batches(packs: list[Packed], batch_tokens: int) -> list[list[int]]:
+    """Indices of `packs` sorted by length, cut so that rows x longest row stays within batch_tokens."""
+    order = sorted(range(len(packs)), key=lambda k: (len(packs[k].ids), k))
+    out, cur = [], []
+    for k in order:
+        if cur and (len(cur) + 1) * len(packs[k].ids) > batch_tokens:
+            out.append(cur)
+            cur = []
+        cur.append(k)
+    return out + ([cur] if cur else [])
+
+
+def score_packed(model, seqs: list[Seq], batch_tokens: int, pad: int, bar=None) -> list[np.ndarray]:
+    """`score`, each problem's sequences packed into one row (`pack`: every shared prefix computed once, the
+    prompt for both continuations and the instruction for every condition), the tree's attention mask and each
+    token's own position passed to the decoder; rows batched by length within batch_tokens, right-padded. The
+    same log-probs as `score` within float rounding where the family honours a prepared 4D mask (`check_packed`
+    verifies it on the model at hand). No ARM rows (the hook edits a sequence's prompt in one row: `score`)."""
+    import torch
+
+    if any(s.condition == "arm" for s in seqs):
+        raise ValueError("arm rows are scored by `score` (the ARM hook edits the prompt of one sequence per row)")
+    device = model.get_output_embeddings().weight.device
+    dtype = model.get_output_embeddings().weight.dtype
+    decoder = model.get_decoder()
+    by_problem: dict[int, list[int]] = {}
+    for k, s in enumerate(seqs):
+        by_problem.setdefault(s.index, []).append(k)
+    members = list(by_problem.values())
+    packs = [pack([seqs[k] for k in ks]) for ks in members]
+    result: list = [None] * len(seqs)
+    for batch in packed_batches(packs, batch_tokens):
+        rows = [packs[g] for g in batch]
+        width = max(len(pk.ids) for pk in rows)
+        ids = torch.full((len(rows), width), pad, dtype=torch.long)
+        pos = torch.zeros((len(rows), width), dtype=torch.long)
+        for r, pk in enumerate(rows):
+            ids[r, :len(pk.ids)] = torch.tensor(pk.ids)
+            pos[r, :len(pk.ids)] = torch.tensor(pk.pos)
+        mask = tree_masks(model, rows, width, dtype)
+        mask = {k: v.to(device) for k, v in mask.items()} if isinstance(mask, dict) else mask.to(device)
+        r_idx, at, targets, owners = [], [], [], []
+        for r, g in enumerate(batch):
+            for k, path in zip(members[g], packs[g].paths):
+                s = seqs[k]
+                r_idx += [r] * len(s.scored)
+                at += path[s.start - 1:len(s.input_ids) - 1]
+                targets += s.scored
+                owners.append((k, len(s.scored)))
+        with torch.no_grad():
+            hidden = decoder(input_ids=ids.to(device), attention_mask=mask, position_ids=pos.to(device),
+                             use_cache=False)[0]
+            lp = head_logprobs(model, hidden[torch.tensor(r_idx, device=device), torch.tensor(at, device=device)],
+                               torch.tensor(targets, device=device))
+        i = 0
+        for k, n in owners:
+            result[k] = lp[i:i + n]
+            i += n
+        if bar is not None:
+            bar.update(len(owners))
+    return result
+
+
+def check_packed(model, seqs: list[Seq], batch_tokens: int, pad: int) -> float:
+    """The max abs difference of the summed log-probs between `score_packed` and `score` on the given sequences
+    (one problem's: the stage's guard that the family honours the prepared tree mask)."""
+    a = score(model, seqs, batch_tokens, pad)
+    b = score_packed(model, seqs, batch_tokens, pad)
+    return float(max(abs(x.sum() - y.sum()) for x, y in zip(a, b)))
+
+
+# the largest difference of a summed log-prob (nats) between the packed and the whole-sequence scoring on the
+# checked problem for which `score_fastest` uses the packed one (float rounding gives about 1e-5)
+PACKED_TOLERANCE = 1e-4
+
+
+def score_fastest(model, seqs: list[Seq], batch_tokens: int, pad: int, arm_hook: TeacherForcedArm | None = None,
+                  bar=None, warn=None) -> tuple[list[np.ndarray], dict]:
+    """Per sequence, the log-probs of `score`: `score_packed` for every sequence but the arm rows once
+    `check_packed` finds it equal on one problem (the first), `score` for the arm rows (the hook edits one sequence
+    per row) and for every sequence where the family does not honour the tree mask (`warn` is called with the
+    reason). Returns (log-probs, {"method": "packed" or "whole", "packed_check_max_abs_diff": ...})."""
+    plain = [k for k, s in enumerate(seqs) if s.condition != "arm"]
+    method, check = "whole", None
+    if plain:
+        first = [seqs[k] for k in plain if seqs[k].index == seqs[plain[0]].index]
+        check = check_packed(model, first, batch_tokens, pad)
+        if check < PACKED_TOLERANCE:
+            method = "packed"
+        elif warn is not None:
+            warn(f"scoring each sequence whole: the packed scoring differs by {check:.3g} nats on problem "
+                 f"{first[0].index} (model_type '{model.config.model_type}' does not honour a prepared attention mask)")
+    info = {"method": method, "packed_check_max_abs_diff": check}
+    if method == "whole":
+        return score(model, seqs, batch_tokens, pad, arm_hook, bar), info
+    out: list = [None] * len(seqs)
+    for k, lp in zip(plain, score_packed(model, [seqs[k] for k in plain], batch_tokens, pad, bar)):
+        out[k] = lp
+    rest = [k for k in range(len(seqs)) if out[k] is None]
+    if rest:
+        for k, lp in zip(rest, score(model, [seqs[k] for k in rest], batch_tokens, pad, arm_hook, bar)):
+            out[k] = lp
+    return out, info
 
 
 def check_head(model, seq: Seq, pad: int) -> float:

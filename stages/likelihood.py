@@ -23,11 +23,15 @@ is edited alone as decode step j + 1 (its own channels, seeded by (arm.seed, pro
 what the hook does at each decode step; with arm.apply: prefill only the prompt's positions are edited. The
 statistics are each sequence's own (arm.pool: row); batch pooling has no counterpart in scoring one sequence.
 
-The whole model runs (no early exit); the LM head runs only at the positions that predict a scored token, in
-chunks (never a [T, vocab] tensor for the whole prompt); sequences are sorted by length and batched up to
-likelihood.batch_tokens padded tokens (right padding: causal attention keeps the pads out of every real token).
-(scoring.score_shared computes each prompt once and both continuations from its KV cache, equal within 1e-4
-nats; on the 2-core CPU it was not faster, docs/benchmarks.md, so the stage scores each sequence whole.)
+The whole model runs (no early exit); the LM head runs only at the positions that predict a scored token, over
+slices of the vocabulary (never a [T, vocab] tensor for the whole prompt). Each problem's sequences are packed
+into one row (scoring.score_packed): a token tree in which every shared prefix appears once (the prompt for both
+continuations, the instruction for every condition), each token attending to its ancestors only (within the
+sliding window, counted in positions, on sliding layers) at its own position in its sequences; rows are batched
+by length up to likelihood.batch_tokens padded tokens. The log-probs are those of each sequence scored whole
+within float rounding; the stage checks that on one problem first (scoring.check_packed, within 1e-4 nats) and
+scores every sequence whole (scoring.score) for a family that does not honour the tree mask. `arm` rows are
+scored whole (the hook edits one sequence's prompt per row).
 
 Outputs:
   artifacts/likelihood/<model>.h5    per condition and continuation: sum, mean (nats/token) and tokens per
@@ -172,7 +176,8 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
     hook = TeacherForcedArm(arm.layer0_mlp(model, setup), arm_settings) if arm_settings else None
     bar = progress.bar(total=len(seqs), desc=f"likelihood {name}", unit="seq")
     t0 = time.perf_counter()
-    logprobs = score(model, seqs, cfg.batch_tokens, pad, hook, bar)
+    logprobs, how = scoring.score_fastest(model, seqs, cfg.batch_tokens, pad, hook, bar,
+                                          warn=lambda why: print(f"{name}: {why}", file=sys.stderr))
     seconds = time.perf_counter() - t0
     bar.close()
     if hook is not None:
@@ -192,6 +197,7 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
         **store.model_provenance("likelihood", params, name, prepared.manifest(), unused=() if arm_settings else ("arm",)),
         **builder.describe(),
         "scoring": {"attn_implementation": attn, "batch_tokens": cfg.batch_tokens, "pad_token_id": pad,
+                    **how,
                     "head_check_max_abs_diff": head_check, "separator_ids": conts.sep, "frame_head_ids": conts.head,
                     "frame_tail": conts.tail},
         **({"arm": {**arm_settings.describe(), "teacher_forcing": "prompt = step 0 (one pool); continuation "

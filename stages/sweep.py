@@ -216,7 +216,8 @@ def likelihood_sweep(params: Params, setup: models.ModelSetup, problems) -> dict
     check_context(setup, "likelihood.solution_tokens", "a sweep prompt plus its solution",
                   max(len(s.input_ids) for s in seqs))
     bar = progress.bar(total=len(seqs), desc=f"sweep likelihood {name}", unit="seq")
-    lps = scoring.score(model, seqs, params.likelihood.batch_tokens, scoring.pad_id(tokenizer), bar=bar)
+    lps, _ = scoring.score_fastest(model, seqs, params.likelihood.batch_tokens, scoring.pad_id(tokenizer), bar=bar,
+                                   warn=lambda why: print(f"{name}: {why}", file=sys.stderr))
     bar.close()
     mean = {key: np.array([lps[at[(key, p.index)]].mean() for p in problems]) for key in keys}
     return {key: mean["none" if key == "none" or key[1] == 0 else key] for key in prompts}

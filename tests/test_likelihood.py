@@ -227,3 +227,34 @@ def test_each_prompt_computed_once_gives_the_per_sequence_sums(family, family_di
         assert len(a) == len(b) == len(c) == len(s.scored)
         assert abs(a.sum() - b.sum()) < 1e-4 and abs(a.sum() - c.sum()) < 1e-4, (s.condition, s.continuation)
         np.testing.assert_allclose(b, a, atol=2e-5)
+
+
+@pytest.mark.parametrize("family", tiny.FAMILIES)
+def test_packed_problems_give_the_per_sequence_sums(family, family_dirs, write_params, cache_dir):
+    """score_packed (each problem's sequences as one token tree: the prompt once for both continuations, the
+    instruction once for every condition; the tree mask and real positions handed to the decoder) against
+    `score` (every sequence whole): the same log-probs on every family, sliding windows crossed (Gemma 2 and 3
+    mix sliding and full layers, Mistral slides on all), rows of several lengths batched and one at a time."""
+    params = load_params(write_params(family_params(write_params, family_dirs[family]).model_dump() | {
+        "likelihood": {**load_params(write_params()).likelihood.model_dump(), "conditions": ["none", "mless", "mful"],
+                       "solution_tokens": 30, "batch_tokens": 900}}))
+    setup = models.resolve(params, "tiny")
+    model, tok, _ = scoring.load(setup)
+    problems, _ = load_math500(params)
+    chosen = select_problems(problems, 4, 0)
+    seqs = likelihood.build_sequences(params, "tiny", builder_for(likelihood.scoring_prompt(params), setup, tok),
+                                      chosen, None)
+    assert max(s.prompt_len for s in seqs) > 2 * tiny.WINDOW and len({s.prompt_len for s in seqs}) > 3
+    pad = scoring.pad_id(tok)
+    whole = scoring.score(model, seqs, 900, pad)
+    packs = [scoring.pack([s for s in seqs if s.index == p.index]) for p in chosen]
+    # the tree holds fewer tokens than the sequences: at least each prompt once less
+    assert sum(len(pk.ids) for pk in packs) <= sum(len(s.input_ids) for s in seqs) - sum(
+        s.prompt_len for s in seqs if s.continuation == "answer")
+    batched = scoring.score_packed(model, seqs, 2000, pad)
+    one_by_one = scoring.score_packed(model, seqs, 1, pad)
+    for s, a, b, c in zip(seqs, whole, batched, one_by_one):
+        assert len(a) == len(b) == len(c) == len(s.scored)
+        assert abs(a.sum() - b.sum()) < 1e-4 and abs(a.sum() - c.sum()) < 1e-4, (s.condition, s.continuation)
+        np.testing.assert_allclose(b, a, atol=2e-5)
+    assert scoring.check_packed(model, seqs[:6], 900, pad) < 1e-4
