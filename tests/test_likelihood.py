@@ -238,7 +238,7 @@ def test_packed_problems_give_the_per_sequence_sums(family, family_dirs, write_p
     params = load_params(write_params(family_params(write_params, family_dirs[family]).model_dump() | {
         "likelihood": {**load_params(write_params()).likelihood.model_dump(), "conditions": ["none", "mless", "mful"],
                        "solution_tokens": 30, "batch_tokens": 900}}))
-    setup = models.resolve(params, "tiny")
+    setup = models.setup_for(params, "tiny")
     model, tok, _ = scoring.load(setup)
     problems, _ = load_math500(params)
     chosen = select_problems(problems, 4, 0)
