@@ -17,8 +17,6 @@ by stages/likelihood.py. Arms, on the same loaded model (SDPA, float32, the same
   attention mask, rows batched by length up to likelihood.batch_tokens, the LM head only at the positions that
   predict a scored token, over slices of the vocabulary;
 - `whole`: scoring.score: every sequence whole, batched by length, the same LM head (the stage before packing);
-- `shared`: scoring.score_shared: each prompt once (batched, left-padded), both continuations from its KV
-  cache, the same LM head (not in the default arms);
 - `lm-eval`: lm-evaluation-harness's HFLM(pretrained=<the model>, batch_size=--lmeval-batch)
   `_loglikelihood_tokens` on the identical (context ids, continuation ids) pairs (skipped, saying so, where
   lm_eval is not installed);
@@ -127,12 +125,6 @@ def whole(model, tok, seqs, params, pad):
     return [a.sum() for a in scoring.score(model, seqs, params.likelihood.batch_tokens, pad)]
 
 
-def shared(model, tok, seqs, params, pad):
-    from meaningless_tokens import scoring
-
-    return [a.sum() for a in scoring.score_shared(model, seqs, params.likelihood.batch_tokens, pad)]
-
-
 def lm_eval_available() -> bool:
     import importlib.util
 
@@ -157,7 +149,7 @@ def lm_eval(model, tok, seqs, params, pad, batch_size: int = 8):
     return [ll for ll, _ in lm._loglikelihood_tokens(requests, disable_tqdm=True)]
 
 
-ARMS = {"stage": staged, "whole": whole, "shared": shared, "lm-eval": lm_eval, "naive": naive}
+ARMS = {"stage": staged, "whole": whole, "lm-eval": lm_eval, "naive": naive}
 
 
 def memory_child(args) -> None:

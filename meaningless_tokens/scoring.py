@@ -8,8 +8,7 @@ the LM head runs only at the positions that predict a scored token, over slices 
 padding: causal attention keeps the pads out of every real token); `score_packed`, what the likelihood stage
 runs, packs each problem's sequences into one token tree (every shared prefix once) with the tree's attention
 mask and each token's own position, the same log-probs within 1e-4 nats and faster on a 2-core CPU
-(docs/benchmarks.md); `score_shared` computes each prompt once and its continuations from its KV cache (equal
-too, not faster). `TeacherForcedArm` applies ARM as generation would have applied it had the model generated
+(docs/benchmarks.md). `TeacherForcedArm` applies ARM as generation would have applied it had the model generated
 exactly these tokens (stages/likelihood.py's text says how).
 """
 
@@ -152,12 +151,13 @@ def head_logprobs(model, hidden, targets):
     return torch.cat(out).double().cpu().numpy() if out else np.zeros(0)
 
 
-def batches(seqs: list[Seq], batch_tokens: int) -> list[list[int]]:
-    """Indices of `seqs` sorted by length, cut so that rows x longest row stays within batch_tokens."""
-    order = sorted(range(len(seqs)), key=lambda k: (len(seqs[k].input_ids), k))
+def batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
+    """Indices of the rows sorted by length, cut so that rows x longest row stays within batch_tokens (right
+    padding: every row of a batch is as long as its longest)."""
+    order = sorted(range(len(lengths)), key=lambda k: (lengths[k], k))
     out, cur = [], []
     for k in order:
-        if cur and (len(cur) + 1) * len(seqs[k].input_ids) > batch_tokens:
+        if cur and (len(cur) + 1) * lengths[k] > batch_tokens:
             out.append(cur)
             cur = []
         cur.append(k)
@@ -172,7 +172,7 @@ def score(model, seqs: list[Seq], batch_tokens: int, pad: int, arm_hook: Teacher
     device = model.get_output_embeddings().weight.device
     decoder = model.get_decoder()
     result: list = [None] * len(seqs)
-    for batch in batches(seqs, batch_tokens):
+    for batch in batches([len(s.input_ids) for s in seqs], batch_tokens):
         rows = [seqs[k] for k in batch]
         width = max(len(s.input_ids) for s in rows)
         ids = torch.full((len(rows), width), pad, dtype=torch.long)
@@ -199,91 +199,6 @@ def score(model, seqs: list[Seq], batch_tokens: int, pad: int, arm_hook: Teacher
             at += len(s.scored)
         if bar is not None:
             bar.update(len(rows))
-    return result
-
-
-def prefix_groups(seqs: list[Seq]) -> list[tuple[int, list[int]]]:
-    """(shared length, indices) per problem and condition: the sequences that share a prompt, and how many of their
-    first tokens they share and compute once (the prompt and the common context; never the token that predicts
-    a scored token, so each sequence's own part holds every position it reads a log-prob at)."""
-    groups: dict[tuple, list[int]] = {}
-    for k, s in enumerate(seqs):
-        groups.setdefault((s.index, s.condition, s.input_ids[:s.prompt_len]), []).append(k)
-    out = []
-    for ks in groups.values():
-        first, n = seqs[ks[0]].input_ids, min(seqs[k].start for k in ks) - 1
-        for k in ks[1:]:
-            other = seqs[k].input_ids
-            n = next((i for i in range(n) if other[i] != first[i]), n)
-        out.append((max(n, 1), ks))
-    return out
-
-
-def score_shared(model, seqs: list[Seq], batch_tokens: int, pad: int, bar=None) -> list[np.ndarray]:
-    """`score`, each shared prefix (`prefix_groups`: a problem's prompt under one condition, the context its
-    continuations share) computed once: one forward of the prefixes, batched, then every sequence's own part
-    from its prefix's KV cache. Prefixes are left-padded with explicit positions (the pads masked; a sliding
-    window then counts real tokens only), the cache keeps every position (the window is the mask's, as in the
-    one-pass forward), own parts are right-padded (causal attention keeps those pads out). Groups are batched
-    by length as `score` batches sequences, within batch_tokens padded tokens of the whole sequences. No ARM
-    rows (the hook edits a whole prompt in one pass: `score`)."""
-    import torch
-    from transformers import DynamicCache
-
-    if any(s.condition == "arm" for s in seqs):
-        raise ValueError("arm rows are scored by `score` (the ARM hook edits the prompt in one pass)")
-    device = model.get_output_embeddings().weight.device
-    decoder = model.get_decoder()
-    result: list = [None] * len(seqs)
-    groups = sorted(prefix_groups(seqs), key=lambda g: (max(len(seqs[k].input_ids) for k in g[1]), g[1][0]))
-    batch: list = []
-
-    def run(batch):
-        shared = [n for n, _ in batch]
-        width = max(shared)
-        ids = torch.full((len(batch), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(batch), width), dtype=torch.long)
-        for r, (n, ks) in enumerate(batch):
-            ids[r, width - n:] = torch.tensor(seqs[ks[0]].input_ids[:n])
-            mask[r, width - n:] = 1
-        rows = [(r, k) for r, (_, ks) in enumerate(batch) for k in ks]
-        own = max(len(seqs[k].input_ids) - shared[r] for r, k in rows)
-        cont = torch.full((len(rows), own), pad, dtype=torch.long)
-        for i, (r, k) in enumerate(rows):
-            tail = seqs[k].input_ids[shared[r]:]
-            cont[i, :len(tail)] = torch.tensor(tail)
-        at = torch.tensor([r for r, _ in rows])
-        start = torch.tensor(shared)[at]
-        with torch.no_grad():
-            cache = DynamicCache()  # no sliding-window layers: every position kept, the mask applies the window
-            decoder(input_ids=ids.to(device), attention_mask=mask.to(device),
-                    position_ids=((mask.cumsum(-1) - 1).clamp(min=0)).to(device), cache=cache, use_cache=True)
-            cache.batch_select_indices(at.to(device))
-            full_mask = torch.cat([mask[at], torch.ones((len(rows), own), dtype=torch.long)], dim=1)
-            hidden = decoder(input_ids=cont.to(device), attention_mask=full_mask.to(device),
-                             position_ids=(start[:, None] + torch.arange(own)[None]).to(device),
-                             cache=cache, use_cache=True)[0]
-            del cache
-            r_idx = torch.cat([torch.full((len(seqs[k].scored),), i) for i, (_, k) in enumerate(rows)])
-            pos = torch.cat([torch.arange(seqs[k].start - 1, len(seqs[k].input_ids) - 1) - shared[r] for r, k in rows])
-            lp = head_logprobs(model, hidden[r_idx.to(device), pos.to(device)], cont[r_idx, pos + 1].to(device))
-        at_lp = 0
-        for _, k in rows:
-            n = len(seqs[k].scored)
-            result[k] = lp[at_lp:at_lp + n]
-            at_lp += n
-        if bar is not None:
-            bar.update(len(rows))
-
-    for n, ks in groups:
-        longest = max(len(seqs[k].input_ids) for k in ks)
-        size = sum(len(g[1]) for g in batch) + len(ks)
-        if batch and size * longest > batch_tokens:
-            run(batch)
-            batch = []
-        batch.append((n, ks))
-    if batch:
-        run(batch)
     return result
 
 
@@ -351,18 +266,6 @@ def tree_masks(model, packs: list[Packed], width: int, dtype):
     return sliding
 
 
-def packed_batches(packs: list[Packed], batch_tokens: int) -> list[list[int]]:
-    """Indices of `packs` sorted by length, cut so that rows x longest row stays within batch_tokens."""
-    order = sorted(range(len(packs)), key=lambda k: (len(packs[k].ids), k))
-    out, cur = [], []
-    for k in order:
-        if cur and (len(cur) + 1) * len(packs[k].ids) > batch_tokens:
-            out.append(cur)
-            cur = []
-        cur.append(k)
-    return out + ([cur] if cur else [])
-
-
 def score_packed(model, seqs: list[Seq], batch_tokens: int, pad: int, bar=None) -> list[np.ndarray]:
     """`score`, each problem's sequences packed into one row (`pack`: every shared prefix computed once, the
     prompt for both continuations and the instruction for every condition), the tree's attention mask and each
@@ -382,7 +285,7 @@ def score_packed(model, seqs: list[Seq], batch_tokens: int, pad: int, bar=None) 
     members = list(by_problem.values())
     packs = [pack([seqs[k] for k in ks]) for ks in members]
     result: list = [None] * len(seqs)
-    for batch in packed_batches(packs, batch_tokens):
+    for batch in batches([len(pk.ids) for pk in packs], batch_tokens):
         rows = [packs[g] for g in batch]
         width = max(len(pk.ids) for pk in rows)
         ids = torch.full((len(rows), width), pad, dtype=torch.long)

@@ -203,33 +203,6 @@ def test_a_row_without_the_key_is_named_with_file_and_line(key, write_params, tm
 
 
 @pytest.mark.parametrize("family", tiny.FAMILIES)
-def test_each_prompt_computed_once_gives_the_per_sequence_sums(family, family_dirs, write_params, cache_dir):
-    """score_shared (a problem's prompt once, both continuations from its KV cache, prompts of several lengths
-    left-padded in one batch) against `score` (every sequence whole): the same log-probs, on every family,
-    Gemma's and Mistral's sliding windows (crossed by these prompts) included."""
-    params = load_params(write_params(family_params(write_params, family_dirs[family]).model_dump() | {
-        "likelihood": {**load_params(write_params()).likelihood.model_dump(), "conditions": ["none", "mless", "mful"],
-                       "solution_tokens": 30, "batch_tokens": 900}}))
-    setup = models.setup_for(params, "tiny")
-    model, tok, _ = scoring.load(setup)
-    problems, _ = load_math500(params)
-    chosen = select_problems(problems, 4, 0)
-    seqs = likelihood.build_sequences(params, "tiny", builder_for(likelihood.scoring_prompt(params), setup, tok),
-                                      chosen, None)
-    assert max(s.prompt_len for s in seqs) > 2 * tiny.WINDOW and len({s.prompt_len for s in seqs}) > 3
-    pad = scoring.pad_id(tok)
-    whole = scoring.score(model, seqs, 900, pad)
-    groups = scoring.prefix_groups(seqs)
-    assert len(groups) == len(seqs) // 2 and all(n >= seqs[ks[0]].prompt_len for n, ks in groups)
-    batched = scoring.score_shared(model, seqs, 900, pad)
-    one_by_one = scoring.score_shared(model, seqs, 1, pad)  # one problem's pair at a time: no padding
-    for s, a, b, c in zip(seqs, whole, batched, one_by_one):
-        assert len(a) == len(b) == len(c) == len(s.scored)
-        assert abs(a.sum() - b.sum()) < 1e-4 and abs(a.sum() - c.sum()) < 1e-4, (s.condition, s.continuation)
-        np.testing.assert_allclose(b, a, atol=2e-5)
-
-
-@pytest.mark.parametrize("family", tiny.FAMILIES)
 def test_packed_problems_give_the_per_sequence_sums(family, family_dirs, write_params, cache_dir):
     """score_packed (each problem's sequences as one token tree: the prompt once for both continuations, the
     instruction once for every condition; the tree mask and real positions handed to the decoder) against
