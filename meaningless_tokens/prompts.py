@@ -207,6 +207,16 @@ def select_problems(problems: list[Problem], n: int | None, seed: int, key: str 
     return sorted(chosen, key=lambda p: p.index)
 
 
+
+def extraction_problems(params: Params) -> tuple[list[Problem], str]:
+    """The extraction's subset (extract.n_samples, extract.seed) and the dataset's sha256: what extract and
+    activations both run on, the same problems in the same order."""
+    problems, data_sha = load_problems(params)
+    chosen = select_problems(problems, params.extract.n_samples, params.extract.seed, "extract.n_samples")
+    if not chosen:
+        raise ConfigError(f"{params.file}: extract.n_samples: the subset is empty")
+    return chosen, data_sha
+
 # ---- prompt conditions ------------------------------------------------------------------------
 
 class PromptError(StageError):

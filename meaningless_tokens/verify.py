@@ -80,6 +80,9 @@ KINDS = (
 PROVENANCE_KEYS = frozenset({"code_sha256", "libraries", "environment", "package_version"})
 # Outputs that record a run (wall times, the machine), not a result: shown, never counted as differing.
 RUN_RECORDS = ("metrics/timing/*",)
+# Wall times inside a result file ("<file>:<key>"): the verdict's power section says how long the run took and
+# what more problems would cost; left out of the comparison, as RUN_RECORDS are.
+RUN_KEYS = ("metrics/verdict.json:*seconds*", "metrics/verdict.json:*hours*")
 # Outputs drawn from other outputs: reproduced when what they draw is (see the module's docstring).
 DRAWN = (".png", ".svg", ".html", ".md")
 # The run facts printed for both sides when an output is not identical (the stage's sidecar).
@@ -166,6 +169,8 @@ def _item(x: np.ndarray, i: tuple):
 def compare_json(file: str, a, b, largest: Largest, path: str = "") -> None:
     """Two parsed JSON values, key by key; numbers within their kind's tolerance; raises Differs."""
     where = path or "(top level)"
+    if path and any(fnmatch.fnmatchcase(f"{file}:{path}", p) for p in RUN_KEYS):
+        return
     if isinstance(a, dict) and isinstance(b, dict):
         keys_a, keys_b = set(a) - PROVENANCE_KEYS, set(b) - PROVENANCE_KEYS
         if keys_b - keys_a:
@@ -480,7 +485,7 @@ class Verifier:
                 out.status, out.detail = WITHIN, f"{len(drawn)} drawn file(s) differ in bytes; {why}"
                 return
         out.status, out.largest = WITHIN, largest if largest.share >= 0 else None
-        out.detail = f"largest: {largest.text}" if largest.share >= 0 else "values and attributes equal; only the bytes differ (provenance keys or layout)"
+        out.detail = f"largest: {largest.text}" if largest.share >= 0 else "values and attributes equal; only the bytes differ (provenance keys, wall times or layout)"
 
     def drawn_from(self, out: Output, results: dict[str, Output]) -> tuple[str, str]:
         """Whether a figure or page counts as reproduced: its stage's code, data and params are those of the

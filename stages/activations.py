@@ -42,7 +42,7 @@ from meaningless_tokens import arm, cli, models, progress, store
 from meaningless_tokens.config import ConfigError, Params
 from meaningless_tokens.capture import StopForward, capturing, install_capture
 from meaningless_tokens.intervals import bootstrap_mean_ci, wilcoxon_p
-from meaningless_tokens.prompts import PromptBuilder, builder_for, dataset_spec, load_problems, put_problems, select_problems
+from meaningless_tokens.prompts import PromptBuilder, builder_for, dataset_spec, extraction_problems, put_problems
 from meaningless_tokens.store import put, put_json_attr, write_h5, write_prompt_timing
 
 SETS = {
@@ -194,10 +194,7 @@ def run(params: Params, name: str, out: Path | None = None, timing: Path | None 
     full, params = params, store.params_view(params, "activations", name)  # reads only what dvc.yaml lists; `full`:
     # models.setup_for checks the model against every key (charts, layers) before any work
     out = out or params.project_path(str(store.path("activations", name)))
-    problems, data_sha = load_problems(params)
-    chosen = select_problems(problems, params.extract.n_samples, params.extract.seed, "extract.n_samples")
-    if not chosen:
-        raise ConfigError(f"{params.file}: extract.n_samples: the subset is empty")
+    chosen, data_sha = extraction_problems(params)
     m = measure(params, models.setup_for(full, name, layers=params.activations.layers), chosen)
     write_artifact(out, params, name, m, data_sha)
     n_prompts = len(m.problems) * len(m.conditions)

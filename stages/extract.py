@@ -32,8 +32,8 @@ import numpy as np
 from meaningless_tokens import cli, models, progress, store
 from meaningless_tokens.capture import CaptureError, attention, compare
 from meaningless_tokens.attention import PROMPT_CONDITIONS, QUERY_SETS, VECTORS, reduce
-from meaningless_tokens.config import ConfigError, Params, model_spec
-from meaningless_tokens.prompts import PromptBuilder, builder_for, check_context, dataset_spec, load_problems, put_problems, select_problems
+from meaningless_tokens.config import Params, model_spec
+from meaningless_tokens.prompts import PromptBuilder, builder_for, check_context, dataset_spec, extraction_problems, put_problems
 from meaningless_tokens.store import put, put_json_attr, write_h5, write_prompt_timing
 
 @dataclass
@@ -57,10 +57,7 @@ def run(params: Params, name: str, out: Path | None = None, timing: Path | None 
     full, params = params, store.params_view(params, "extract", name)  # reads only what dvc.yaml lists; `full`:
     # models.setup_for checks the model against every key (charts, layers) before any work
     out = out or params.project_path(str(store.path("attention", name)))
-    problems, data_sha = load_problems(params)
-    chosen = select_problems(problems, params.extract.n_samples, params.extract.seed, "extract.n_samples")
-    if not chosen:
-        raise ConfigError(f"{params.file}: extract.n_samples: the subset is empty")
+    chosen, data_sha = extraction_problems(params)
     setup = models.setup_for(full, name, layers=spec.layers)
     cap = capture(params, setup, chosen)
     write_artifact(out, params, setup, cap, data_sha)

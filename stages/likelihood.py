@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -60,7 +61,7 @@ from meaningless_tokens import arm, cli, models, progress, scoring, store
 from meaningless_tokens.config import ConfigError, Params, Prompt
 from meaningless_tokens.intervals import bootstrap_mean_ci, wilcoxon_p
 from meaningless_tokens.prompts import Problem, builder_for, dataset_spec, load_problems, put_problems, require_field, select_problems
-from meaningless_tokens.scoring import Seq, TeacherForcedArm, check_head, pad_id, score
+from meaningless_tokens.scoring import Seq, TeacherForcedArm, check_head, pad_id
 from meaningless_tokens.store import put, put_json_attr, write_csv_atomic, write_h5, write_json_atomic, write_timing
 
 CONTINUATIONS = ("solution", "answer")
@@ -151,26 +152,54 @@ def _put_stats(g, prefix: str, stats: list[dict]) -> None:
 
 # ---- the stage ------------------------------------------------------------------------------------
 
+@dataclass
+class Scored:
+    """What the stage measured on one model: every sequence's per-token log-probs and how they were computed."""
+    seqs: list[Seq]
+    logprobs: list[np.ndarray]
+    per: dict                # (condition, continuation) -> sum, mean, tokens, prompt_tokens per problem
+    scoring: dict            # the scoring's settings and checks, for the provenance
+    arm_settings: object     # arm.Settings, or None when `arm` is not among the conditions
+    builder: object          # the PromptBuilder (its description goes into the provenance)
+    manifest: dict           # the prepared model's
+    seconds: float           # the scoring alone
+
+
 def run(params: Params, name: str, root: Path | None = None) -> Path:
     started = time.perf_counter()
     full, params = params, store.params_view(params, "likelihood", name)  # reads only what dvc.yaml lists; `full`:
     # models.setup_for checks the model against every key (charts, layers) before any work
     cfg = params.likelihood
     where = {k: (root / v if root else params.project_path(str(v))) for k, v in paths(name).items()}
-    prompt = scoring_prompt(params)
     problems, data_sha = load_problems(params)
     chosen = select_problems(problems, cfg.n_samples, cfg.seed, "likelihood.n_samples")
     require_field(params, chosen, "solution", "the likelihood stage (its `solution` continuation)")
     if name not in params.scored:
         raise ConfigError(f"{params.file}: likelihood.models: model '{name}' is not among the models scored "
                           f"{params.scored}; add it there to score it")
-    setup = models.setup_for(full, name)
-    prepared = setup.prepared
-    conditions = list(cfg.conditions)
-    arm_settings = arm.settings_for(params.arm, params.dataset.benchmark, setup) if "arm" in conditions else None
+    m = measure(params, models.setup_for(full, name), chosen)
+    summary = summarize(m.per, list(cfg.conditions), chosen, cfg.seed, cfg.n_boot)
+
+    write_artifact(where["out"], params, name, chosen, m, summary, data_sha)
+    write_json_atomic(where["metrics"], metrics_summary(m.per, summary, list(cfg.conditions), len(chosen)))
+    write_table(where["table"], summary)
+    tokens = sum(len(s.input_ids) for s in m.seqs)
+    write_timing(where["timing"], {"seconds": round(time.perf_counter() - started, 2),
+                                   "scoring_seconds": round(m.seconds, 2), "sequences": len(m.seqs), "tokens": tokens,
+                                   "tokens_per_second": round(tokens / m.seconds, 1) if m.seconds else None})
+    gains = ", ".join(f"{c}: {r['all']['mean']:+.4f}" for (c, k), r in summary.items() if k == "solution")
+    print(f"{name}: likelihood of {len(chosen)} problems x {len(cfg.conditions)} conditions x 2 continuations in "
+          f"{m.seconds:.1f} s; solution nats/token vs none {gains} -> {where['out']}")
+    return where["out"]
+
+
+def measure(params: Params, setup: models.ModelSetup, chosen: list[Problem]) -> Scored:
+    """Every (problem, condition, continuation) sequence built, checked against the context and scored."""
+    cfg, name = params.likelihood, setup.name
+    arm_settings = arm.settings_for(params.arm, params.dataset.benchmark, setup) if "arm" in cfg.conditions else None
     model, tokenizer, attn = scoring.load(setup)
-    builder = builder_for(prompt, setup, tokenizer)
-    seqs = build_sequences(params, name, builder, chosen, prepared.facts["max_position_embeddings"])
+    builder = builder_for(scoring_prompt(params), setup, tokenizer)
+    seqs = build_sequences(params, name, builder, chosen, setup.prepared.facts["max_position_embeddings"])
     pad = pad_id(tokenizer)
     head_check = check_head(model, min(seqs, key=lambda s: len(s.input_ids)), pad)
     hook = TeacherForcedArm(arm.layer0_mlp(model, setup), arm_settings) if arm_settings else None
@@ -184,30 +213,37 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
         hook.remove()
     at = {(s.index, s.condition, s.continuation): k for k, s in enumerate(seqs)}
     per = {}
-    for c in conditions:
+    for c in cfg.conditions:
         for k in CONTINUATIONS:
             lps = [logprobs[at[(p.index, c, k)]] for p in chosen]
             per[(c, k)] = {"sum": np.array([x.sum() for x in lps]), "mean": np.array([x.mean() for x in lps]),
                            "tokens": np.array([len(x) for x in lps], dtype=np.int32),
                            "prompt_tokens": np.array([seqs[at[(p.index, c, k)]].prompt_len for p in chosen],
                                                      dtype=np.int32)}
-    summary = summarize(per, conditions, chosen, cfg.seed, cfg.n_boot)
     conts = scoring.Continuations(cfg, builder, dataset_spec(params).path)
-    prov = {
-        **store.model_provenance("likelihood", params, name, prepared.manifest(), unused=() if arm_settings else ("arm",)),
-        **builder.describe(),
-        "scoring": {"attn_implementation": attn, "batch_tokens": cfg.batch_tokens, "pad_token_id": pad,
-                    **how,
-                    "head_check_max_abs_diff": head_check, "separator_ids": conts.sep, "frame_head_ids": conts.head,
-                    "frame_tail": conts.tail},
-        **({"arm": {**arm_settings.describe(), "teacher_forcing": "prompt = step 0 (one pool); continuation "
-                    "position j = decode step j + 1 (its own channels) when apply is all; per-sequence statistics",
-                    "differences_from_paper": arm.DIFFERENCES}} if arm_settings else {}),
-        "dataset_sha256": data_sha,
-    }
+    how = {"attn_implementation": attn, "batch_tokens": cfg.batch_tokens, "pad_token_id": pad, **how,
+           "head_check_max_abs_diff": head_check, "separator_ids": conts.sep, "frame_head_ids": conts.head,
+           "frame_tail": conts.tail}
+    return Scored(seqs, logprobs, per, how, arm_settings, builder, setup.prepared.manifest(), seconds)
+
+
+def write_artifact(out: Path, params: Params, name: str, chosen: list[Problem], m: Scored, summary: dict,
+                   data_sha: str) -> None:
+    """artifacts/likelihood/<model>.h5: per condition and continuation, per contrast, the showcase, provenance."""
     import h5py
 
-    with write_h5(where["out"]) as f:
+    cfg, conditions = params.likelihood, list(params.likelihood.conditions)
+    prov = {
+        **store.model_provenance("likelihood", params, name, m.manifest, unused=() if m.arm_settings else ("arm",)),
+        **m.builder.describe(),
+        "scoring": m.scoring,
+        **({"arm": {**m.arm_settings.describe(), "teacher_forcing": "prompt = step 0 (one pool); continuation "
+                    "position j = decode step j + 1 (its own channels) when apply is all; per-sequence statistics",
+                    "differences_from_paper": arm.DIFFERENCES}} if m.arm_settings else {}),
+        "dataset_sha256": data_sha,
+    }
+    at = {(s.index, s.condition, s.continuation): k for k, s in enumerate(m.seqs)}
+    with write_h5(out) as f:
         f.attrs["kind"] = "likelihood"
         f.attrs["model"] = name
         f.attrs["conditions"] = conditions
@@ -220,10 +256,10 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
         for c in conditions:
             for k in CONTINUATIONS:
                 g = f.require_group(f"{c}/{k}")
-                put(g, "sum", per[(c, k)]["sum"], note="summed log-prob of the scored tokens, nats")
-                put(g, "mean", per[(c, k)]["mean"], note="mean log-prob per scored token, nats/token")
-                put(g, "tokens", per[(c, k)]["tokens"])
-                put(g, "prompt_tokens", per[(c, k)]["prompt_tokens"])
+                put(g, "sum", m.per[(c, k)]["sum"], note="summed log-prob of the scored tokens, nats")
+                put(g, "mean", m.per[(c, k)]["mean"], note="mean log-prob per scored token, nats/token")
+                put(g, "tokens", m.per[(c, k)]["tokens"])
+                put(g, "prompt_tokens", m.per[(c, k)]["prompt_tokens"])
         for (contrast, k), r in summary.items():
             g = f.require_group(f"contrasts/{contrast}/{k}")
             g.attrs["outcome"] = f"{OUTCOMES[k]} ({UNITS[k]})"
@@ -238,20 +274,10 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
         for p in chosen[:cfg.showcase]:
             for c in conditions:
                 for k in CONTINUATIONS:
-                    s = seqs[at[(p.index, c, k)]]
+                    s = m.seqs[at[(p.index, c, k)]]
                     g = sc.require_group(f"{p.index:03d}/{c}/{k}")
                     put(g, "token_ids", np.array(s.scored, dtype=np.int32))
-                    put(g, "logprob", logprobs[at[(p.index, c, k)]].astype(np.float32))
-    write_json_atomic(where["metrics"], metrics_summary(per, summary, conditions, len(chosen)))
-    write_table(where["table"], summary)
-    tokens = sum(len(s.input_ids) for s in seqs)
-    write_timing(where["timing"], {"seconds": round(time.perf_counter() - started, 2), "scoring_seconds": round(seconds, 2),
-                                   "sequences": len(seqs), "tokens": tokens,
-                                   "tokens_per_second": round(tokens / seconds, 1) if seconds else None})
-    gains = ", ".join(f"{c}: {r['all']['mean']:+.4f}" for (c, k), r in summary.items() if k == "solution")
-    print(f"{name}: likelihood of {len(chosen)} problems x {len(conditions)} conditions x 2 continuations in "
-          f"{seconds:.1f} s; solution nats/token vs none {gains} -> {where['out']}")
-    return where["out"]
+                    put(g, "logprob", m.logprobs[at[(p.index, c, k)]].astype(np.float32))
 
 
 def metrics_summary(per: dict, summary: dict, conditions: list[str], n: int) -> dict:

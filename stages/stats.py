@@ -38,6 +38,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -80,6 +81,19 @@ def _pad_mean(rows: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     return np.nanmean(stacked, axis=0), count
 
 
+@dataclass
+class Attention:
+    """What stats reads of one attention artifact: per condition the per-sample vectors (`_per_sample`)."""
+    conditions: list[str]
+    layers: np.ndarray
+    heads: np.ndarray
+    n_orig: np.ndarray       # original (question) tokens per sample
+    per: dict                # condition -> (original rows, full rows, span mass)
+    spans: dict              # condition -> [sample, 2] span start and end
+    provenance: dict         # the extraction's
+    problem_index: np.ndarray
+
+
 def run(params: Params, name: str, src: Path | None = None, out: Path | None = None,
         tables: Path | None = None, timing: Path | None = None) -> Path:
     started = time.perf_counter()
@@ -89,21 +103,41 @@ def run(params: Params, name: str, src: Path | None = None, out: Path | None = N
     cfg = params.stats
     src = src or params.project_path(str(store.path("attention", name)))
     out = out or params.project_path(str(store.path("stats", name)))
+    att = load_attention(src, cfg.query_set, full)
+    results = averages(att, cfg)
+
+    write_artifact(out, params, name, att, results)
+    for kind in ("original", "full"):
+        path = tables / kind / f"{name}.csv" if tables else params.project_path(str(store.path(f"plots/{kind}", name)))
+        write_plot_table(path, kind, results, att.layers)
+    write_timing(timing or params.project_path(str(store.path("timing/stats", name))),
+                 {"seconds": round(time.perf_counter() - started, 2)})
+    print(f"{name}: statistics of {len(att.n_orig)} samples ({cfg.query_set} queries) -> {out}")
+    return out
+
+
+def load_attention(src: Path, query_set: str, full: Params) -> Attention:
+    """The attention artifact's vectors, refused (one line naming the file) when a dataset is missing or the
+    file was made for another model, by another stage or with other params than `full`'s."""
     need = [f"{c}/{v}" for c in ("none",) for v in VECTORS] + ["none/offsets", "none/original_pos"]
     with read_h5(src, "attention", tuple(need), params=full) as f:
         conditions = [str(c) for c in f.attrs["conditions"]]
-        layers, heads = f.attrs["layers"], f.attrs["heads"]
         for c in conditions:
             missing = [f"{c}/{v}" for v in VECTORS + ("offsets", "original_pos", "span") if f"{c}/{v}" not in f]
             if missing:
                 raise ArtifactError(f"{src}: missing datasets {missing} (truncated or written by another version?)")
         n_orig = np.diff(f["none/offsets"][()])
-        per = {c: _per_sample(f, c, cfg.query_set, n_orig) for c in conditions}
-        spans = {c: f[c]["span"][()] for c in conditions}
-        extract_prov = json.loads(f.attrs["provenance"])
-        problem_index = f["problems/index"][()]
+        return Attention(conditions, f.attrs["layers"], f.attrs["heads"], n_orig,
+                         {c: _per_sample(f, c, query_set, n_orig) for c in conditions},
+                         {c: f[c]["span"][()] for c in conditions}, json.loads(f.attrs["provenance"]),
+                         f["problems/index"][()])
 
+
+def averages(att: Attention, cfg) -> dict[str, dict[str, np.ndarray]]:
+    """Per condition: the averaged attention vectors, the span's mass, and against `none` the drops with their
+    seeded bootstrap intervals (the module's definitions)."""
     first = 1 if cfg.exclude_first else 0
+    per, conditions = att.per, att.conditions
     results: dict[str, dict[str, np.ndarray]] = {}
     orig_mean = {c: np.stack([r[:, :, first:].mean(axis=2) for r in per[c][0]]) for c in conditions}  # [S, L, H]
     for c in conditions:
@@ -124,36 +158,33 @@ def run(params: Params, name: str, src: Path | None = None, out: Path | None = N
                            "drop_pct_ci": 100 * np.stack([plo, phi]),
                            "head_rank": np.argsort(-drop, axis=1, kind="stable").astype(np.int32)}
             results[c] |= layer_drops(orig_mean, c, cfg.seed, cfg.n_boot)
-    span_start = {c: sorted({tuple(s) for s in spans[c]}) for c in conditions}
+    return results
 
+
+def write_artifact(out: Path, params: Params, name: str, att: Attention, results: dict) -> None:
+    """artifacts/stats/<model>.h5: the averages per condition, with the extraction's provenance inside."""
+    cfg = params.stats
     with write_h5(out) as f:
         f.attrs["kind"] = "stats"
         f.attrs["model"] = name
-        f.attrs["layers"] = layers
-        f.attrs["heads"] = heads
-        f.attrs["conditions"] = conditions
+        f.attrs["layers"] = att.layers
+        f.attrs["heads"] = att.heads
+        f.attrs["conditions"] = att.conditions
         f.attrs["query_set"] = cfg.query_set
         f.attrs["exclude_first"] = cfg.exclude_first
-        f.attrs["n_samples"] = len(n_orig)
+        f.attrs["n_samples"] = len(att.n_orig)
         f.attrs["indexing"] = "layers and heads are 0-based; charts say 'Layer 1' for index 0"
         f.attrs["definitions"] = __doc__
         put_json_attr(f, "provenance", {**provenance("stats"), "source": str(store.path("attention", name)),
-                                        "extract_provenance": extract_prov,
+                                        "extract_provenance": att.provenance,
                                         "params": store.stage_params(params, "stats", name)})
-        put(f, "problem_index", problem_index)
-        for c in conditions:
+        put(f, "problem_index", att.problem_index)
+        for c in att.conditions:
             g = f.create_group(c)
-            starts = np.array(span_start[c], dtype=np.int32)
+            starts = np.array(sorted({tuple(s) for s in att.spans[c]}), dtype=np.int32)
             g.attrs["span"] = starts[0] if len(starts) == 1 else np.array([-1, -1], dtype=np.int32)
             for k, v in results[c].items():
                 put(g, k, v.astype(np.float64) if v.dtype.kind == "f" else v)
-    for kind in ("original", "full"):
-        path = tables / kind / f"{name}.csv" if tables else params.project_path(str(store.path(f"plots/{kind}", name)))
-        write_plot_table(path, kind, results, layers)
-    write_timing(timing or params.project_path(str(store.path("timing/stats", name))),
-                 {"seconds": round(time.perf_counter() - started, 2)})
-    print(f"{name}: statistics of {len(n_orig)} samples ({cfg.query_set} queries) -> {out}")
-    return out
 
 
 def layer_drops(orig_mean: dict[str, np.ndarray], c: str, seed: int, n_boot: int) -> dict[str, np.ndarray]:

@@ -138,6 +138,39 @@ def test_damaged_outputs_each_get_a_clear_status(clean):
     assert got["reports/report.html"]["status"] == "identical"  # its bytes are the revision's
 
 
+def test_wall_times_inside_the_verdict_are_not_compared(clean):
+    """metrics/verdict.json's power section records how long the run took (and what more problems would cost):
+    a rerun elsewhere changes them without changing a result; every other number of it is compared."""
+    repo = clean
+    path = repo.path / "metrics/verdict.json"
+    original = path.read_text()
+
+    def walk(node, fn, key=""):
+        if isinstance(node, dict):
+            return {k: walk(v, fn, k) for k, v in node.items()}
+        if isinstance(node, list):
+            return [walk(v, fn, key) for v in node]
+        return fn(key, node)
+
+    timed = []
+
+    def slower(key, v):
+        if ("seconds" in key or "hours" in key) and isinstance(v, (int, float)) and not isinstance(v, bool):
+            timed.append(key)
+            return v * 3 + 1
+        return v
+
+    path.write_text(json.dumps(walk(json.loads(original), slower)))
+    code, got, _ = verify(repo)
+    row = got["metrics/verdict.json"]
+    assert timed and code == 0 and row["status"] == "within tolerance" and row["detail"].startswith("values and attributes equal"), row
+    data = json.loads(original)
+    data["power"]["likelihood"][A]["mde_nats_per_token"] += 0.01  # a result, not a time
+    path.write_text(json.dumps(data))
+    code, got, _ = verify(repo)
+    assert code == 1 and f"power.likelihood.{A}.mde_nats_per_token" in got["metrics/verdict.json"]["detail"]
+
+
 def test_a_revision_whose_artifacts_are_in_no_cache_is_not_compared(clean, tmp_path):
     repo = clean
     edit_h5(repo.path / f"artifacts/likelihood/{A}.h5", "none/solution/sum", lambda v: v * (1 + 1e-6))
