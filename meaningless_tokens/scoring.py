@@ -164,6 +164,16 @@ def batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
     return out + ([cur] if cur else [])
 
 
+def right_padded(rows: list[list[int]], fill: int):
+    """The rows as one [rows, longest] long tensor, each filled on the right with `fill`."""
+    import torch
+
+    out = torch.full((len(rows), max(len(r) for r in rows)), fill, dtype=torch.long)
+    for r, row in enumerate(rows):
+        out[r, :len(row)] = torch.tensor(row, dtype=torch.long)
+    return out
+
+
 def score(model, seqs: list[Seq], batch_tokens: int, pad: int, arm_hook: TeacherForcedArm | None = None,
           bar=None) -> list[np.ndarray]:
     """Per sequence, the log-prob of each scored token given everything before it (float64)."""
@@ -174,12 +184,8 @@ def score(model, seqs: list[Seq], batch_tokens: int, pad: int, arm_hook: Teacher
     result: list = [None] * len(seqs)
     for batch in batches([len(s.input_ids) for s in seqs], batch_tokens):
         rows = [seqs[k] for k in batch]
-        width = max(len(s.input_ids) for s in rows)
-        ids = torch.full((len(rows), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for r, s in enumerate(rows):
-            ids[r, :len(s.input_ids)] = torch.tensor(s.input_ids)
-            mask[r, :len(s.input_ids)] = 1
+        ids = right_padded([s.input_ids for s in rows], pad)
+        mask = right_padded([[1] * len(s.input_ids) for s in rows], 0)
         if arm_hook is not None:
             arm_hook.begin([(s.index, s.prompt_len, len(s.input_ids)) if s.condition == "arm" else None for s in rows])
         elif any(s.condition == "arm" for s in rows):
@@ -287,13 +293,8 @@ def score_packed(model, seqs: list[Seq], batch_tokens: int, pad: int, bar=None) 
     result: list = [None] * len(seqs)
     for batch in batches([len(pk.ids) for pk in packs], batch_tokens):
         rows = [packs[g] for g in batch]
-        width = max(len(pk.ids) for pk in rows)
-        ids = torch.full((len(rows), width), pad, dtype=torch.long)
-        pos = torch.zeros((len(rows), width), dtype=torch.long)
-        for r, pk in enumerate(rows):
-            ids[r, :len(pk.ids)] = torch.tensor(pk.ids)
-            pos[r, :len(pk.ids)] = torch.tensor(pk.pos)
-        mask = tree_masks(model, rows, width, dtype)
+        ids, pos = right_padded([pk.ids for pk in rows], pad), right_padded([pk.pos for pk in rows], 0)
+        mask = tree_masks(model, rows, ids.shape[1], dtype)
         mask = {k: v.to(device) for k, v in mask.items()} if isinstance(mask, dict) else mask.to(device)
         r_idx, at, targets, owners = [], [], [], []
         for r, g in enumerate(batch):

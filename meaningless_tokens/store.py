@@ -573,4 +573,11 @@ def path(kind: str, name: str | None = None) -> Path:
     return Path(template.format(name=name) if name is not None else template)
 
 
+def outputs(params, name: str, root: Path | None = None, **kinds: str) -> dict[str, Path]:
+    """A stage's outputs, role -> absolute path of the artifact kind (a PATHS key) for model `name`: under `root`
+    where given (a test's folder), else under the project that `params` belong to."""
+    return {role: (root / path(kind, name) if root else params.project_path(str(path(kind, name))))
+            for role, kind in kinds.items()}
+
+
 FIGURES_DIR = path("figures")

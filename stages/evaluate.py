@@ -46,9 +46,8 @@ from meaningless_tokens.intervals import paired
 from meaningless_tokens.prompts import PromptBuilder, builder_for, check_context, dataset_spec, load_problems, put_problems, select_problems
 from meaningless_tokens.store import put, put_json_attr, write_h5, write_json_atomic, write_timing
 
-def paths(name: str) -> dict[str, Path]:
-    return {"out": store.path("eval", name), "metrics": store.path("metrics/accuracy", name), "timing": store.path("timing/evaluate", name),
-            "journal": store.path("journal/eval", name)}
+# the stage's outputs (and its journal): role -> artifact kind (store.PATHS)
+OUTPUTS = {"out": "eval", "metrics": "metrics/accuracy", "timing": "timing/evaluate", "journal": "journal/eval"}
 
 
 # ---- metrics --------------------------------------------------------------------------------------
@@ -93,7 +92,7 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
     full, params = params, store.params_view(params, "evaluate", name)  # reads only what dvc.yaml lists; `full`:
     # models.setup_for checks the model against every key (charts, layers) before any work
     cfg, conditions = params.evaluate, params.prompt.conditions
-    where = {k: (root / v if root else params.project_path(str(v))) for k, v in paths(name).items()}
+    where = store.outputs(params, name, root, **OUTPUTS)
     problems, data_sha = load_problems(params)
     chosen = select_problems(problems, cfg.n_samples, cfg.seed, "evaluate.n_samples")
     check_engine(params)

@@ -71,9 +71,8 @@ OUTCOMES = {"solution": "mean", "answer": "sum"}
 UNITS = {"solution": "nats/token", "answer": "nats"}
 
 
-def paths(name: str) -> dict[str, Path]:
-    return {"out": store.path("likelihood", name), "metrics": store.path("metrics/likelihood", name),
-            "table": store.path("plots/likelihood", name), "timing": store.path("timing/likelihood", name)}
+# the stage's outputs: role -> artifact kind (store.PATHS)
+OUTPUTS = {"out": "likelihood", "metrics": "metrics/likelihood", "table": "plots/likelihood", "timing": "timing/likelihood"}
 
 
 def scoring_prompt(params: Params) -> Prompt:
@@ -170,7 +169,7 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
     full, params = params, store.params_view(params, "likelihood", name)  # reads only what dvc.yaml lists; `full`:
     # models.setup_for checks the model against every key (charts, layers) before any work
     cfg = params.likelihood
-    where = {k: (root / v if root else params.project_path(str(v))) for k, v in paths(name).items()}
+    where = store.outputs(params, name, root, **OUTPUTS)
     problems, data_sha = load_problems(params)
     chosen = select_problems(problems, cfg.n_samples, cfg.seed, "likelihood.n_samples")
     require_field(params, chosen, "solution", "the likelihood stage (its `solution` continuation)")

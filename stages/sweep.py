@@ -55,9 +55,9 @@ from meaningless_tokens.store import (put, put_json_attr, write_csv_atomic, writ
 JOURNAL_VERSION = 1
 
 
-def paths(name: str) -> dict[str, Path]:
-    return {"out": store.path("sweep", name), "metrics": store.path("metrics/sweep", name), "table": store.path("plots/sweep", name),
-            "timing": store.path("timing/sweep", name), "journal": store.path("journal/sweep", name)}
+# the stage's outputs (and its journal): role -> artifact kind (store.PATHS)
+OUTPUTS = {"out": "sweep", "metrics": "metrics/sweep", "table": "plots/sweep", "timing": "timing/sweep",
+           "journal": "journal/sweep"}
 
 
 CONDITIONS = ["none", "mless"]  # the prompts a sweep builds; `mless` with each (token, count) as its span
@@ -259,7 +259,7 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
     full, params = params, store.params_view(params, "sweep", name)  # reads only what dvc.yaml lists; `full`:
     # models.setup_for checks the model against every key (charts, layers) before any work
     cfg = params.sweep
-    where = {k: (root / v if root else params.project_path(str(v))) for k, v in paths(name).items()}
+    where = store.outputs(params, name, root, **OUTPUTS)
     problems, data_sha = load_problems(params)
     att = measure_attention(params, models.setup_for(full, name, layers=[cfg.layer]), problems)
     if cfg.accuracy_samples:

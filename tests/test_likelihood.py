@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from meaningless_tokens import scoring
-from meaningless_tokens import prompts, arm, models
+from meaningless_tokens import prompts, arm, models, store
 from stages import likelihood
 from meaningless_tokens.config import ConfigError, load_params
 from meaningless_tokens.intervals import bootstrap_mean_ci, wilcoxon_p
@@ -138,7 +138,7 @@ def test_rerun_is_byte_identical_and_leaves_no_partial_file(tiny_dirs, write_par
     a = likelihood.run(params, "tiny", root=tmp_path / "a")
     b = likelihood.run(params, "tiny", root=tmp_path / "b")
     for k in ("out", "metrics", "table"):
-        x, y = tmp_path / "a" / likelihood.paths("tiny")[k], tmp_path / "b" / likelihood.paths("tiny")[k]
+        x, y = (tmp_path / side / store.path(likelihood.OUTPUTS[k], "tiny") for side in "ab")
         assert x.read_bytes() == y.read_bytes(), k
     assert a.read_bytes() == b.read_bytes()
     assert not list(tmp_path.rglob("*.partial"))
