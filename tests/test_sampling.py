@@ -64,7 +64,7 @@ def sampled_params(write_params, tiny_dirs, n=3, **sampling_cfg):
     raw = load_params(write_params()).model_dump()
     raw["runtime"]["threads"] = 1
     raw["evaluate"].update(n_samples=4, max_new_tokens=10, batch_size=8, stop_at_boxed=False,
-                           sampling={"n": n, "temperature": 1.0, "top_k": 0, **sampling_cfg})
+                           sampling={**raw["evaluate"]["sampling"], "n": n, "temperature": 1.0, "top_k": 0, **sampling_cfg})
     raw["models"] = {"tiny": {"display_name": "Tiny llama", "family": "llama",
                               "source": {"kind": "local_dir", "path": str(tiny_dirs["llama"])}}}
     return load_params(write_params(raw))
