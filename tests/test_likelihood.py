@@ -231,3 +231,35 @@ def test_packed_problems_give_the_per_sequence_sums(family, family_dirs, write_p
         assert abs(a.sum() - b.sum()) < 1e-4 and abs(a.sum() - c.sum()) < 1e-4, (s.condition, s.continuation)
         np.testing.assert_allclose(b, a, atol=2e-5)
     assert scoring.check_packed(model, seqs[:6], 900, pad) < 1e-4
+
+
+def test_a_decoder_that_ignores_the_tree_mask_is_scored_whole(family_dirs, write_params, cache_dir):
+    """score_fastest's guard: where the decoder drops the prepared tree mask (as a family without 4D-mask support
+    would), the check on the first problem is far above PACKED_TOLERANCE, every sequence is scored whole (the same
+    log-probs as `score`) and the reason is reported; with the mask honoured, the packed scoring is taken."""
+    params = load_params(write_params(family_params(write_params, family_dirs["llama"]).model_dump() | {
+        "likelihood": {**load_params(write_params()).likelihood.model_dump(), "solution_tokens": 30}}))
+    setup = models.setup_for(params, "tiny")
+    model, tok, _ = scoring.load(setup)
+    chosen = select_problems(load_math500(params)[0], 3, 0)
+    seqs = likelihood.build_sequences(params, "tiny", builder_for(likelihood.scoring_prompt(params), setup, tok),
+                                      chosen, None)
+    pad = scoring.pad_id(tok)
+    _, info = scoring.score_fastest(model, seqs, 900, pad)
+    assert info["method"] == "packed" and info["packed_check_max_abs_diff"] < scoring.PACKED_TOLERANCE
+    decoder = model.get_decoder()
+    honouring = decoder.forward
+
+    def ignoring(*args, attention_mask=None, position_ids=None, **kw):
+        return honouring(*args, **kw)  # causal over the flattened tree: each branch sees its siblings
+
+    decoder.forward = ignoring
+    try:
+        why = []
+        got, info = scoring.score_fastest(model, seqs, 900, pad, warn=why.append)
+    finally:
+        decoder.forward = honouring
+    assert info["method"] == "whole" and info["packed_check_max_abs_diff"] > 100 * scoring.PACKED_TOLERANCE
+    assert len(why) == 1 and "scoring each sequence whole" in why[0]
+    for a, b in zip(got, scoring.score(model, seqs, 900, pad)):
+        np.testing.assert_array_equal(a, b)
