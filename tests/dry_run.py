@@ -28,12 +28,13 @@ from tests import tiny
 
 ROOT = tiny.ROOT
 # what the CPU run shrinks; everything else is the GPU profile's
-# (a coarser activation histogram too: its chart takes most of the drawing time, and its bins are no figure param)
+# (a coarser activation histogram too: its chart takes most of the drawing time, and its bins are no figure param;
+# and the CPU's likelihood batch budget: the GPU's 16384 padded tokens per pass made the stand-ins' scoring 1.3x slower)
 SMALL = {"extract": {"n_samples": 2, "showcase": 1}, "evaluate": {"n_samples": 2, "max_new_tokens": 2, "batch_size": 6,
                                                                  "sampling": {"n": 2, "max_new_tokens": 2}},
          "stats": {"n_boot": 50}, "activations": {"n_boot": 50, "showcase": 0, "bins": 60},
          "sweep": {"attention_samples": 2, "accuracy_samples": 2, "likelihood_samples": 2, "n_boot": 50},
-         "likelihood": {"n_samples": 3, "solution_tokens": 16, "n_boot": 50}}
+         "likelihood": {"n_samples": 3, "solution_tokens": 16, "n_boot": 50, "batch_tokens": 1024}}
 
 
 def build_models(folder: Path) -> dict[str, Path]:
