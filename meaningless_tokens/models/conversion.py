@@ -67,19 +67,14 @@ def fast_reader_class():
     return FastReader
 
 
-# path -> its parsed reader, while a `gguf_reader` block is open: the config, the tokenizer and the model each call
-# load_gguf_checkpoint, which only reads the reader (four parses of the same file otherwise, about 4 s each for a
-# 151k-token vocabulary)
-_PARSED: dict[str, object] = {}
-_OPEN = [0]
-
-
 @contextlib.contextmanager
 def gguf_reader(n_layers: int | None = None):
-    """transformers' GGUF loader, reading with the fast reader, each file parsed once per outermost block; with
-    `n_layers`, seeing only the tensors of the first `n_layers` blocks and the rest of the model but its untied LM
-    head: it dequantizes and processes each kept tensor exactly as in a full load (the same code runs), and never
-    touches the others (the file is memory-mapped)."""
+    """transformers' GGUF loader, reading with the fast reader, each file parsed once per outermost block (the
+    config, the tokenizer and the model each call load_gguf_checkpoint, which only reads the reader: four parses of
+    the same file otherwise, about 4 s each for a 151k-token vocabulary; a nested block takes its enclosing block's
+    parse); with `n_layers`, seeing only the tensors of the first `n_layers` blocks and the rest of the model but its
+    untied LM head: it dequantizes and processes each kept tensor exactly as in a full load (the same code runs), and
+    never touches the others (the file is memory-mapped)."""
     import gguf
 
     base = gguf.GGUFReader
@@ -92,26 +87,23 @@ def gguf_reader(n_layers: int | None = None):
             return int(tensor_name.split(".")[1]) < n_layers
         return tensor_name != GGUF_HEAD
 
-    def reader(path, *args, **kwargs):
-        if args or kwargs:  # another mode than read-only: a reader of its own
-            parsed = fast(path, *args, **kwargs)
-        else:
-            parsed = _PARSED.get(os.fspath(path))
-            if parsed is None:
-                parsed = _PARSED[os.fspath(path)] = fast(path)
-        view = copy.copy(parsed)
-        view.tensors = [t for t in parsed.tensors if keep(t.name)]
+    parsed: dict[str, object] = {}
+    outer = base if getattr(base, "parses_once", False) else fast
+
+    def reader(path):
+        whole = parsed.get(os.fspath(path))
+        if whole is None:
+            whole = parsed[os.fspath(path)] = outer(path)
+        view = copy.copy(whole)
+        view.tensors = [t for t in whole.tensors if keep(t.name)]
         return view
 
+    reader.parses_once = True
     gguf.GGUFReader = reader  # load_gguf_checkpoint imports it from the module at each call
-    _OPEN[0] += 1
     try:
         yield
     finally:
         gguf.GGUFReader = base
-        _OPEN[0] -= 1
-        if not _OPEN[0]:
-            _PARSED.clear()
 
 
 def convert_gguf(name: str, gguf_path: Path, gguf_sha256: str, cache: Path, n_layers: int | None = None) -> Path:
