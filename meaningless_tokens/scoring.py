@@ -327,8 +327,8 @@ def check_packed(model, seqs: list[Seq], batch_tokens: int, pad: int) -> float:
 
 
 # the largest difference of a summed log-prob (nats) between the packed and the whole-sequence scoring on the
-# checked problem for which `score_fastest` uses the packed one. float32 rounding of a sum over some 80 scored
-# tokens reaches 1.1e-4 (SmolLM2-135M, the first of 100 problems: at 1e-4 that run fell back to whole scoring,
+# checked problem for which `score_fastest` uses the packed one. float32 rounding of a sum over at most 32 tokens
+# reaches 1.1e-4 (SmolLM2-135M, the first of 100 problems: at 1e-4 that run fell back to whole scoring,
 # 1.7x the time); a decoder that ignores the tree mask differs by tenths of a nat or more (tests/test_likelihood.py)
 PACKED_TOLERANCE = 1e-3
 
