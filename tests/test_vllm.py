@@ -67,7 +67,7 @@ def evaluated(runs, write_params, tmp_path_factory, model, engine, **vllm):
 
 @pytest.mark.parametrize("model", MODELS)
 def test_engines_agree_on_the_graded_results(model, runs, write_params, tmp_path_factory):
-    """10 problems x 3 conditions of the default profile: the graded results of the two engines agree on at
+    """The default profile's problems x conditions: the graded results of the two engines agree on at
     least 95 % of the (problem, condition) pairs; identical texts are counted and reported."""
     hf, hf_prov, _ = evaluated(runs, write_params, tmp_path_factory, model, "transformers")
     vl, vl_prov, _ = evaluated(runs, write_params, tmp_path_factory, model, "vllm")
@@ -111,7 +111,8 @@ def test_data_parallel_replicas_and_resume(runs, write_params, tmp_path_factory,
     monkeypatch.setattr(engines.Journal, "append", real_append)
     capfd.readouterr()
     out = evaluate.run(params, model, root=root)
-    assert f"resuming from {journal} (5 of 30 generations done)" in capfd.readouterr().err
+    total = sum(len(one[c]["correct"]) for c in one)  # the one-replica run's (problem, condition) pairs
+    assert f"resuming from {journal} (5 of {total} generations done)" in capfd.readouterr().err
     two, prov = read(out)
     assert prov["generation"]["data_parallel_size"] == 2
     timing = json.loads((root / f"metrics/timing/evaluate-{model}.json").read_text())
