@@ -53,6 +53,7 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -163,6 +164,14 @@ class Scored:
     manifest: dict           # the prepared model's
     seconds: float           # the scoring alone
 
+    def at(self, problem: Problem, condition: str, continuation: str) -> int:
+        """The index in `seqs` and `logprobs` of one (problem, condition, continuation)."""
+        return self.index[(problem.index, condition, continuation)]
+
+    @cached_property
+    def index(self) -> dict:
+        return {(s.index, s.condition, s.continuation): k for k, s in enumerate(self.seqs)}
+
 
 def run(params: Params, name: str, root: Path | None = None) -> Path:
     started = time.perf_counter()
@@ -210,20 +219,19 @@ def measure(params: Params, setup: models.ModelSetup, chosen: list[Problem]) -> 
     bar.close()
     if hook is not None:
         hook.remove()
-    at = {(s.index, s.condition, s.continuation): k for k, s in enumerate(seqs)}
-    per = {}
-    for c in cfg.conditions:
-        for k in CONTINUATIONS:
-            lps = [logprobs[at[(p.index, c, k)]] for p in chosen]
-            per[(c, k)] = {"sum": np.array([x.sum() for x in lps]), "mean": np.array([x.mean() for x in lps]),
-                           "tokens": np.array([len(x) for x in lps], dtype=np.int32),
-                           "prompt_tokens": np.array([seqs[at[(p.index, c, k)]].prompt_len for p in chosen],
-                                                     dtype=np.int32)}
     conts = scoring.Continuations(cfg, builder, dataset_spec(params).path)
     how = {"attn_implementation": attn, "batch_tokens": cfg.batch_tokens, "pad_token_id": pad, **how,
            "head_check_max_abs_diff": head_check, "separator_ids": conts.sep, "frame_head_ids": conts.head,
            "frame_tail": conts.tail}
-    return Scored(seqs, logprobs, per, how, arm_settings, builder, setup.prepared.manifest(), seconds)
+    m = Scored(seqs, logprobs, {}, how, arm_settings, builder, setup.prepared.manifest(), seconds)
+    for c in cfg.conditions:
+        for k in CONTINUATIONS:
+            lps = [logprobs[m.at(p, c, k)] for p in chosen]
+            m.per[(c, k)] = {"sum": np.array([x.sum() for x in lps]), "mean": np.array([x.mean() for x in lps]),
+                             "tokens": np.array([len(x) for x in lps], dtype=np.int32),
+                             "prompt_tokens": np.array([seqs[m.at(p, c, k)].prompt_len for p in chosen],
+                                                       dtype=np.int32)}
+    return m
 
 
 def write_artifact(out: Path, params: Params, name: str, chosen: list[Problem], m: Scored, summary: dict,
@@ -241,7 +249,6 @@ def write_artifact(out: Path, params: Params, name: str, chosen: list[Problem], 
                     "differences_from_paper": arm.DIFFERENCES}} if m.arm_settings else {}),
         "dataset_sha256": data_sha,
     }
-    at = {(s.index, s.condition, s.continuation): k for k, s in enumerate(m.seqs)}
     with write_h5(out) as f:
         f.attrs["kind"] = "likelihood"
         f.attrs["model"] = name
@@ -273,10 +280,10 @@ def write_artifact(out: Path, params: Params, name: str, chosen: list[Problem], 
         for p in chosen[:cfg.showcase]:
             for c in conditions:
                 for k in CONTINUATIONS:
-                    s = m.seqs[at[(p.index, c, k)]]
+                    i = m.at(p, c, k)
                     g = sc.require_group(f"{p.index:03d}/{c}/{k}")
-                    put(g, "token_ids", np.array(s.scored, dtype=np.int32))
-                    put(g, "logprob", m.logprobs[at[(p.index, c, k)]].astype(np.float32))
+                    put(g, "token_ids", np.array(m.seqs[i].scored, dtype=np.int32))
+                    put(g, "logprob", m.logprobs[i].astype(np.float32))
 
 
 def metrics_summary(per: dict, summary: dict, conditions: list[str], n: int) -> dict:
