@@ -249,6 +249,8 @@ class Vllm(Strict):
     distributed_executor_backend: Literal["auto", "mp", "ray"] = Field(
         description="auto: vLLM's choice (processes on one node); ray: several nodes")
     gpu_memory_utilization: float = Field(gt=0, le=1, description="share of each GPU's memory vLLM may take")
+    kv_cache_gib: float | None = Field(gt=0, description="the KV cache's size per replica, GiB (vLLM's kv_cache_memory_bytes); "
+                                                         "null: what gpu_memory_utilization leaves after the weights")
     max_num_seqs: PositiveInt | None = Field(description="sequences decoded at once; null: vLLM's default")
     enforce_eager: bool = Field(description="no CUDA graphs / compilation (slower, starts sooner)")
     batch_invariant: bool = Field(description="VLLM_BATCH_INVARIANT: outputs independent of batch composition, "

@@ -123,6 +123,8 @@ def _engine_args(cfg: Evaluate, setup, engine: dict) -> dict:
             "seed": cfg.seed, "tensor_parallel_size": v.tensor_parallel_size,
             "gpu_memory_utilization": v.gpu_memory_utilization, "enforce_eager": engine["enforce_eager"],
             "trust_remote_code": setup.spec.trust_remote_code, "max_logprobs": 0}
+    if v.kv_cache_gib:
+        args["kv_cache_memory_bytes"] = int(v.kv_cache_gib * 2**30)
     if v.max_num_seqs:
         args["max_num_seqs"] = v.max_num_seqs
     if v.distributed_executor_backend != "auto":

@@ -277,6 +277,8 @@ def test_vllm_engine_bad_input_names_the_key(tiny_dirs, write_params, cache_dir,
         vllm_engine.check(p.evaluate, p.prompt.conditions, "cuda", p.file)
     with pytest.raises(ConfigError, match=r"evaluate.vllm.data_parallel_size: Input should be greater than 0"):
         params_with(data_parallel_size=0)
+    with pytest.raises(ConfigError, match=r"evaluate.vllm.kv_cache_gib: Input should be greater than 0"):
+        params_with(kv_cache_gib=0)
     assert not (tmp_path / "artifacts/eval").exists()
 
 

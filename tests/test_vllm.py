@@ -112,7 +112,10 @@ def test_data_parallel_replicas_and_resume(runs, write_params, tmp_path_factory,
     capfd.readouterr()
     out = evaluate.run(params, model, root=root)
     total = sum(len(one[c]["correct"]) for c in one)  # the one-replica run's (problem, condition) pairs
-    assert f"resuming from {journal} (5 of {total} generations done)" in capfd.readouterr().err
+    err = capfd.readouterr().err
+    assert f"resuming from {journal} (5 of {total} generations done)" in err
+    # evaluate.vllm.kv_cache_gib reached each replica's engine (vLLM's CPU worker logs the size it was given)
+    assert err.count(f"Explicitly set ({round(params.evaluate.vllm.kv_cache_gib, 2)}/") == 2, err[-2000:]
     two, prov = read(out)
     assert prov["generation"]["data_parallel_size"] == 2
     timing = json.loads((root / f"metrics/timing/evaluate-{model}.json").read_text())
