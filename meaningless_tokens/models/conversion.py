@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from meaningless_tokens.models.cache import (CONVERSION_VERSION, MANIFEST, ModelSourceError, Staging, conversion_dir,
-                                             converted_folder, model_facts, weights_digest)
+                                             converted_folder, converter, model_facts, weights_digest)
 from meaningless_tokens.models.partial import truncated_config
 from meaningless_tokens.store import write_json_atomic
 
@@ -183,7 +183,8 @@ def convert_gguf(name: str, gguf_path: Path, gguf_sha256: str, cache: Path, n_la
             digest, files = weights_digest(tmp)
             write_json_atomic(tmp / MANIFEST, {
                 "gguf_sha256": gguf_sha256, "gguf_architecture": arch, "weights_sha256": digest, "files": files,
-                "facts": model_facts(tmp), "conversion_version": CONVERSION_VERSION, "layers": n_layers,
+                "facts": model_facts(tmp), "conversion_version": CONVERSION_VERSION,
+                "transformers": converter(), "layers": n_layers,
                 "convert_seconds": round(time.perf_counter() - started, 1),
             })
     return final
