@@ -22,6 +22,7 @@ from meaningless_tokens.config import Params, StageError
 from meaningless_tokens.store import write_json_atomic
 
 CONVERSION_VERSION = 1  # bump when the GGUF -> safetensors conversion changes its output
+MANIFEST = "mless-manifest.json"
 
 
 def converter() -> str:
@@ -31,7 +32,6 @@ def converter() -> str:
     from importlib.metadata import version
 
     return version("transformers")
-MANIFEST = "mless-manifest.json"
 
 
 class ModelSourceError(StageError):

@@ -49,7 +49,8 @@ def gguf_tokenizer(src_dir: Path, adds: dict):
     """The GGUF's tokenizer as transformers converts it, adding the special tokens the file says it adds:
     transformers 5.19 (the vLLM environment's) converts Gemma-3's without the BOS its GGUF declares, 5.24 with
     it; reloaded with the file's flags, 5.19's saves byte-identical to 5.24's tokenizer.json. A tokenizer that
-    already agrees is left as converted (passing the flags would rewrite its post-processor)."""
+    already agrees is left as converted (passing the flags would rewrite its post-processor). Whether transformers
+    follows a flag on reload is its own (5.24 keeps Gemma-3's BOS when told add_bos_token=False)."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(src_dir, gguf_file="model.gguf")
