@@ -101,6 +101,33 @@ def variant_for(model_type: str) -> str:
     return "gemma" if model_type.startswith("gemma") else "llama"
 
 
+def check_setting(variant: str, c: float, percentage: float, only: str | None = None) -> str | None:
+    """Why (c, percentage) is outside the variant's range (None when it is not); `only`: check that key alone."""
+    if only in (None, "percentage"):
+        if variant == "llama" and not 0 <= percentage <= 100:
+            return (f"{percentage} is outside [0, 100], the llama variant's range (a percentile of the signed "
+                    "activations, in percent)")
+        if variant == "gemma" and not 0 <= percentage <= 1:
+            return (f"{percentage} is outside [0, 1], the gemma variant's range (a quantile of |a|; the paper's code "
+                    f"divides values above 1 by 100: write {percentage / 100:g})")
+    if only in (None, "c"):
+        if variant == "gemma" and not 0 < c <= 1:
+            return f"{c} is outside (0, 1], the gemma variant's range (the share of activations moved)"
+        if variant == "llama" and not c > 0:
+            return f"{c} is not positive (the llama variant's near-zero radius is 1.4826 * MAD * c)"
+    return None
+
+
+def paper_settings(variant: str) -> list[tuple[float, float]]:
+    """Every (c, percentage) the paper's code runs with the variant, on any model and benchmark, in first-seen order."""
+    out = []
+    for table in PAPER_BY_BENCHMARK.values():
+        for repo, v in table.items():
+            if v is not OFF and repo.startswith("google/") == (variant == "gemma") and v not in out:
+                out.append(v)
+    return out
+
+
 def settings_for(cfg: Arm, benchmark: str, setup) -> ArmSettings:
     """The ARM settings of a stage's model (a models.ModelSetup) under params' `arm` and the dataset's
     benchmark; raises ConfigError naming the key for values outside the variant's range.
@@ -129,17 +156,10 @@ def settings_for(cfg: Arm, benchmark: str, setup) -> ArmSettings:
         given = getattr(own, key)
         values[key] = float(base if given is None else given)
         origin[key] = base_tag if given is None else "params"
-    if variant == "llama" and not 0 <= values["percentage"] <= 100:
-        raise ConfigError(f"{where}.percentage: {values['percentage']} is outside [0, 100], the llama variant's "
-                          "range (a percentile of the signed activations, in percent)")
-    if variant == "gemma":
-        if not 0 <= values["percentage"] <= 1:
-            raise ConfigError(f"{where}.percentage: {values['percentage']} is outside [0, 1], the gemma variant's "
-                              "range (a quantile of |a|; the paper's code divides values above 1 by 100: "
-                              f"write {values['percentage'] / 100:g})")
-        if not 0 < values["c"] <= 1:
-            raise ConfigError(f"{where}.c: {values['c']} is outside (0, 1], the gemma variant's range "
-                              "(the share of activations moved)")
+    for key in ("percentage", "c"):
+        why = check_setting(variant, values["c"], values["percentage"], key)
+        if why:
+            raise ConfigError(f"{where}.{key}: {why}")
     if values["pmin"] > values["pmax"]:
         raise ConfigError(f"{where}.pmin: {values['pmin']} is greater than pmax {values['pmax']}"
                           f" ({origin['pmax']})")
@@ -147,18 +167,19 @@ def settings_for(cfg: Arm, benchmark: str, setup) -> ArmSettings:
                        cfg.pool, cfg.apply, cfg.seed, origin)
 
 
-def layer0_mlp(model, setup):
+def layer0_mlp(model, setup, key: str = "prompt.conditions"):
     """Decoder layer 0's MLP, refusing a model whose MLP is not gated (ARM edits act_fn(gate_proj(x)));
-    `setup`: the stage's models.ModelSetup (its name and params file are named in the error)."""
+    `setup`: the stage's models.ModelSetup (its name and params file are named in the error), `key`: the params
+    key that asked for `arm`."""
     name = setup.name
     mlp = getattr(model.get_decoder().layers[0], "mlp", None)
     if not all(hasattr(mlp, k) for k in ("gate_proj", "up_proj", "down_proj", "act_fn")):
         raise ConfigError(
-            f"{setup.params_file}: prompt.conditions: 'arm' needs a gated MLP with gate_proj, up_proj and act_fn in layer 0, "
+            f"{setup.params_file}: {key}: 'arm' needs a gated MLP with gate_proj, up_proj and act_fn in layer 0, "
             f"but model '{name}' has {type(mlp).__name__} (model_type {model.config.model_type!r})")
     # the hook sits on the act_fn module: one instance shared by several layers would fire in all of them
     if any(getattr(getattr(block, "mlp", None), "act_fn", None) is mlp.act_fn for block in model.get_decoder().layers[1:]):
-        raise ConfigError(f"{setup.params_file}: prompt.conditions: 'arm' needs layer 0's own act_fn module, but model "
+        raise ConfigError(f"{setup.params_file}: {key}: 'arm' needs layer 0's own act_fn module, but model "
                           f"'{name}' shares one act_fn instance between layers")
     return mlp
 

@@ -440,6 +440,40 @@ class Arm(Strict):
     seed: NonNegativeInt = Field(description="with the problem index and step, seeds each row's draws")
 
 
+class ArmTuning(Strict):
+    """arm_tuning@<model> (beyond the paper, opt-in by listing models): ARM's (c, percentage) chosen per model by the
+    likelihood proxy on problems disjoint from likelihood's subset, over a declared grid (stages/arm_tuning.py)."""
+
+    models: list[ModelName] = Field(
+        description="the models tuned (one arm_tuning stage each; each also in likelihood.models); []: none")
+    n_samples: PositiveInt = Field(
+        description="tuning problems, seeded and stratified by level among the problems outside likelihood's subset")
+    seed: int = Field(description="tuning subset and bootstrap seed")
+    grid: dict[Literal["llama", "gemma"], list[tuple[float, float]]] = Field(
+        description="per variant the (c, percentage) pairs tried; each holds the variant's fallback")
+    n_boot: PositiveInt = Field(description="bootstrap resamples for the intervals")
+
+    @field_validator("grid")
+    @classmethod
+    def _grid(cls, v):
+        from meaningless_tokens.arm import FALLBACK, check_setting
+
+        for variant in ("llama", "gemma"):
+            pairs = v.get(variant)
+            if not pairs:
+                raise ValueError(f"{variant}: missing or empty; every variant needs its (c, percentage) pairs")
+            if len(set(pairs)) != len(pairs):
+                raise ValueError(f"{variant}: {pairs} names a pair twice")
+            for c, pct in pairs:
+                why = check_setting(variant, c, pct)
+                if why:
+                    raise ValueError(f"{variant}: ({c:g}, {pct:g}): {why}")
+            if tuple(FALLBACK[variant]) not in [tuple(x) for x in pairs]:
+                raise ValueError(f"{variant}: {pairs} lacks the variant's fallback {FALLBACK[variant]}, the setting "
+                                 "the shipped models run untuned")
+        return v
+
+
 class Figures(Strict):
     models: Literal["all"] | list[str] = "all"
     layer: NonNegativeInt = Field(default=0, description="0-based layer of the per-head charts (Layer 1 on charts)")
@@ -489,6 +523,7 @@ class Params(Strict):
     sweep: Sweep
     likelihood: Likelihood
     arm: Arm
+    arm_tuning: ArmTuning
     figures: Figures
     models: dict[ModelName, ModelSpec] = Field(min_length=1)
     _file: Path = PrivateAttr(default=PARAMS_FILE)
@@ -502,6 +537,13 @@ class Params(Strict):
                     raise ValueError(f"{key}: {unknown} not configured; models: {sorted(self.models)}")
                 if len(set(chosen)) != len(chosen):
                     raise ValueError(f"{key}: {chosen} names a model twice")
+        tuned = self.arm_tuning.models
+        if len(set(tuned)) != len(tuned):
+            raise ValueError(f"arm_tuning.models: {tuned} names a model twice")
+        unscored = [m for m in tuned if m not in self.scored]
+        if unscored:
+            raise ValueError(f"arm_tuning.models: {unscored} not in likelihood.models {self.scored}: a setting is tuned "
+                             "for the likelihood stage's problems and judged there")
         return self
 
     def _listed(self, chosen: list[str] | None) -> list[str]:

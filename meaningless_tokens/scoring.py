@@ -8,7 +8,7 @@ the LM head runs only at the positions that predict a scored token, over slices 
 padding: causal attention keeps the pads out of every real token); `score_packed`, what the likelihood stage
 runs, packs each problem's sequences into one token tree (every shared prefix once) with the tree's attention
 mask and each token's own position, the same log-probs within 1e-4 nats and faster on a 2-core CPU
-(docs/benchmarks.md). `TeacherForcedArm` applies ARM as generation would have applied it had the model generated
+(docs/benchmarks.md); a problem's `arm` sequences form a tree of their own. `TeacherForcedArm` applies ARM as generation would have applied it had the model generated
 exactly these tokens (stages/likelihood.py's text says how).
 """
 
@@ -79,7 +79,10 @@ def check_alignment(seqs: list[Seq]) -> None:
 class TeacherForcedArm:
     """ARM on layer 0's act_fn for the rows `begin` marks, mapped onto teacher forcing (see the module text).
 
-    begin(rows): rows[r] = (problem index, prompt length, sequence length) of an arm row, or None."""
+    begin(rows): rows[r] = (problem index, prompt length, steps) of an arm row, or None: positions
+    [0, prompt length) are the prompt (step 0, one pool), and position prompt length + i is edited alone as decode
+    step steps[i] (a whole sequence: 1, 2, ...; a packed tree: its node's depth past the prompt, so two branches'
+    nodes at one depth get the same step, as each sequence scored whole would)."""
 
     def __init__(self, mlp, settings: arm.ArmSettings):
         self.settings = settings
@@ -104,14 +107,19 @@ class TeacherForcedArm:
         for r, row in enumerate(self.rows):
             if row is None:
                 continue
-            index, p, n = row
+            index, p, steps = row
             g = torch.Generator(device=a.device).manual_seed(arm.row_seed(s.seed, index, 0))
             out[r, :p] = arm.edit(a[r, :p], s, g)
-            if s.apply == "all" and n > p:
+            if s.apply == "all" and len(steps):
                 gens = [torch.Generator(device=a.device).manual_seed(arm.row_seed(s.seed, index, step))
-                        for step in range(1, n - p + 1)]
-                out[r, p:n] = arm.edit_rows(a[r, p:n], s, gens)
+                        for step in steps]
+                out[r, p:p + len(steps)] = arm.edit_rows(a[r, p:p + len(steps)], s, gens)
         return out
+
+
+def whole_steps(s: Seq) -> tuple:
+    """A whole arm sequence's TeacherForcedArm row: every position after the prompt is the next decode step."""
+    return (s.index, s.prompt_len, range(1, len(s.input_ids) - s.prompt_len + 1))
 
 
 def head_logprobs(model, hidden, targets):
@@ -187,7 +195,7 @@ def score(model, seqs: list[Seq], batch_tokens: int, pad: int, arm_hook: Teacher
         ids = right_padded([s.input_ids for s in rows], pad)
         mask = right_padded([[1] * len(s.input_ids) for s in rows], 0)
         if arm_hook is not None:
-            arm_hook.begin([(s.index, s.prompt_len, len(s.input_ids)) if s.condition == "arm" else None for s in rows])
+            arm_hook.begin([whole_steps(s) if s.condition == "arm" else None for s in rows])
         elif any(s.condition == "arm" for s in rows):
             raise ValueError("arm rows need the ARM hook")
         try:
@@ -272,24 +280,29 @@ def tree_masks(model, packs: list[Packed], width: int, dtype):
     return sliding
 
 
-def score_packed(model, seqs: list[Seq], batch_tokens: int, pad: int, bar=None) -> list[np.ndarray]:
+def score_packed(model, seqs: list[Seq], batch_tokens: int, pad: int, arm_hook: TeacherForcedArm | None = None,
+                 bar=None) -> list[np.ndarray]:
     """`score`, each problem's sequences packed into one row (`pack`: every shared prefix computed once, the
     prompt for both continuations and the instruction for every condition), the tree's attention mask and each
     token's own position passed to the decoder; rows batched by length within batch_tokens, right-padded. The
     same log-probs as `score` within float rounding where the family honours a prepared 4D mask (`check_packed`
-    verifies it on the model at hand). No ARM rows (the hook edits a sequence's prompt in one row: `score`)."""
+    verifies it on the model at hand). A problem's `arm` sequences are a tree of their own (ARM changes their
+    prompt's hidden states from layer 0 on, so they share no node with `none`): the prompt's nodes come first and
+    are edited as one pool (step 0), every later node alone as the decode step of its depth (`TeacherForcedArm`)."""
     import torch
 
-    if any(s.condition == "arm" for s in seqs):
-        raise ValueError("arm rows are scored by `score` (the ARM hook edits the prompt of one sequence per row)")
+    if arm_hook is None and any(s.condition == "arm" for s in seqs):
+        raise ValueError("arm rows need the ARM hook")
     device = model.get_output_embeddings().weight.device
     dtype = model.get_output_embeddings().weight.dtype
     decoder = model.get_decoder()
-    by_problem: dict[int, list[int]] = {}
+    by_tree: dict[tuple[int, bool], list[int]] = {}
     for k, s in enumerate(seqs):
-        by_problem.setdefault(s.index, []).append(k)
-    members = list(by_problem.values())
+        by_tree.setdefault((s.index, s.condition == "arm"), []).append(k)
+    members = list(by_tree.values())
     packs = [pack([seqs[k] for k in ks]) for ks in members]
+    arm_rows = [arm_tree(pk, [seqs[k] for k in ks]) if seqs[ks[0]].condition == "arm" else None
+                for pk, ks in zip(packs, members)]
     result: list = [None] * len(seqs)
     for batch in batches([len(pk.ids) for pk in packs], batch_tokens):
         rows = [packs[g] for g in batch]
@@ -304,11 +317,17 @@ def score_packed(model, seqs: list[Seq], batch_tokens: int, pad: int, bar=None) 
                 at += path[s.start - 1:len(s.input_ids) - 1]
                 targets += s.scored
                 owners.append((k, len(s.scored)))
-        with torch.no_grad():
-            hidden = decoder(input_ids=ids.to(device), attention_mask=mask, position_ids=pos.to(device),
-                             use_cache=False)[0]
-            lp = head_logprobs(model, hidden[torch.tensor(r_idx, device=device), torch.tensor(at, device=device)],
-                               torch.tensor(targets, device=device))
+        if arm_hook is not None:
+            arm_hook.begin([arm_rows[g] for g in batch])
+        try:
+            with torch.no_grad():
+                hidden = decoder(input_ids=ids.to(device), attention_mask=mask, position_ids=pos.to(device),
+                                 use_cache=False)[0]
+                lp = head_logprobs(model, hidden[torch.tensor(r_idx, device=device), torch.tensor(at, device=device)],
+                                   torch.tensor(targets, device=device))
+        finally:
+            if arm_hook is not None:
+                arm_hook.begin([])
         i = 0
         for k, n in owners:
             result[k] = lp[i:i + n]
@@ -318,11 +337,20 @@ def score_packed(model, seqs: list[Seq], batch_tokens: int, pad: int, bar=None) 
     return result
 
 
-def check_packed(model, seqs: list[Seq], batch_tokens: int, pad: int) -> float:
+def arm_tree(pk: Packed, seqs: list[Seq]) -> tuple:
+    """The TeacherForcedArm row of one problem's packed arm sequences: the shared prompt is the tree's first
+    nodes (asserted), every later node is the decode step of its depth past the prompt."""
+    p = seqs[0].prompt_len
+    if any(s.prompt_len != p or path[:p] != list(range(p)) for s, path in zip(seqs, pk.paths)):
+        raise AssertionError(f"problem {seqs[0].index}: the arm sequences do not share their prompt")
+    return (seqs[0].index, p, [d - p + 1 for d in pk.pos[p:]])
+
+
+def check_packed(model, seqs: list[Seq], batch_tokens: int, pad: int, arm_hook: TeacherForcedArm | None = None) -> float:
     """The max abs difference of the summed log-probs between `score_packed` and `score` on the given sequences
-    (one problem's: the stage's guard that the family honours the prepared tree mask)."""
-    a = score(model, seqs, batch_tokens, pad)
-    b = score_packed(model, seqs, batch_tokens, pad)
+    (one problem's, arm rows included: the stage's guard that the family honours the prepared tree mask)."""
+    a = score(model, seqs, batch_tokens, pad, arm_hook)
+    b = score_packed(model, seqs, batch_tokens, pad, arm_hook)
     return float(max(abs(x.sum() - y.sum()) for x, y in zip(a, b)))
 
 
@@ -335,31 +363,20 @@ PACKED_TOLERANCE = 1e-3
 
 def score_fastest(model, seqs: list[Seq], batch_tokens: int, pad: int, arm_hook: TeacherForcedArm | None = None,
                   bar=None, warn=None) -> tuple[list[np.ndarray], dict]:
-    """Per sequence, the log-probs of `score`: `score_packed` for every sequence but the arm rows once
-    `check_packed` finds it equal on one problem (the first), `score` for the arm rows (the hook edits one sequence
-    per row) and for every sequence where the family does not honour the tree mask (`warn` is called with the
-    reason). Returns (log-probs, {"method": "packed" or "whole", "packed_check_max_abs_diff": ...})."""
-    plain = [k for k, s in enumerate(seqs) if s.condition != "arm"]
-    method, check = "whole", None
-    if plain:
-        first = [seqs[k] for k in plain if seqs[k].index == seqs[plain[0]].index]
-        check = check_packed(model, first, batch_tokens, pad)
-        if check < PACKED_TOLERANCE:
-            method = "packed"
-        elif warn is not None:
-            warn(f"scoring each sequence whole: the packed scoring differs by {check:.3g} nats on problem "
-                 f"{first[0].index} (model_type '{model.config.model_type}' does not honour a prepared attention mask)")
+    """Per sequence, the log-probs of `score`: `score_packed` once `check_packed` finds it equal on one problem
+    (the first, its arm rows included), `score` for every sequence where the family does not honour the tree mask
+    (`warn` is called with the reason). Returns (log-probs, {"method": "packed" or "whole",
+    "packed_check_max_abs_diff": ...})."""
+    first = [s for s in seqs if s.index == seqs[0].index] if seqs else []
+    check = check_packed(model, first, batch_tokens, pad, arm_hook) if first else None
+    method = "packed" if check is not None and check < PACKED_TOLERANCE else "whole"
+    if method == "whole" and check is not None and warn is not None:
+        warn(f"scoring each sequence whole: the packed scoring differs by {check:.3g} nats on problem "
+             f"{first[0].index} (model_type '{model.config.model_type}' does not honour a prepared attention mask)")
     info = {"method": method, "packed_check_max_abs_diff": check}
     if method == "whole":
         return score(model, seqs, batch_tokens, pad, arm_hook, bar), info
-    out: list = [None] * len(seqs)
-    for k, lp in zip(plain, score_packed(model, [seqs[k] for k in plain], batch_tokens, pad, bar)):
-        out[k] = lp
-    rest = [k for k in range(len(seqs)) if out[k] is None]
-    if rest:
-        for k, lp in zip(rest, score(model, [seqs[k] for k in rest], batch_tokens, pad, arm_hook, bar)):
-            out[k] = lp
-    return out, info
+    return score_packed(model, seqs, batch_tokens, pad, arm_hook, bar), info
 
 
 def check_head(model, seq: Seq, pad: int) -> float:

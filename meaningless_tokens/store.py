@@ -527,8 +527,8 @@ def write_prompt_timing(path: str | os.PathLike, seconds: float, n_prompts: int,
 
 # ---- where artifacts live (relative to the project root) ---------------------------------------
 
-STAGES = ("prepare", "extract", "evaluate", "stats", "activations", "sweep", "likelihood", "figures", "report",
-          "explorer")
+STAGES = ("prepare", "extract", "evaluate", "stats", "activations", "sweep", "likelihood", "arm_tuning", "figures",
+          "report", "explorer")
 
 # kind -> path template: every file a stage writes or reads, named once (`{name}`: the model). dvc.yaml spells
 # the same paths with ${key}/${item} (tests/test_store.py checks that each of its outs and metrics is here).
@@ -540,13 +540,15 @@ PATHS = {
     "activations": "artifacts/activations/{name}.h5",
     "sweep": "artifacts/sweep/{name}.h5",
     "likelihood": "artifacts/likelihood/{name}.h5",
+    "arm_tuning": "artifacts/arm_tuning/{name}.h5",
     # one folder per table kind, so dvc.yaml's top-level `plots` name each folder once
     **{f"plots/{k}": f"artifacts/plots/{k}/{{name}}.csv" for k in ("original", "full", "sweep", "likelihood")},
     "metrics/accuracy": "metrics/accuracy/{name}.json",
     "metrics/sweep": "metrics/sweep/{name}.json",
     "metrics/likelihood": "metrics/likelihood/{name}.json",
+    "metrics/arm_tuning": "metrics/arm_tuning/{name}.json",
     # a run's sidecar (never deterministic: timings, the commit that ran); figures and report write none
-    **{f"timing/{s}": f"metrics/timing/{s}-{{name}}.json" for s in STAGES[:7]},
+    **{f"timing/{s}": f"metrics/timing/{s}-{{name}}.json" for s in STAGES[:8]},
     # resumable generations (not DVC outputs: kept across runs so an interrupted stage resumes)
     "journal/eval": "artifacts/eval/.journal/{name}.jsonl",
     "journal/sweep": "artifacts/sweep/.journal/{name}.jsonl",

@@ -28,10 +28,11 @@ slices of the vocabulary (never a [T, vocab] tensor for the whole prompt). Each 
 into one row (scoring.score_packed): a token tree in which every shared prefix appears once (the prompt for both
 continuations, the instruction for every condition), each token attending to its ancestors only (within the
 sliding window, counted in positions, on sliding layers) at its own position in its sequences; rows are batched
-by length up to likelihood.batch_tokens padded tokens. The log-probs are those of each sequence scored whole
-within float rounding; the stage checks that on one problem first (scoring.check_packed, within 1e-4 nats) and
-scores every sequence whole (scoring.score) for a family that does not honour the tree mask. `arm` rows are
-scored whole (the hook edits one sequence's prompt per row).
+by length up to likelihood.batch_tokens padded tokens; a problem's `arm` sequences are a tree of their own (their
+prompt's hidden states differ from none's from layer 0 on), its prompt edited as step 0 and each later node as the
+decode step of its depth. The log-probs are those of each sequence scored whole within float rounding; the stage
+checks that on one problem first, its arm rows included (scoring.check_packed, within scoring.PACKED_TOLERANCE),
+and scores every sequence whole (scoring.score) for a family that does not honour the tree mask.
 
 Outputs:
   artifacts/likelihood/<model>.h5    per condition and continuation: sum, mean (nats/token) and tokens per
@@ -210,7 +211,7 @@ def measure(params: Params, setup: models.ModelSetup, chosen: list[Problem]) -> 
     seqs = build_sequences(params, name, builder, chosen, setup.prepared.facts["max_position_embeddings"])
     pad = pad_id(tokenizer)
     head_check = check_head(model, min(seqs, key=lambda s: len(s.input_ids)), pad)
-    hook = TeacherForcedArm(arm.layer0_mlp(model, setup), arm_settings) if arm_settings else None
+    hook = TeacherForcedArm(arm.layer0_mlp(model, setup, "likelihood.conditions"), arm_settings) if arm_settings else None
     bar = progress.bar(total=len(seqs), desc=f"likelihood {name}", unit="seq")
     t0 = time.perf_counter()
     logprobs, how = scoring.score_fastest(model, seqs, cfg.batch_tokens, pad, hook, bar,

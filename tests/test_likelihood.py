@@ -233,12 +233,62 @@ def test_packed_problems_give_the_per_sequence_sums(family, family_dirs, write_p
     assert scoring.check_packed(model, seqs[:6], 900, pad) < 1e-4
 
 
+GATED = tuple(f for f in tiny.FAMILIES if f != "phi3")  # phi3 fuses gate and up projections: no act_fn(gate_proj(x))
+
+
+@pytest.mark.parametrize("family", GATED)
+def test_packed_arm_gives_the_whole_sequence_sums_with_the_hook(family, family_dirs, write_params, cache_dir):
+    """ARM in packed scoring (a problem's arm sequences as one tree: the prompt edited once as step 0, every later
+    node as the decode step of its depth) against every arm sequence scored whole with the same hook: the same
+    log-probs within the packed tolerance, on every family with a gated MLP; ARM did change them."""
+    params = load_params(write_params(family_params(write_params, family_dirs[family]).model_dump() | {
+        "likelihood": {**load_params(write_params()).likelihood.model_dump(), "conditions": ["none", "mless", "arm"],
+                       "solution_tokens": 30, "batch_tokens": 900}}))
+    setup = models.setup_for(params, "tiny")
+    model, tok, _ = scoring.load(setup)
+    chosen = select_problems(load_math500(params)[0], 3, 0)
+    seqs = likelihood.build_sequences(params, "tiny", builder_for(likelihood.scoring_prompt(params), setup, tok),
+                                      chosen, None)
+    pad = scoring.pad_id(tok)
+    settings = arm.settings_for(params.arm, params.dataset.benchmark, setup)
+    hook = scoring.TeacherForcedArm(arm.layer0_mlp(model, setup), settings)
+    try:
+        whole = scoring.score(model, seqs, 900, pad, hook)
+        packed = scoring.score_packed(model, seqs, 900, pad, hook)
+        got, info = scoring.score_fastest(model, seqs, 900, pad, hook)
+    finally:
+        hook.remove()
+    assert info["method"] == "packed"
+    plain = scoring.score_packed(model, [s for s in seqs if s.condition != "arm"], 900, pad)
+    by_key = {(s.index, s.condition, s.continuation): k for k, s in enumerate(seqs)}
+    moved = 0.0
+    for k, s in enumerate(seqs):
+        assert abs(whole[k].sum() - packed[k].sum()) < scoring.PACKED_TOLERANCE, (s.index, s.condition, s.continuation)
+        np.testing.assert_array_equal(got[k], packed[k])
+        if s.condition == "arm":
+            none = plain[[x for x in seqs if x.condition != "arm"].index(seqs[by_key[(s.index, "none", s.continuation)]])]
+            moved = max(moved, float(np.abs(packed[k] - none).max()))
+    assert moved > 1e-3  # ARM changed the numbers
+
+
+def test_arm_on_a_family_without_a_gated_mlp_is_refused_naming_the_model(family_dirs, write_params, cache_dir,
+                                                                         tmp_path):
+    params = load_params(write_params(family_params(write_params, family_dirs["phi3"]).model_dump() | {
+        "likelihood": {**load_params(write_params()).likelihood.model_dump(), "conditions": ["none", "arm"],
+                       "n_samples": 2}}))
+    with pytest.raises(ConfigError, match=r"likelihood\.conditions: 'arm' needs a gated MLP .* model 'tiny' has Phi3MLP") as e:
+        likelihood.run(params, "tiny", root=tmp_path)
+    assert "\n" not in str(e.value)
+    assert not (tmp_path / "artifacts").exists()
+
+
 def test_a_decoder_that_ignores_the_tree_mask_is_scored_whole(family_dirs, write_params, cache_dir):
     """score_fastest's guard: where the decoder drops the prepared tree mask (as a family without 4D-mask support
     would), the check on the first problem is far above PACKED_TOLERANCE, every sequence is scored whole (the same
     log-probs as `score`) and the reason is reported; with the mask honoured, the packed scoring is taken."""
     params = load_params(write_params(family_params(write_params, family_dirs["llama"]).model_dump() | {
-        "likelihood": {**load_params(write_params()).likelihood.model_dump(), "solution_tokens": 30}}))
+        "likelihood": {**load_params(write_params()).likelihood.model_dump(), "conditions": ["none", "mless"],
+                       "solution_tokens": 30}}))
     setup = models.setup_for(params, "tiny")
     model, tok, _ = scoring.load(setup)
     chosen = select_problems(load_math500(params)[0], 3, 0)
