@@ -158,16 +158,26 @@ def boxless(instruction: str) -> str:
             "(none in MATH-500 or AIME): such an output counts as wrong")
 
 
-def arm_section(root: Path, names: list[str], disp) -> dict | None:
-    """The ARM settings each evaluation ran with (its provenance) and the differences from the paper's code;
-    None when no model was evaluated under `arm`."""
+def arm_section(ctx, evaluated: list[str]) -> dict | None:
+    """The ARM settings each stage ran with (the `arm` provenance of the evaluation and likelihood files), the
+    tuning of arm_tuning.models (stages/arm_tuning.py) and the differences from the paper's code; None when no
+    stage ran `arm`."""
     rows = []
-    for name in names:
-        with read_h5(root / store.path("eval", name), "eval") as f:
+    for name in evaluated:
+        with read_h5(ctx.root / store.path("eval", name), "eval") as f:
             prov = json.loads(f.attrs["provenance"]).get("arm")
         if prov:
-            rows.append({"model": disp(name), "file": store.path("eval", name).as_posix(), **prov})
-    return {"models": rows, "differences": arm.DIFFERENCES} if rows else None
+            rows.append({"model": ctx.disp(name), "stage": "evaluate", "file": store.path("eval", name).as_posix(), **prov})
+    for name, lk in ctx.likelihood.items():
+        if lk["arm"]:
+            rows.append({"model": ctx.disp(name), "stage": "likelihood", "file": store.path("likelihood", name).as_posix(),
+                         **{k: v for k, v in lk["arm"].items() if k != "differences_from_paper"}})
+    tuning = [{"model": ctx.disp(n), "file": store.path("arm_tuning", n).as_posix(),
+               "label": {k: verdict.setting(t["variant"], t[k]["c"], t[k]["percentage"])
+                         for k in ("chosen", "own", "best_in_sample")},
+               "grid_text": "; ".join(verdict.setting(t["variant"], g["c"], g["percentage"]) for g in t["grid"]), **t}
+              for n, t in ctx.arm_tuning.items()]
+    return {"models": rows, "tuning": tuning, "differences": arm.DIFFERENCES} if rows or tuning else None
 
 
 def explorer_links(ctx, kind: str, names: list[str]) -> list[dict]:
@@ -270,6 +280,7 @@ def results_md(summary: dict, root: Path) -> str:
     env = Environment(loader=FileSystemLoader(str(TEMPLATES)), autoescape=False, undefined=StrictUndefined,
                       keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
     env.filters["md"] = md_escape
+    env.filters["code"] = code_span
     figures = [k for k in KEY_CHARTS if (root / RESULT_FIGURES / f"{k}.png").is_file()]
     return env.get_template("results.md.j2").render(v=summary, figures=figures, fig_dir=RESULT_FIGURES.name)
 
@@ -350,10 +361,10 @@ def run(params: Params, out: Path | None = None) -> list[Path]:
     context = {
         "verdict": rows, "rule": verdict.RULE, "power": power_lines(ctx, power),
         "sections": [{"id": k, "title": t} for k, t in verdict.SECTIONS.items()
-                     if k != "arm" or arm_section(root, evaluated, ctx.disp)],
+                     if k != "arm" or arm_section(ctx, evaluated)],
         "section": {k: {"sentences": [verdict.sentence(r, ctx.disp) for r in rows if r.section == k]}
                     for k in verdict.SECTIONS},
-        "arm_run": any(r.key.startswith("f") for r in rows),
+        "arm_run": any(c.word != "not run" for r in rows if r.key.startswith("f") for c in r.cells.values()),
         "models": [{"name": v.name, "disp": v.disp, "heads": v.heads} for v in views],
         "query_set": sorted({ctx.stats[n]["query_set"] for n in names}),
         "layer": params.figures.layer,
@@ -367,7 +378,7 @@ def run(params: Params, out: Path | None = None) -> list[Path]:
         "sampling_chart": study["pass-at-k"],
         "glance": cross.observations + study["activations"].interpretation[1:2] + acc.extra["glance"]
         + acc.extra["arm_glance"] + paper.shape_notes(ctx) + study["likelihood"].observations[:1],
-        "arm": arm_section(root, evaluated, ctx.disp),
+        "arm": arm_section(ctx, evaluated),
         "examples": [example(params, root, n, ctx.disp(n)) for n in evaluated],
         "provenance": [provenance_rows(ctx.src, root, n, ctx.disp(n), n in ctx.metrics) for n in names],
         "fig_rel": Path(os.path.relpath(fig_dir, out)).as_posix(),

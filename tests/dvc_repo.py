@@ -34,18 +34,20 @@ def project_files() -> list[str]:
     return sorted({f for f in files if not f.startswith(SKIP) and (ROOT / f).is_file()})
 
 
+PROFILE = ROOT / "tests" / "profile.yaml"
+
+
+def overlay(base: dict, over: dict) -> dict:
+    """`base` with `over`'s keys laid over it, section by section (a mapping merges, anything else replaces)."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = overlay(base[k], v) if isinstance(v, dict) and isinstance(base.get(k), dict) else v
+    return out
+
+
 def tiny_params(models: dict[str, tuple[str, Path]]) -> dict:
-    """The CPU profile shrunk to seconds: two or more tiny local models, a few problems, few tokens."""
-    raw = yaml.safe_load((ROOT / "profiles" / "cpu.yaml").read_text())
-    raw["profile"] = "tiny"
-    raw["runtime"].update(offline=True, threads=1)  # tiny models: one thread is fastest, and fair on a busy machine
-    raw["extract"].update(n_samples=4, showcase=1)
-    raw["evaluate"].update(n_samples=3, max_new_tokens=8, batch_size=9)
-    raw["stats"].update(n_boot=50)
-    raw["activations"].update(n_boot=50)
-    raw["sweep"].update(counts=[0, 10, 55], attention_samples=3, n_boot=50)
-    raw["likelihood"].update(n_samples=3, solution_tokens=16, n_boot=50)
-    raw["figures"].update(sweep_layers=[0, 1], n_heads=2, original_positions=40, full_positions=80, dpi=40)
+    """The CPU profile with the tests' own profile (tests/profile.yaml) laid over it, and tiny local models."""
+    raw = overlay(yaml.safe_load((ROOT / "profiles" / "cpu.yaml").read_text()), yaml.safe_load(PROFILE.read_text()))
     raw["models"] = {
         name: {"display_name": f"Tiny {family}", "template": None, "family": family,
                "source": {"kind": "local_dir", "path": str(path)}, "layers": [0, 1, 2], "heads": "all",

@@ -104,3 +104,24 @@ def test_use_profile_validates_then_copies(tmp_path):
     assert target.read_text() == (ROOT / "profiles" / "gpu.yaml").read_text()  # untouched
     with pytest.raises(ConfigError, match="known profiles: \\['cpu', 'gpu'\\]"):
         config.use_profile("tpu", target=target)
+
+
+def test_the_tests_profile_only_overlays_keys_of_the_cpu_profile():
+    """tests/profile.yaml lays the tests' sizes over profiles/cpu.yaml: a key there that the CPU profile lacks would
+    be a typo that silently leaves the default in place (or an invalid params file)."""
+    from tests.dvc_repo import PROFILE
+
+    cpu = yaml.safe_load((ROOT / "profiles/cpu.yaml").read_text())
+
+    def leaves(node, prefix=""):
+        for k, v in node.items():
+            yield from leaves(v, f"{prefix}{k}.") if isinstance(v, dict) else [f"{prefix}{k}"]
+
+    for key in leaves(yaml.safe_load(PROFILE.read_text())):
+        node = cpu
+        for part in key.split("."):
+            assert isinstance(node, dict) and part in node, f"tests/profile.yaml: {key} is not a key of profiles/cpu.yaml"
+            node = node[part]
+    # params.yaml is the CPU profile until `config use` switches it: the two files say the same, byte for byte
+    if yaml.safe_load((ROOT / "params.yaml").read_text())["profile"] == "cpu":
+        assert (ROOT / "params.yaml").read_text() == (ROOT / "profiles/cpu.yaml").read_text()

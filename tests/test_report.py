@@ -3,6 +3,7 @@ them, escaping, Markdown links, and the HTML opened in headless Chromium."""
 
 import html.parser
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 import yaml
 
-from stages import report
+from stages import likelihood, report
 from meaningless_tokens.config import load_params
 from meaningless_tokens.store import ArtifactError
 from tests import tiny
@@ -43,6 +44,8 @@ def project(tmp_path_factory, tiny_dirs):
     raw["activations"].update(n_boot=200)
     raw["sweep"].update(counts=[0, 10, 55], attention_samples=3, accuracy_samples=2, likelihood_samples=3, n_boot=200)
     raw["likelihood"].update(n_samples=5, conditions=["none", "mless", "mful", "arm"], solution_tokens=24, n_boot=200)
+    raw["arm_tuning"].update(models=["tiny-llama"], n_samples=3, n_boot=200,
+                             grid={"llama": [[0.13, 99.5], [0.32, 90.0]], "gemma": [[0.25, 0.85]]})
     raw["figures"].update(n_heads=2, original_positions=30, full_positions=80)
     raw["evaluate"]["models"] = raw["likelihood"]["models"] = ["tiny-llama", "tiny-gemma"]
     raw["models"] = {
@@ -199,8 +202,12 @@ def test_arm_is_the_fourth_bar_and_has_its_section(project):
     assert all(d in text for d in arm.DIFFERENCES)
     section = md.split("\n## ARM\n")[1].split("\n## ")[0]
     assert section.count("\n- ") == len(arm.DIFFERENCES)
-    table = re.findall(r"^\| (Tiny [^|]+?) \| (llama|gemma) \| ([\d.]+) \| ([\d.]+) \|", md, re.M)
-    assert [(v, c, pct) for _, v, c, pct in table] == [("llama", "0.13", "99.5"), ("gemma", "0.25", "0.85")]
+    table = re.findall(r"^\| (Tiny [^|]+?) \| (evaluate|likelihood) \| (llama|gemma) \| ([\d.]+) \| ([\d.]+) \|", md, re.M)
+    # each stage that ran arm, with the setting it ran (the likelihood stage scores arm wherever its conditions hold it)
+    evaluated = [("evaluate", "llama", "0.13", "99.5"), ("evaluate", "gemma", "0.25", "0.85")]
+    assert [row[1:] for row in table][:2] == evaluated
+    assert all(row[2:] == {"llama": ("llama", "0.13", "99.5"), "gemma": ("gemma", "0.25", "0.85")}[row[2]]
+               for row in table)
     assert re.findall(r"^\| Tiny llama \| arm \| ", md, re.M)  # the accuracy table's fourth row
     with h5py.File(root / "artifacts/attention/tiny-llama.h5", "r") as f:
         assert list(f.attrs["conditions"]) == ["none", "mless", "mful"] and list(f.attrs["skipped_conditions"]) == ["arm"]
@@ -399,6 +406,43 @@ def test_both_formats_open_with_the_verdict_table(project):
     # the rule is stated once, under the table
     from meaningless_tokens.charts.verdict import RULE
     assert _text(html_path).count(RULE) == 1 and md.count("A claim is reproduced when") == 1
+
+
+def test_arm_rows_state_their_setting_and_never_vanish(project, tmp_path):
+    """(f2) says which setting it judged and how it was chosen (tuned on other problems for tiny-llama, the
+    variant's fallback for tiny-gemma); the ARM section sets the tuning beside the in-sample choice; where ARM did
+    not run, the (f) rows stay, their cells naming the command that runs it."""
+    from meaningless_tokens.charts import verdict
+    from meaningless_tokens.charts.context import load_context
+
+    root, params, (_, md_path) = project
+    v = json.loads((root / "metrics/verdict.json").read_text())
+    f2 = next(r for r in v["claims"] if r["key"] == "f2")["cells"]
+    tuned = json.loads((root / "metrics/arm_tuning/tiny-llama.json").read_text())
+    assert f2["tiny-llama"]["note"].startswith(f"c {tuned['chosen']['c']:g}, percentile ")
+    assert "chosen on 3 other problems among 2 settings" in f2["tiny-llama"]["note"]
+    assert f2["tiny-llama"]["low"] == tuned["out_of_sample"]["ci95"][0] or \
+        f2["tiny-llama"]["low"] == pytest.approx(tuned["out_of_sample"]["ci95"][0], abs=1e-6)
+    assert f2["tiny-gemma"]["note"] == "c 0.25, quantile 0.85, fallback (gemma variant); not tuned"
+    md = md_path.read_text(encoding="utf-8")
+    assert "| model | grid | tuning / tested problems | chosen (on tuning) |" in md and "selection effect" in md
+    # the same project without arm in tiny-gemma's likelihood: f2 not run there, with the command, the row kept
+    copy = tmp_path / "p"
+    shutil.copytree(root, copy, ignore=shutil.ignore_patterns("cache"))
+    raw = yaml.safe_load((copy / "params.yaml").read_text())
+    raw["likelihood"]["conditions"] = ["none", "mless"]
+    (copy / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    changed = load_params(copy / "params.yaml")
+    os.environ["MLESS_CACHE"], before = str(root / "cache"), os.environ.get("MLESS_CACHE")
+    try:
+        likelihood.run(changed, "tiny-gemma")
+    finally:
+        os.environ.pop("MLESS_CACHE") if before is None else os.environ.__setitem__("MLESS_CACHE", before)
+    rows = {r.key: r for r in verdict.claims(load_context(changed))}
+    assert {"f1", "f2"} <= set(rows)
+    cell = rows["f2"].cells["tiny-gemma"]
+    assert (cell.word, cell.why, cell.run) == ("not run", "arm not scored",
+                                               "dvc exp run -S 'likelihood.conditions=[none,mless,arm]'")
 
 
 def test_verdict_cells_follow_the_rule_from_the_files(project):

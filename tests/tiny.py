@@ -129,7 +129,7 @@ def run_pipeline(params, root: Path) -> tuple[list[Path], list[Path]]:
     model cache of its own (MLESS_CACHE); (figure files, report files)."""
     import os
 
-    from stages import activations, evaluate, extract, figures, likelihood, prepare, report, stats, sweep
+    from stages import activations, arm_tuning, evaluate, extract, figures, likelihood, prepare, report, stats, sweep
 
     before = os.environ.get("MLESS_CACHE")
     os.environ["MLESS_CACHE"] = str(root / "cache")
@@ -142,6 +142,8 @@ def run_pipeline(params, root: Path) -> tuple[list[Path], list[Path]]:
             activations.run(params, name)
             sweep.run(params, name)
             likelihood.run(params, name)
+            if name in params.arm_tuning.models:
+                arm_tuning.run(params, name)
         return figures.run(params), report.run(params)
     finally:
         if before is None:

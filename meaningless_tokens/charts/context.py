@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from meaningless_tokens.charts.load import load_activations, load_likelihood, load_metrics, load_stats, load_sweep
+from meaningless_tokens.charts.load import load_activations, load_arm_tuning, load_likelihood, load_metrics, load_stats, load_sweep
 from meaningless_tokens.charts.style import Labels
 from meaningless_tokens.charts.trace import Num, Sources, artifact
 from meaningless_tokens.config import ConfigError, Params, chart_selection, figure_models
@@ -35,6 +35,7 @@ class Context:
     _sweep: dict | None = None
     _likelihood: dict | None = None
     _likelihood_link: dict | None = None  # charts.likelihood.problem_links() fills it
+    _arm_tuning: dict | None = None
 
     @property
     def names(self) -> list[str]:
@@ -74,6 +75,15 @@ class Context:
             self._likelihood = {n: load_likelihood(self.params.project_path(artifact("likelihood", n))) for n in self.names
                                 if n in self.params.scored}  # likelihood.models
         return self._likelihood
+
+    @property
+    def arm_tuning(self) -> dict[str, dict]:
+        """{model: ARM tuning summary} for the models of arm_tuning.models (a file left by an earlier list is not read)."""
+        if self._arm_tuning is None:
+            tuned = self.params.arm_tuning.models
+            self._arm_tuning = {n: load_arm_tuning(self.params.project_path(artifact("arm_tuning", n)))
+                                for n in self.names if n in tuned}
+        return self._arm_tuning
 
     @property
     def benchmark(self) -> str:

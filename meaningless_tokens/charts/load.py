@@ -52,6 +52,7 @@ def load_likelihood(file: Path) -> dict:
         data = {"conditions": conds, "index": f["problems/index"][()], "level": f["problems/level"][()],
                 "n": int(f.attrs["n_samples"]), "contrasts": {},
                 "params": json.loads(f.attrs["provenance"])["params"]["likelihood"],
+                "arm": json.loads(f.attrs["provenance"]).get("arm"),  # the ARM setting and its origin, when arm ran
                 "tokens": float(f["none/solution/tokens"][()].mean())}
         for c in conds:
             if c == "none":
@@ -59,6 +60,12 @@ def load_likelihood(file: Path) -> dict:
             data["contrasts"][f"{c}-none"] = {k: {ds: g[ds][()] for ds in g} for k in ("solution", "answer")
                                               for g in [f[f"contrasts/{c}-none/{k}"]]}
     return data
+
+
+def load_arm_tuning(path: Path) -> dict:
+    """An ARM tuning file (stages/arm_tuning.py): its summary (grid, choice, gains) and provenance."""
+    with read_h5(path, "arm_tuning", ("grid", "out_of_sample/mean")) as f:
+        return {**json.loads(f.attrs["summary"]), "provenance": json.loads(f.attrs["provenance"])}
 
 
 def load_activations(path: Path) -> dict:

@@ -60,7 +60,8 @@ class Text:
 
 _INDEX = re.compile(r"^(?P<ds>[^\[]+)(?:\[(?P<idx>[^\]]*)\])?$")
 # the artifact kind of each folder a number can come from
-H5_KINDS = {store.PATHS[k].split("{name}")[0]: k for k in ("stats", "eval", "activations", "sweep", "likelihood")}
+H5_KINDS = {store.PATHS[k].split("{name}")[0]: k for k in ("stats", "eval", "activations", "sweep", "likelihood",
+                                                                  "arm_tuning")}
 
 
 def artifact(kind: str, name: str | None = None) -> str:

@@ -46,6 +46,8 @@ class Cell:
     value: Num | None = None
     low: float | None = None
     high: float | None = None
+    run: str = ""                # not run: the command that runs it
+    note: str = ""               # what the number was measured with (ARM: the setting and how it was chosen)
 
 
 @dataclass
@@ -62,8 +64,8 @@ def _cell(value: Num, low: Num, high: Num, unit: str, direction: int = +1) -> Ce
                 low.value, high.value)
 
 
-def _not_run(why: str) -> Cell:
-    return Cell("not run", None, why)
+def _not_run(why: str, run: str = "") -> Cell:
+    return Cell("not run", None, why, run=run)
 
 
 # ---- the claims ------------------------------------------------------------------------------------------
@@ -130,13 +132,25 @@ def activation(measure: str, direction: int):
     return cell
 
 
+def exp_run(*sets: str) -> str:
+    """The `dvc exp run` that sets the given keys (one -S each)."""
+    return "dvc exp run " + " ".join(f"-S '{x}'" for x in sets)
+
+
+def _with_arm(conditions: list[str]) -> str:
+    return "[" + ",".join(list(conditions) + ["arm"]) + "]"
+
+
 def accuracy(cond: str):
     def cell(ctx: Context, name: str) -> Cell:
         f = artifact("metrics/accuracy", name)
         if name not in ctx.metrics:
             return _not_run("not in evaluate.models")
         if f"{cond}-none" not in ctx.src.json(f):
-            return _not_run(f"{cond} not evaluated")
+            if cond != "arm":
+                return _not_run(f"{cond} not evaluated")
+            conds = ["none"] + [k[:-5] for k in ctx.src.json(f) if k.endswith("-none")]
+            return _not_run("arm not evaluated", exp_run("prompt.conditions=" + _with_arm(conds)))
         d, lo, hi = (ctx.src.js(f, f"{cond}-none.{k}", 100, "+.1f") for k in ("delta", "ci95_low", "ci95_high"))
         return _cell(d, lo, hi, " points")
     return cell
@@ -145,14 +159,43 @@ def accuracy(cond: str):
 def likelihood(cond: str, part: str):
     def cell(ctx: Context, name: str) -> Cell:
         if name not in ctx.likelihood:
-            return _not_run("not in likelihood.models")
+            if cond != "arm":
+                return _not_run("not in likelihood.models")
+            return _not_run("not in likelihood.models", exp_run(f"likelihood.models=[{','.join(ctx.params.scored + [name])}]"))
         if f"{cond}-none" not in ctx.likelihood[name]["contrasts"]:
-            return _not_run(f"{cond} not scored")
+            if cond != "arm":
+                return _not_run(f"{cond} not scored")
+            conds = ctx.likelihood[name]["conditions"]
+            return _not_run("arm not scored", exp_run("likelihood.conditions=" + _with_arm(conds)))
         f, g = artifact("likelihood", name), f"contrasts/{cond}-none/{part}"
         fmt = "+.4f" if part == "solution" else "+.3f"
-        return _cell(ctx.src.h5(f, f"{g}/mean[0]", fmt=fmt), ctx.src.h5(f, f"{g}/ci[0,0]", fmt=fmt),
-                     ctx.src.h5(f, f"{g}/ci[0,1]", fmt=fmt), " nats/token" if part == "solution" else " nats")
+        out = _cell(ctx.src.h5(f, f"{g}/mean[0]", fmt=fmt), ctx.src.h5(f, f"{g}/ci[0,0]", fmt=fmt),
+                    ctx.src.h5(f, f"{g}/ci[0,1]", fmt=fmt), " nats/token" if part == "solution" else " nats")
+        if cond == "arm":
+            s = ctx.likelihood[name]["arm"]
+            out.note = f"{setting(s['variant'], s['c'], s['percentage'])}, {s['origin']['c']}; not tuned"
+        return out
     return cell
+
+
+def setting(variant: str, c: float, percentage: float) -> str:
+    """An ARM setting as the report writes it."""
+    return f"c {c:g}, {'quantile' if variant == 'gemma' else 'percentile'} {percentage:g}"
+
+
+def arm_likelihood(ctx: Context, name: str) -> Cell:
+    """(f2): the setting chosen on held-out problems (arm_tuning@<model>) where the model was tuned, else the
+    likelihood stage's own setting (the paper's, the variant's fallback or params), saying which."""
+    tuned = ctx.arm_tuning.get(name)
+    if tuned is None:
+        return likelihood("arm", "solution")(ctx, name)
+    f, s = artifact("arm_tuning", name), tuned
+    out = _cell(ctx.src.h5(f, "out_of_sample/mean", fmt="+.4f"), ctx.src.h5(f, "out_of_sample/ci[0]", fmt="+.4f"),
+                ctx.src.h5(f, "out_of_sample/ci[1]", fmt="+.4f"), " nats/token")
+    c, own = s["chosen"], s["own"]
+    out.note = (f"{setting(s['variant'], c['c'], c['percentage'])}, chosen on {s['n_tuning']} other problems among "
+                f"{len(s['grid'])} settings (untuned: {setting(s['variant'], own['c'], own['percentage'])}, {own['origin']})")
+    return out
 
 
 # (key, claim, measure, section anchor, the cell's function)
@@ -174,7 +217,7 @@ CLAIMS = (
     ("e4", f"{label(0)}'s MLP: larger RMS of a (L2)", "mless − none", "activation-shift", activation("l2", +1)),
     ("f1", "ARM on the first MLP raises accuracy", "arm − none, points", "accuracy", accuracy("arm")),
     ("f2", "ARM makes the reference solution more likely", "arm − none, log-prob per token", "likelihood",
-     likelihood("arm", "solution")),
+     arm_likelihood),
     ("g1", "Meaningless tokens raise accuracy", "mless − none, points", "accuracy", accuracy("mless")),
     ("g2", "A meaningful span raises accuracy", "mful − none, points", "accuracy", accuracy("mful")),
     ("h1", "Meaningless tokens make the reference solution more likely", "mless − none, log-prob per token",
@@ -185,13 +228,9 @@ CLAIMS = (
 
 
 def claims(ctx: Context) -> list[Claim]:
-    rows = []
-    for key, text, measure, section, fn in CLAIMS:
-        row = Claim(key, text, measure, section, {n: fn(ctx, n) for n in ctx.names})
-        if key.startswith("f") and all(c.word == "not run" for c in row.cells.values()):
-            continue  # ARM not run for any model: one line under the table says so
-        rows.append(row)
-    return rows
+    """Every claim's row, those ARM did not run in too (their cells say how to run it)."""
+    return [Claim(key, text, measure, section, {n: fn(ctx, n) for n in ctx.names})
+            for key, text, measure, section, fn in CLAIMS]
 
 
 SECTIONS = {"attention": "Attention", "meaningless-vs-meaningful-span": "Meaningless vs meaningful span",
@@ -293,7 +332,8 @@ def summary(ctx: Context, rows: list[Claim], pw: dict) -> dict:
         "models": {n: ctx.disp(n) for n in ctx.names},
         "claims": [{"key": r.key, "claim": r.text, "measure": r.measure, "section": r.section,
                     "cells": {n: {"word": c.word, "md": str(c.number) if c.number is not None else "",
-                                  "why": c.why, "low": c.low, "high": c.high} for n, c in r.cells.items()}}
+                                  "why": c.why, "run": c.run, "note": c.note, "low": c.low, "high": c.high}
+                              for n, c in r.cells.items()}}
                    for r in rows],
         "counts": counts(rows),
         "power": pw,
