@@ -220,8 +220,9 @@ def write_artifact(out: Path, params: Params, name: str, setup, tuning: list[Pro
     n_t = len(tuning)
     prov = {
         **store.model_provenance("arm_tuning", params, name, setup.prepared.manifest()),
-        "arm": {"grid": [s.describe() for s in settings], "differences_from_paper": arm.DIFFERENCES,
-                "chosen_by": "largest mean gain on the tuning problems (the first of equals)"},
+        "arm": {"grid": [s.describe() for s in settings], "chosen": settings[result["chosen"]].describe(),
+                "chosen_by": "largest mean gain on the tuning problems (the first of equals)",
+                "differences_from_paper": arm.DIFFERENCES},
         "scoring": scoring_info,
         "dataset_sha256": data_sha,
     }

@@ -138,18 +138,23 @@ def exp_run(*sets: str) -> str:
 
 
 def _with_arm(conditions: list[str]) -> str:
-    return "[" + ",".join(list(conditions) + ["arm"]) + "]"
+    """The conditions list with `arm` added, as `-S` writes a list."""
+    return "[" + ",".join([c for c in conditions if c != "arm"] + ["arm"]) + "]"
 
 
 def accuracy(cond: str):
     def cell(ctx: Context, name: str) -> Cell:
         f = artifact("metrics/accuracy", name)
+        conds = list(ctx.params.prompt.conditions)
         if name not in ctx.metrics:
-            return _not_run("not in evaluate.models")
+            if cond != "arm":
+                return _not_run("not in evaluate.models")
+            sets = [f"evaluate.models=[{','.join(ctx.params.evaluated + [name])}]"]
+            return _not_run("not in evaluate.models",
+                            exp_run(*sets, *([] if "arm" in conds else ["prompt.conditions=" + _with_arm(conds)])))
         if f"{cond}-none" not in ctx.src.json(f):
             if cond != "arm":
                 return _not_run(f"{cond} not evaluated")
-            conds = ["none"] + [k[:-5] for k in ctx.src.json(f) if k.endswith("-none")]
             return _not_run("arm not evaluated", exp_run("prompt.conditions=" + _with_arm(conds)))
         d, lo, hi = (ctx.src.js(f, f"{cond}-none.{k}", 100, "+.1f") for k in ("delta", "ci95_low", "ci95_high"))
         return _cell(d, lo, hi, " points")
