@@ -22,7 +22,7 @@ def main() -> None:
     import numpy as np
     import torch
 
-    from meaningless_tokens import models, scoring, store
+    from meaningless_tokens import arm, models, scoring, store
     from meaningless_tokens.prompts import builder_for, load_problems, select_problems
     from stages import likelihood
 
@@ -41,13 +41,17 @@ def main() -> None:
     builder = builder_for(likelihood.scoring_prompt(params), setup, tok)
     seqs = likelihood.build_sequences(params, args.model, builder, chosen, setup.prepared.facts["max_position_embeddings"])
     pad = scoring.pad_id(tok)
+    hook = None  # likelihood.conditions' arm rows are scored with the stage's hook, as the stage does
+    if "arm" in params.likelihood.conditions:
+        settings = arm.settings_for(params.arm, params.dataset.benchmark, setup)
+        hook = scoring.TeacherForcedArm(arm.layer0_mlp(model, setup, "likelihood.conditions"), settings)
     print(common.machine(torch.get_num_threads()))
     seconds = {b: [] for b in sizes}
     ref, diff = None, {}
     for _ in range(args.reps):
         for b in sizes:
             t = time.perf_counter()
-            out = scoring.score_packed(model, seqs, b, pad)
+            out = scoring.score_packed(model, seqs, b, pad, hook)
             seconds[b].append(time.perf_counter() - t)
             ref = ref or out
             diff[b] = max(float(np.abs(x - y).max()) for x, y in zip(out, ref))
