@@ -233,6 +233,19 @@ def test_packed_problems_give_the_per_sequence_sums(family, family_dirs, write_p
     assert scoring.check_packed(model, seqs[:6], 900, pad) < 1e-4
 
 
+def family_sequences(write_params, path, conditions: list[str], **lik):
+    """(params, setup, model, sequences, pad id) of 3 problems' likelihood sequences on a tiny model of one family."""
+    params = load_params(write_params(family_params(write_params, path).model_dump() | {
+        "likelihood": {**load_params(write_params()).likelihood.model_dump(), "conditions": conditions,
+                       "solution_tokens": 30, **lik}}))
+    setup = models.setup_for(params, "tiny")
+    model, tok, _ = scoring.load(setup)
+    chosen = select_problems(load_math500(params)[0], 3, 0)
+    seqs = likelihood.build_sequences(params, "tiny", builder_for(likelihood.scoring_prompt(params), setup, tok),
+                                      chosen, None)
+    return params, setup, model, seqs, scoring.pad_id(tok)
+
+
 GATED = tuple(f for f in tiny.FAMILIES if f != "phi3")  # phi3 fuses gate and up projections: no act_fn(gate_proj(x))
 
 
@@ -241,15 +254,8 @@ def test_packed_arm_gives_the_whole_sequence_sums_with_the_hook(family, family_d
     """ARM in packed scoring (a problem's arm sequences as one tree: the prompt edited once as step 0, every later
     node as the decode step of its depth) against every arm sequence scored whole with the same hook: the same
     log-probs within the packed tolerance, on every family with a gated MLP; ARM did change them."""
-    params = load_params(write_params(family_params(write_params, family_dirs[family]).model_dump() | {
-        "likelihood": {**load_params(write_params()).likelihood.model_dump(), "conditions": ["none", "mless", "arm"],
-                       "solution_tokens": 30, "batch_tokens": 900}}))
-    setup = models.setup_for(params, "tiny")
-    model, tok, _ = scoring.load(setup)
-    chosen = select_problems(load_math500(params)[0], 3, 0)
-    seqs = likelihood.build_sequences(params, "tiny", builder_for(likelihood.scoring_prompt(params), setup, tok),
-                                      chosen, None)
-    pad = scoring.pad_id(tok)
+    params, setup, model, seqs, pad = family_sequences(write_params, family_dirs[family], ["none", "mless", "arm"],
+                                                       batch_tokens=900)
     settings = arm.settings_for(params.arm, params.dataset.benchmark, setup)
     hook = scoring.TeacherForcedArm(arm.layer0_mlp(model, setup), settings)
     try:
@@ -286,15 +292,7 @@ def test_a_decoder_that_ignores_the_tree_mask_is_scored_whole(family_dirs, write
     """score_fastest's guard: where the decoder drops the prepared tree mask (as a family without 4D-mask support
     would), the check on the first problem is far above PACKED_TOLERANCE, every sequence is scored whole (the same
     log-probs as `score`) and the reason is reported; with the mask honoured, the packed scoring is taken."""
-    params = load_params(write_params(family_params(write_params, family_dirs["llama"]).model_dump() | {
-        "likelihood": {**load_params(write_params()).likelihood.model_dump(), "conditions": ["none", "mless"],
-                       "solution_tokens": 30}}))
-    setup = models.setup_for(params, "tiny")
-    model, tok, _ = scoring.load(setup)
-    chosen = select_problems(load_math500(params)[0], 3, 0)
-    seqs = likelihood.build_sequences(params, "tiny", builder_for(likelihood.scoring_prompt(params), setup, tok),
-                                      chosen, None)
-    pad = scoring.pad_id(tok)
+    _, _, model, seqs, pad = family_sequences(write_params, family_dirs["llama"], ["none", "mless"])
     _, info = scoring.score_fastest(model, seqs, 900, pad)
     assert info["method"] == "packed" and info["packed_check_max_abs_diff"] < scoring.PACKED_TOLERANCE
     decoder = model.get_decoder()
