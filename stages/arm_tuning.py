@@ -42,6 +42,7 @@ import numpy as np
 
 from meaningless_tokens import arm, cli, models, progress, scoring, store
 from meaningless_tokens.config import ConfigError, Params
+from meaningless_tokens.intervals import bootstrap_mean_ci
 from meaningless_tokens.prompts import Problem, builder_for, dataset_spec, load_problems, put_problems, require_field, select_problems
 from meaningless_tokens.scoring import Seq, TeacherForcedArm, pad_id
 from meaningless_tokens.store import put, put_json_attr, write_h5, write_json_atomic, write_timing
@@ -208,8 +209,6 @@ def metrics_summary(grid, gains, n_t: int, result: dict, own, own_k: int, cfg) -
 
 
 def bootstrap_ci(diff: np.ndarray, seed: int, n_boot: int) -> tuple[float, float]:
-    from meaningless_tokens.intervals import bootstrap_mean_ci
-
     lo, hi = bootstrap_mean_ci(diff, seed, n_boot=n_boot)
     return float(lo), float(hi)
 

@@ -34,6 +34,14 @@ def project_files() -> list[str]:
     return sorted({f for f in files if not f.startswith(SKIP) and (ROOT / f).is_file()})
 
 
+def output_folders() -> list[str]:
+    """The artifact folders a fresh clone has (each holds a tracked .gitignore; plot tables aside): a stage may
+    depend on one that no stage of the run writes (the report on artifacts/arm_tuning, empty by default)."""
+    out = subprocess.run(["git", "ls-files", "-z", "artifacts"], cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout.split("\0")
+    return sorted(str(Path(f).parent) for f in out if f.endswith("/.gitignore") and not f.startswith("artifacts/plots/"))
+
+
 PROFILE = ROOT / "tests" / "profile.yaml"
 
 
@@ -70,6 +78,9 @@ class Repo:
         for f in project_files():
             (path / f).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / f, path / f)
+        for folder in output_folders():  # as in a fresh clone, without the entries of the project's own models
+            (path / folder).mkdir(parents=True, exist_ok=True)
+            (path / folder / ".gitignore").touch()
         (path / "params.yaml").write_text(yaml.safe_dump(tiny_params(models), sort_keys=False))
         home.mkdir(parents=True, exist_ok=True)
         repo = cls(path, make_env(home, model_cache))
