@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from meaningless_tokens.config import ARM_FALLBACK, Arm, ConfigError, arm_setting_error as check_setting
+from meaningless_tokens.config import Arm, ConfigError
 
 VARIANTS = ("llama", "gemma")
 DIFFERENCES = (
@@ -67,9 +67,9 @@ PAPER_BY_BENCHMARK = {
         "google/gemma-3-4b-it": (0.25, 0.85), "google/gemma-3-27b-it": (0.25, 0.7)},
 }
 PAPER = PAPER_BY_BENCHMARK["math500"]
-# Fallbacks for models the paper has no entry for (config.ARM_FALLBACK, where the schema checks the tuning grid
-# against them): the llama variant the paper arm.py's (0.13, 99.5), the gemma variant its Gemma 3 entry.
-FALLBACK = ARM_FALLBACK
+# Fallbacks for models the paper has no entry for: its arm.py's (0.13, 99.5) for the llama variant;
+# the gemma variant's percentage is a quantile (0..1), so its fallback is the paper's Gemma 3 entry.
+FALLBACK = {"llama": (0.13, 99.5), "gemma": (0.25, 0.85)}
 PMIN_PMAX = {"llama": (0.20, 0.25)}   # the Llama file's defaults; every other family: the Qwen2 file's
 QWEN_PMIN_PMAX = (0.02, 0.25)
 K = 1.0
@@ -99,6 +99,23 @@ def model_type(facts: dict) -> str:
 
 def variant_for(model_type: str) -> str:
     return "gemma" if model_type.startswith("gemma") else "llama"
+
+
+def check_setting(variant: str, c: float, percentage: float, only: str | None = None) -> str | None:
+    """Why (c, percentage) is outside the variant's range (None when it is not); `only`: check that key alone."""
+    if only in (None, "percentage"):
+        if variant == "llama" and not 0 <= percentage <= 100:
+            return (f"{percentage} is outside [0, 100], the llama variant's range (a percentile of the signed "
+                    "activations, in percent)")
+        if variant == "gemma" and not 0 <= percentage <= 1:
+            return (f"{percentage} is outside [0, 1], the gemma variant's range (a quantile of |a|; the paper's code "
+                    f"divides values above 1 by 100: write {percentage / 100:g})")
+    if only in (None, "c"):
+        if variant == "gemma" and not 0 < c <= 1:
+            return f"{c} is outside (0, 1], the gemma variant's range (the share of activations moved)"
+        if variant == "llama" and not c > 0:
+            return f"{c} is not positive (the llama variant's near-zero radius is 1.4826 * MAD * c)"
+    return None
 
 
 def paper_settings(variant: str) -> list[tuple[float, float]]:

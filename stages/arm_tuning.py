@@ -81,6 +81,20 @@ def solution_sequences(params: Params, builder, problems: list[Problem]) -> tupl
     return none, arms
 
 
+def check_grid(params: Params, variant: str, pairs: list) -> list[tuple[float, float]]:
+    """The variant's grid as (c, percentage) pairs, each within the variant's range, the fallback among them."""
+    grid = [tuple(map(float, pair)) for pair in pairs]
+    for c, pct in grid:
+        for key in ("c", "percentage"):
+            why = arm.check_setting(variant, c, pct, key)
+            if why:
+                raise ConfigError(f"{params.file}: arm_tuning.grid.{variant}: ({c:g}, {pct:g}): {key} {why}")
+    if tuple(arm.FALLBACK[variant]) not in grid:
+        raise ConfigError(f"{params.file}: arm_tuning.grid.{variant}: {grid} lacks the variant's fallback "
+                          f"{arm.FALLBACK[variant]}, the setting a model the paper did not run gets untuned")
+    return grid
+
+
 # ---- statistics -----------------------------------------------------------------------------------
 
 def choose(gains: np.ndarray) -> int:
@@ -124,7 +138,7 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
     tuning, tested, data_sha = problem_sets(params)
     setup = models.setup_for(full, name)
     own = arm.settings_for(params.arm, params.dataset.benchmark, setup)
-    grid = [tuple(map(float, pair)) for pair in cfg.grid[own.variant]]
+    grid = check_grid(params, own.variant, cfg.grid[own.variant])
     if (own.c, own.percentage) not in grid:
         raise ConfigError(f"{params.file}: arm_tuning.grid.{own.variant}: {grid} lacks model '{name}''s own setting "
                           f"({own.c:g}, {own.percentage:g}) ({own.origin['c']}); add it, so the choice is compared with it")

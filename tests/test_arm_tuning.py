@@ -80,9 +80,15 @@ def test_bad_input_is_refused_naming_the_key(tiny_dirs, write_params, cache_dir,
     raw["arm_tuning"]["n_samples"] = 498
     with pytest.raises(ConfigError, match=r"arm_tuning\.n_samples: 498 tuning problems asked for, but only 497"):
         arm_tuning.run(load_params(write_params(raw)), "tiny", root=tmp_path)
-    for grid, why in (({"llama": [[0.32, 90.0]], "gemma": GRID["gemma"]}, "lacks the variant's fallback"),
-                      ({"llama": GRID["llama"], "gemma": [[0.25, 0.85], [0.25, 85.0]]}, "outside \\[0, 1\\]"),
-                      ({"llama": GRID["llama"]}, "gemma: missing")):
+    # the model's variant's pairs, checked by the stage before the model loads
+    for pairs, why in (([[0.32, 90.0]], "lacks the variant's fallback"),
+                       ([[0.13, 99.5], [0.1, 150.0]], r"\(0\.1, 150\): percentage 150.0 is outside \[0, 100\]")):
+        raw = params.model_dump()
+        raw["arm_tuning"]["grid"] = {"llama": pairs, "gemma": GRID["gemma"]}
+        with pytest.raises(ConfigError, match=rf"arm_tuning\.grid\.llama: .*{why}"):
+            arm_tuning.run(load_params(write_params(raw)), "tiny", root=tmp_path)
+    for grid, why in (({"llama": GRID["llama"]}, "gemma: missing"),
+                      ({"llama": GRID["llama"] * 2, "gemma": GRID["gemma"]}, "names a pair twice")):
         raw = params.model_dump()
         raw["arm_tuning"]["grid"] = grid
         with pytest.raises(ConfigError, match=rf"arm_tuning\.grid.*{why}"):
