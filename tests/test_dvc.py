@@ -170,7 +170,7 @@ def test_likelihood_params_rerun_the_likelihood_stages_figures_and_report_only(c
     assert repo.status() == {}
     for m in (A, B):
         got = json.loads((repo.path / f"metrics/likelihood/{m}.json").read_text())
-        assert got["n_problems"] == 4 and set(got["contrasts"]) == {"mless-none"}
+        assert got["n_problems"] == 4 and set(got["contrasts"]) == {"mless-none", "arm-none"}  # tests/profile.yaml
     shown = json.loads(repo.dvc("metrics", "show", "--json").stdout)
     assert any(f"metrics/likelihood/{A}.json" in json.dumps(v) for v in shown.values())
 
