@@ -207,7 +207,7 @@ def metrics_summary(grid, gains, n_t: int, result: dict, own, own_k: int, cfg) -
         return {"mean": r(d["mean"]), "ci95": [r(x) for x in d["ci"]]}
 
     tested = gains[:, n_t:]
-    lo, hi = zip(*(bootstrap_ci(tested[k], cfg.seed, cfg.n_boot) for k in range(len(grid))))
+    lo, hi = bootstrap_mean_ci(tested, cfg.seed, n_boot=cfg.n_boot, axis=1)  # per setting, the same resamples
     return {
         "variant": own.variant, "n_tuning": n_t, "n_tested": int(gains.shape[1] - n_t), "seed": cfg.seed,
         "outcome": "solution: mean log-prob per token, arm - none (nats/token)",
@@ -220,11 +220,6 @@ def metrics_summary(grid, gains, n_t: int, result: dict, own, own_k: int, cfg) -
         "in_sample": stat(result["in_sample"]),
         "selection_effect": stat(result["selection_effect"]),
     }
-
-
-def bootstrap_ci(diff: np.ndarray, seed: int, n_boot: int) -> tuple[float, float]:
-    lo, hi = bootstrap_mean_ci(diff, seed, n_boot=n_boot)
-    return float(lo), float(hi)
 
 
 def write_artifact(out: Path, params: Params, name: str, setup, tuning: list[Problem], tested: list[Problem],

@@ -49,10 +49,10 @@ def load_likelihood(file: Path) -> dict:
     the summaries, and the seed / n_boot it was made with."""
     with read_h5(file, "likelihood", ("problems/index", "none/solution/mean")) as f:
         conds = [str(c) for c in f.attrs["conditions"]]
+        prov = json.loads(f.attrs["provenance"])
         data = {"conditions": conds, "index": f["problems/index"][()], "level": f["problems/level"][()],
-                "n": int(f.attrs["n_samples"]), "contrasts": {},
-                "params": json.loads(f.attrs["provenance"])["params"]["likelihood"],
-                "arm": json.loads(f.attrs["provenance"]).get("arm"),  # the ARM setting and its origin, when arm ran
+                "n": int(f.attrs["n_samples"]), "contrasts": {}, "params": prov["params"]["likelihood"],
+                "arm": prov.get("arm"),  # the ARM setting and its origin, when arm ran
                 "tokens": float(f["none/solution/tokens"][()].mean())}
         for c in conds:
             if c == "none":
@@ -63,9 +63,9 @@ def load_likelihood(file: Path) -> dict:
 
 
 def load_arm_tuning(path: Path) -> dict:
-    """An ARM tuning file (stages/arm_tuning.py): its summary (grid, choice, gains) and provenance."""
+    """An ARM tuning file's summary (stages/arm_tuning.py): the grid, the choice and the gains."""
     with read_h5(path, "arm_tuning", ("grid", "out_of_sample/mean")) as f:
-        return {**json.loads(f.attrs["summary"]), "provenance": json.loads(f.attrs["provenance"])}
+        return json.loads(f.attrs["summary"])
 
 
 def load_activations(path: Path) -> dict:
