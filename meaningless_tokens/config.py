@@ -20,6 +20,7 @@ from pydantic import (
     ConfigDict,
     Field,
     NonNegativeInt,
+    PositiveFloat,
     PositiveInt,
     PrivateAttr,
     ValidationError,
@@ -466,6 +467,19 @@ class ArmTuning(Strict):
         return v
 
 
+# the verdict's claims whose effect has a declared size (their units: the verdict table's rows)
+SESOI_CLAIMS = ("f1", "f2", "g1", "g2", "h1", "h2")
+
+
+class Verdict(Strict):
+    """The verdict table's declared inputs (meaningless_tokens/charts/verdict.py; docs/report.md, "The verdict")."""
+
+    sesoi: dict[Literal[SESOI_CLAIMS], PositiveFloat] = Field(
+        description="per claim, the smallest effect of interest (the row's unit) for a model the paper reports no "
+                    "number for: an interval whose far end on the predicted side lies below it rules the claim out; "
+                    "a claim left out gets no 'ruled out'")
+
+
 class Figures(Strict):
     models: Literal["all"] | list[str] = "all"
     layer: NonNegativeInt = Field(default=0, description="0-based layer of the per-head charts (Layer 1 on charts)")
@@ -516,6 +530,7 @@ class Params(Strict):
     likelihood: Likelihood
     arm: Arm
     arm_tuning: ArmTuning
+    verdict: Verdict
     figures: Figures
     models: dict[ModelName, ModelSpec] = Field(min_length=1)
     _file: Path = PrivateAttr(default=PARAMS_FILE)

@@ -31,7 +31,10 @@ Files are byte-identical for equal data: no timestamps, fixed SVG ids.
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 from meaningless_tokens import charts, cli, store
@@ -74,12 +77,17 @@ def write_accuracy_table(path: Path, metrics: dict) -> Path:
     return path
 
 
-def draw_all(plt, ctx: Context) -> list[tuple[str, object]]:
-    """(stem, figure) of every chart kind: per model in model order, then the charts across models."""
-    drawn = [(charts.stem(k, n), k.draw(plt, ctx, n)) for n in ctx.names for k in charts.PER_MODEL
-             if n in ctx.chart_models(k.KIND)]
-    return drawn + [(charts.stem(k, None), k.draw(plt, ctx, None)) for k in charts.STUDY
-                    if charts.unavailable(k, ctx) is None]
+def draw_all(plt, ctx: Context):
+    """(stem, figure) of every chart kind, drawn one at a time as the caller asks: per model in model order, then the
+    charts across models (the caller closes each figure before the next is drawn, so memory stays flat with the
+    number of models)."""
+    for n in ctx.names:
+        for k in charts.PER_MODEL:
+            if n in ctx.chart_models(k.KIND):
+                yield charts.stem(k, n), k.draw(plt, ctx, n)
+    for k in charts.STUDY:
+        if charts.unavailable(k, ctx) is None:
+            yield charts.stem(k, None), k.draw(plt, ctx, None)
 
 
 def run(params: Params, folder: Path | None = None, table: Path | None = None) -> list[Path]:
@@ -88,13 +96,23 @@ def run(params: Params, folder: Path | None = None, table: Path | None = None) -
     folder = folder or params.project_path(str(OUT_DIR))
     ctx = load_context(params)
     write_accuracy_table(table or params.project_path(str(ACCURACY_TABLE)), ctx.metrics)
-    drawn = draw_all(plt, ctx)
-    write_json_atomic(params.project_path(str(likelihood.LINK)), likelihood.problem_links(ctx))  # the numbers the report quotes
     folder.mkdir(parents=True, exist_ok=True)
-    written = []
-    for stem, fig in drawn:
-        written += save(fig, folder, stem, params.figures.dpi)
-        plt.close(fig)
+    # every chart into a folder beside the output first: a chart that fails to draw leaves the old set whole
+    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    try:
+        drawn = []
+        for stem, fig in draw_all(plt, ctx):
+            try:
+                drawn += save(fig, staging, stem, params.figures.dpi)
+            finally:
+                plt.close(fig)
+        write_json_atomic(params.project_path(str(likelihood.LINK)), likelihood.problem_links(ctx))  # the numbers the report quotes
+        written = []
+        for path in drawn:
+            written.append(folder / path.name)
+            os.replace(path, written[-1])
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     for stale in set(folder.glob("*.*")) - set(written):  # charts of models no longer configured
         stale.unlink()
     print(f"figures: {len(written)} files -> {folder}")

@@ -204,11 +204,15 @@ def power_lines(ctx, power: dict) -> list[Text]:
     lines = []
     src = VERDICT.as_posix()
 
-    def num(key: str, fmt: str) -> Num:  # a number of metrics/verdict.json (written beside the report)
+    def num(key: str, fmt: str, scale: float = 1.0) -> Num:  # a number of metrics/verdict.json (written beside the report)
         value = {"power": power}
         for k in key.split("."):
             value = value[k]
-        return Num(float(value), src, key, "value", 1.0, fmt)
+        return Num(float(value) * scale, src, key, "value", scale, fmt)
+
+    def hours(key: str) -> list:  # a duration in the unit that reads: minutes below an hour
+        value = num(key, ".2g")
+        return [num(key, ".0f", 60), " minutes"] if value.value < 1 else [value, " hours"]
 
     gains = ", ".join(f"{k} +{v:g}" for k, v in power["paper_gains"].items())
     gain = f"+{power['paper_gain_points']:g} points"  # the paper's smallest MATH-500 gain (charts/verdict.py)
@@ -227,8 +231,8 @@ def power_lines(ctx, power: dict) -> list[Text]:
             parts += [f"Detecting {gain} would take ", num(f"{key}.needed_for_paper_gain", "d"),
                       f" problems: dvc exp run -S evaluate.n_samples={need}"]
             if a["hours_needed"] is not None:
-                parts += [", about ", num(f"{key}.hours_needed", ".2g"),
-                          " hours of evaluation at this run's speed (metrics/timing)"]
+                parts += [", about ", *hours(f"{key}.hours_needed"),
+                          " of evaluation at this run's speed (metrics/timing)"]
             parts.append(".")
         elif need:
             limit = a["benchmark_limit"]
@@ -236,8 +240,8 @@ def power_lines(ctx, power: dict) -> list[Text]:
                       f" problems at this spread, more than MATH-500's {limit}: even dvc exp run -S "
                       f"evaluate.n_samples=null (all {limit}"]
             if a["hours_needed"] is not None:
-                parts += [", about ", num(f"{key}.hours_needed", ".2g"),
-                          " hours for the problems needed at this run's speed"]
+                parts += [", about ", *hours(f"{key}.hours_needed"),
+                          " for the problems needed at this run's speed"]
             parts.append(") cannot.")
         parts.append(" An inconclusive accuracy verdict here means too few problems, not no effect.")
         lines.append(Text(*parts))
@@ -251,7 +255,7 @@ def power_lines(ctx, power: dict) -> list[Text]:
                  "likelihood effect to set beside it); all 500 problems would bring it to ",
                  num(f"{key}.mde_at_500", ".2g")]
         if lk["hours_at_500"] is not None:
-            parts += [" at about ", num(f"{key}.hours_at_500", ".2g"), " hours"]
+            parts += [" at about ", *hours(f"{key}.hours_at_500")]
         parts.append(" (dvc exp run -S likelihood.n_samples=null).")
         lines.append(Text(*parts))
     return lines
@@ -281,8 +285,15 @@ def results_md(summary: dict, root: Path) -> str:
                       keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
     env.filters["md"] = md_escape
     env.filters["code"] = code_span
+    env.filters["duration"] = duration
     figures = [k for k in KEY_CHARTS if (root / RESULT_FIGURES / f"{k}.png").is_file()]
-    return env.get_template("results.md.j2").render(v=summary, figures=figures, fig_dir=RESULT_FIGURES.name)
+    pooled = len(summary["models"]) > 1
+    return env.get_template("results.md.j2").render(v=summary, figures=figures, fig_dir=RESULT_FIGURES.name, pooled=pooled)
+
+
+def duration(hours: float) -> str:
+    """A duration as a reader says it: minutes below an hour, hours with two figures above."""
+    return f"{hours * 60:.0f} minutes" if hours < 1 else f"{hours:.2g} hours"
 
 
 def code_span(text: str) -> str:
@@ -359,7 +370,8 @@ def run(params: Params, out: Path | None = None) -> list[Path]:
     power = verdict.power(ctx)
     summary = verdict.summary(ctx, rows, power)
     context = {
-        "verdict": rows, "rule": verdict.RULE, "power": power_lines(ctx, power),
+        "verdict": rows, "rule": verdict.RULE, "rules": verdict.RULES, "holm": summary["holm"],
+        "pooled": len(names) > 1, "power": power_lines(ctx, power),
         "sections": [{"id": k, "title": t} for k, t in verdict.SECTIONS.items()
                      if k != "arm" or arm_section(ctx, evaluated)],
         "section": {k: {"sentences": [verdict.sentence(r, ctx.disp) for r in rows if r.section == k]}

@@ -369,6 +369,79 @@ def test_the_verdict_rule_on_hand_made_intervals():
             word(*bad)
     with pytest.raises(ValueError):
         word(0.1, 1.0, 0)
+    with pytest.raises(ValueError):
+        word(0.1, 1.0, 1, 0.0)
+
+
+def test_five_words_one_rule_each():
+    """'ruled out' apart from 'inconclusive': the far end on the predicted side below the smallest effect of
+    interest, whether or not the interval excludes zero; 'contradicted' stays; no width decides nothing."""
+    from meaningless_tokens.charts.verdict import RULES, WORDS, word
+
+    assert list(RULES) == list(WORDS)
+    assert word(-0.5, 1.5, +1, 2.0) == "ruled out"       # includes zero, excludes 2 or more
+    assert word(0.2, 1.5, +1, 2.0) == "ruled out"        # excludes zero too: an effect, smaller than of interest
+    assert word(0.2, 2.5, +1, 2.0) == "reproduced"       # reaches 2
+    assert word(-0.5, 2.5, +1, 2.0) == "inconclusive"    # includes zero and 2: too few problems
+    assert word(-3.0, -0.5, +1, 2.0) == "contradicted"   # the other side wins over ruled out
+    assert word(-1.5, 0.5, -1, 2.0) == "ruled out"       # predicted negative: its far end is the low one
+    assert word(-2.5, 0.5, -1, 2.0) == "inconclusive"
+    assert word(0.0, 0.0, +1, 2.0) == "inconclusive"     # no problem changed its grade: nothing is excluded
+    assert word(-0.5, 1.5, +1, None) == "inconclusive"   # no smallest effect of interest: never ruled out
+
+
+def test_p_values_agree_with_the_words_and_holm_corrects_them():
+    from meaningless_tokens.charts import pooling
+    from meaningless_tokens.charts.verdict import word
+
+    rng = np.random.default_rng(0)
+    for _ in range(500):
+        est = rng.normal()
+        low, high = est - rng.uniform(0.01, 2), est + rng.uniform(0.01, 2)  # skewed intervals too
+        p = pooling.p_value(est, low, high)
+        assert (p < 0.05) == (word(low, high) in ("reproduced", "contradicted")), (est, low, high, p)
+    assert pooling.p_value(0.0, -1.0, 1.0) == 1.0 and pooling.p_value(1.0, 1.0, 1.0) == 1.0
+    # Holm: the smallest p against alpha / m, the next against alpha / (m - 1), ...; it stops at the first failure
+    assert pooling.holm([0.01, 0.04, 0.03, 0.005]) == [True, False, False, True]
+    assert pooling.holm([0.001, 0.002]) == [True, True] and pooling.holm([]) == []
+
+
+def test_pooling_across_models_by_random_effects():
+    from meaningless_tokens.charts import pooling
+
+    se = 0.5
+    half = pooling.Z95 * se
+    same = pooling.pool([1.0, 1.0, 1.0], [1.0 - half] * 3, [1.0 + half] * 3)
+    assert same.estimate == pytest.approx(1.0) and same.tau2 == pytest.approx(0.0, abs=1e-12) and same.i2 == 0.0
+    assert same.k == 3 and same.low < 1.0 < same.high
+    apart = pooling.pool([-3.0, 0.0, 3.0], [-3.0 - half, -half, 3.0 - half], [-3.0 + half, half, 3.0 + half])
+    assert apart.estimate == pytest.approx(0.0, abs=1e-9) and apart.tau2 > 8 and apart.i2 > 0.9
+    assert apart.high - apart.low > same.high - same.low  # disagreement widens the pooled interval
+    assert pooling.pool([1.0], [0.0], [2.0]) is None                        # one model: nothing to pool
+    assert pooling.pool([1.0, 0.0], [0.0, 0.0], [2.0, 0.0]) is None         # a zero-width interval has no weight
+
+
+def test_the_paper_beside_a_cell_of_its_own_model():
+    """A model the paper ran: the cell states the paper's number, whether it lies in our interval and the ratio;
+    the paper's effect is then the smallest effect of interest."""
+    from meaningless_tokens.charts import paper
+    from meaningless_tokens.charts.verdict import Cell, judge
+
+    g1 = paper.reported("g1")
+    assert g1.values == {"Qwen2.5-Math-1.5B": 2, "Qwen2.5-Math-7B": 3, "Llama-3.1-8B-Instruct": 2}
+    assert g1.status == "figure" and paper.reported("f1").status == "unchecked"
+    assert paper.reported("f1").values["Llama-3.1-8B-Instruct"] == pytest.approx(2.8)
+    assert paper.reported("a") is None
+    for block in paper.numbers().values():
+        assert block["source"] and block["status"] in ("figure", "unchecked")
+    c = Cell("", low=-0.5, high=3.5, estimate=1.5, unit="points", fmt="+.1f")
+    judge(c, +1, 3.0, "the paper's effect for this model", 3.0)
+    assert c.word == "inconclusive" and "the paper: +3 points for this model, inside the interval" in c.detail
+    assert "ours is 0.5 of it" in c.detail
+    c = Cell("", low=0.2, high=1.8, estimate=1.0, unit="points", fmt="+.1f")
+    judge(c, +1, 3.0, "the paper's effect for this model", 3.0)
+    assert c.word == "ruled out" and "excludes +3.0 points or more" in c.detail
+    assert "above the interval" in c.detail
 
 
 def _text(html_path):
@@ -386,10 +459,11 @@ def test_both_formats_open_with_the_verdict_table(project):
     anchors = {m.lower().replace(" ", "-") for m in re.findall(r"^## (.+)$", md, re.M)}
     for line in table[2:]:
         cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
-        assert len(cells) == 1 + len(params.models), line
+        assert len(cells) == 2 + len(params.models) + 1, line  # claim, the paper, the models, pooled
         target = re.match(r"\[\(([a-h]\d?)\) .*?\]\(#([a-z-]+)\)", cells[0])
         assert target and target[2] in anchors, line
-        for cell in cells[1:]:
+        assert re.match(r"\*\*([a-z ]+)\*\* |fewer than two models", cells[-1]), cells[-1]
+        for cell in cells[2:-1]:
             w = re.match(r" ?\[\*\*([a-z ]+)\*\*\]\(#([a-z-]+)\)", cell)
             assert w and w[1] in WORDS and w[2] == target[2], cell
     page = html_path.read_text(encoding="utf-8")
@@ -405,7 +479,8 @@ def test_both_formats_open_with_the_verdict_table(project):
     assert set(re.findall(r'href="#([^"]+)"', verdict_html)) <= ids
     # the rule is stated once, under the table
     from meaningless_tokens.charts.verdict import RULE
-    assert _text(html_path).count(RULE) == 1 and md.count("A claim is reproduced when") == 1
+    assert _text(html_path).count(RULE) == 1 and md.count("Reproduced: the 95 % interval excludes zero") == 1
+    assert md.count("After a Holm correction over the table's") == 1
 
 
 def test_arm_rows_state_their_setting_and_never_vanish(project, tmp_path):
@@ -457,11 +532,16 @@ def test_verdict_cells_follow_the_rule_from_the_files(project):
     assert cell["word"] == word(lo, hi) and (cell["low"], cell["high"]) == (lo, hi)
     acc = json.loads((root / "metrics/accuracy/tiny-llama.json").read_text())["mless-none"]
     cell = next(r for r in v["claims"] if r["key"] == "g1")["cells"]["tiny-llama"]
-    assert cell["word"] == word(100 * acc["ci95_low"], 100 * acc["ci95_high"])
+    assert cell["word"] == word(100 * acc["ci95_low"], 100 * acc["ci95_high"], 1, params.verdict.sesoi["g1"])
     for r in v["claims"]:
+        assert r["direction"] == (-1 if r["key"] in ("e1", "e2") else 1)
         for c in r["cells"].values():
-            assert c["word"] == "not run" or c["word"] == word(c["low"], c["high"],
-                                                               -1 if r["key"] in ("e1", "e2") else 1), (r, c)
+            assert c["word"] == "not run" or c["word"] == word(c["low"], c["high"], r["direction"], c["sesoi"]), (r, c)
+            # the tiny models are none of the paper's: their smallest effect of interest is the declared one
+            assert c["word"] == "not run" or c["sesoi"] == params.verdict.sesoi.get(r["key"]), (r, c)
+        if r["pooled"]:
+            assert r["pooled"]["word"] == word(r["pooled"]["low"], r["pooled"]["high"], r["direction"],
+                                               params.verdict.sesoi.get(r["key"]))
 
 
 def test_results_md_is_rendered_from_the_verdict_json_alone(project, tmp_path):
@@ -568,7 +648,7 @@ def test_no_traced_number_is_lost(project):
 
 
 @pytest.mark.skipif(not chromium(), reason="Debian chromium not installed (apt-get install chromium)")
-def test_verdict_and_first_figure_above_the_fold_and_the_page_half_as_tall(project):
+def test_verdict_above_the_fold_the_first_figure_under_it_and_the_page_half_as_tall(project):
     from playwright.sync_api import sync_playwright
 
     root, params, (html_path, _) = project
@@ -584,6 +664,8 @@ def test_verdict_and_first_figure_above_the_fold_and_the_page_half_as_tall(proje
         SHOT_DIR.mkdir(exist_ok=True)
         page.screenshot(path=str(SHOT_DIR / "report-verdict.png"))
         browser.close()
-    assert table <= 1000 and figure[0] < 1000 - 150 and figure[1] > 0, (table, figure)
+    # the whole verdict table above the fold; the first figure right under its rules (the paper's numbers, the
+    # pooled column and what each word rests on made the table taller than the fold leaves room for both)
+    assert table <= 1000 and figure[0] < table + 250 and figure[1] > 0, (table, figure)
     before = json.loads(KEYS_BEFORE.read_text())["height_1280"]
     assert folded and height <= before / 2, (height, before)

@@ -199,7 +199,15 @@ def test_figures_plot_the_statistics_and_are_byte_identical(tiny_stats, write_pa
         mean, ci = f["contrasts/mless-none/solution/mean"][0], f["contrasts/mless-none/solution/ci"][0]
     dot = forest.lines[0].get_xdata()[0]
     assert dot == mean and forest.collections[0].get_segments()[0][:, 0].tolist() == pytest.approx(list(ci))
-    a = figures.run(params, tmp_path / "a")
+    plt.close("all")
+    open_at_save, save = [], figures.save
+    figures.save = lambda fig, *a: open_at_save.append(len(plt.get_fignums())) or save(fig, *a)
+    try:
+        a = figures.run(params, tmp_path / "a")
+    finally:
+        figures.save = save
+    # one figure open at a time, none left after the stage: memory flat with the number of models
+    assert open_at_save and max(open_at_save) == 1 and plt.get_fignums() == []
     b = figures.run(params, tmp_path / "b")
     # 7 charts, span-sweep and likelihood (no span-accuracy: that sweep is off)
     assert [p.name for p in a] == [p.name for p in b] and len(a) == 2 * 9

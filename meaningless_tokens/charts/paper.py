@@ -9,6 +9,12 @@ right, so they are not math-verify numbers).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import yaml
+
 from meaningless_tokens.charts.context import Context
 from meaningless_tokens.charts.phrases import label
 from meaningless_tokens.charts.trace import Num, Text, artifact, excludes_zero, interval
@@ -16,10 +22,37 @@ from meaningless_tokens.charts.trace import Num, Text, artifact, excludes_zero, 
 # params model name (profiles/gpu.yaml) -> the paper's name for that model
 PAPER_MODELS = {"qwen2_5-math-1_5b": "Qwen2.5-Math-1.5B", "qwen2_5-math-7b": "Qwen2.5-Math-7B",
                 "llama3_1-8b-instruct": "Llama-3.1-8B-Instruct", "gemma3-4b-it": "Gemma-3-4b-it"}
+NUMBERS = Path(__file__).with_name("paper.yaml")  # the paper's reported numbers, each block with its source
+
+
+@cache
+def numbers() -> dict:
+    return yaml.safe_load(NUMBERS.read_text(encoding="utf-8"))
+
+
 # MATH-500 accuracy in percent, w/o / w/ Mless / w/ Mful, read from the paper's "Results on Math-500" chart
-ACCURACY = {"Qwen2.5-Math-1.5B": {"none": 64, "mless": 66, "mful": 66},
-            "Qwen2.5-Math-7B": {"none": 73, "mless": 76, "mful": 74},
-            "Llama-3.1-8B-Instruct": {"none": 44, "mless": 46, "mful": 48}}
+ACCURACY = numbers()["accuracy"]["values"]
+# verdict claim -> (block of paper.yaml, condition): the paper's effect is that condition's accuracy minus none's
+EFFECTS = {"f1": ("arm", "arm"), "g1": ("accuracy", "mless"), "g2": ("accuracy", "mful")}
+
+
+@dataclass(frozen=True)
+class Reported:
+    """The paper's effect for one claim: per paper model, in points, with where it was read and how surely."""
+    values: dict[str, float]
+    source: str
+    status: str  # figure (read off a chart, approximate) | unchecked (not yet checked against the paper's text)
+
+
+def reported(key: str) -> Reported | None:
+    """The paper's numbers for verdict claim `key`, or None where the paper reports none."""
+    if key not in EFFECTS:
+        return None
+    block, cond = EFFECTS[key]
+    b = numbers()[block]
+    return Reported({m: round(v[cond] - v["none"], 1) for m, v in b["values"].items()}, b["source"], b["status"])
+
+
 COLLAPSE = 0.01  # "inside the span the weight collapses to about 0.00-0.01"
 
 # per chart kind: (paper model, 0-based layer, 0-based heads) of each seed panel ("Head 22" is index 21)

@@ -15,27 +15,45 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from meaningless_tokens import store
+from meaningless_tokens.charts import paper, pooling
 from meaningless_tokens.charts.context import Context
 from meaningless_tokens.charts.phrases import label
 from meaningless_tokens.charts.trace import Num, Text, artifact, interval
 from meaningless_tokens.store import read_h5
 
-RULE = ("A claim is reproduced when its 95 % interval excludes zero on the side the paper predicts, contradicted "
-        "when it excludes zero on the other side, and inconclusive when it includes zero; not run when this run did "
-        "not measure it.")
-WORDS = ("reproduced", "contradicted", "inconclusive", "not run")
+WORDS = ("reproduced", "contradicted", "ruled out", "inconclusive", "not run")
+# each word's rule, once, in a researcher's words (the table's footnote, metrics/verdict.json's "rules")
+RULES = {
+    "reproduced": "the 95 % interval excludes zero on the side the paper predicts and reaches X, the claim's smallest "
+                  "effect of interest (the paper's effect for that model where the paper reports one, else "
+                  "params.yaml's verdict.sesoi)",
+    "contradicted": "it excludes zero on the other side",
+    "ruled out": "its far end on the predicted side lies below X: an effect of X or more is excluded, whether or not "
+                 "the interval excludes zero",
+    "inconclusive": "none of these, or an interval of no width; the cell states the smallest effect the run could "
+                    "detect (80 % power, two-sided 5 %, from the interval's width)",
+    "not run": "not measured here; the cell names the command that measures it, where one exists",
+}
+RULE = " ".join(f"{w.capitalize()}: {r}." for w, r in RULES.items())
 
 
-def word(low: float, high: float, direction: int = +1) -> str:
+def word(low: float, high: float, direction: int = +1, sesoi: float | None = None) -> str:
     """The verdict on one 95 % interval [low, high] of a quantity the paper predicts to be positive (direction +1)
-    or negative (-1)."""
+    or negative (-1), with the claim's smallest effect of interest `sesoi` (> 0, on the predicted side) or None."""
     if direction not in (1, -1):
         raise ValueError(f"direction {direction!r}: expected +1 or -1")
     if not (math.isfinite(low) and math.isfinite(high)) or low > high:
         raise ValueError(f"interval [{low}, {high}]: not a finite interval")
-    if low > 0 or high < 0:
-        return "reproduced" if (low > 0) == (direction > 0) else "contradicted"
-    return "inconclusive"
+    if sesoi is not None and not sesoi > 0:
+        raise ValueError(f"smallest effect of interest {sesoi!r}: expected a positive size")
+    if low == high:  # no spread (e.g. no problem changed its grade): the interval decides nothing
+        return "inconclusive"
+    lo, hi = (low, high) if direction > 0 else (-high, -low)  # the predicted side made positive
+    if hi < 0:
+        return "contradicted"
+    if sesoi is not None and hi < sesoi:
+        return "ruled out"
+    return "reproduced" if lo > 0 else "inconclusive"
 
 
 @dataclass
@@ -48,6 +66,15 @@ class Cell:
     high: float | None = None
     run: str = ""                # not run: the command that runs it
     note: str = ""               # what the number was measured with (ARM: the setting and how it was chosen)
+    estimate: float | None = None
+    unit: str = ""
+    fmt: str = "+.3g"
+    sesoi: float | None = None   # the smallest effect of interest applied, and where it comes from
+    sesoi_from: str = ""
+    paper: float | None = None   # the paper's effect for this very model (its own models only)
+    p: float | None = None       # two-sided, against zero (charts/pooling.py)
+    holm: bool | None = None     # a reproduced or contradicted cell: whether its word survives Holm over the table
+    detail: str = ""             # what the word rests on, in words (the smallest detectable effect, the paper's)
 
 
 @dataclass
@@ -56,12 +83,15 @@ class Claim:
     text: str         # the paper's claim, in a sentence
     measure: str      # what the number is
     section: str      # the report section with the evidence (its anchor)
+    direction: int = +1
     cells: dict[str, Cell] = field(default_factory=dict)
+    paper: str = ""   # what the paper reports for the claim, as context beside any model
+    pooled: dict | None = None
 
 
-def _cell(value: Num, low: Num, high: Num, unit: str, direction: int = +1) -> Cell:
-    return Cell(word(low.value, high.value, direction), Text(value, unit, " ", interval(low, high)), "", value,
-                low.value, high.value)
+def _cell(value: Num, low: Num, high: Num, unit: str) -> Cell:
+    return Cell("", Text(value, unit, " ", interval(low, high)), "", value, low.value, high.value,
+                estimate=value.value, unit=unit.strip(), fmt=value.fmt)
 
 
 def _not_run(why: str, run: str = "") -> Cell:
@@ -117,18 +147,19 @@ def span_growth(ctx: Context, name: str) -> Cell:
     da = ctx.src.h5(f, f"token_0/drop_heads_pct[{a}]", fmt="+.1f")
     db = ctx.src.h5(f, f"token_0/drop_heads_pct[{b}]", fmt="+.1f")
     low, high = n[b, 0].value - n[a, 1].value, n[b, 1].value - n[a, 0].value
-    return Cell(word(low, high), Text(f"{counts[a]}: ", da, " % ", interval(n[a, 0], n[a, 1]), f"; {counts[b]}: ",
-                                      db, " % ", interval(n[b, 0], n[b, 1])), "", None, low, high)
+    return Cell("", Text(f"{counts[a]}: ", da, " % ", interval(n[a, 0], n[a, 1]), f"; {counts[b]}: ",
+                         db, " % ", interval(n[b, 0], n[b, 1])), "", None, low, high, estimate=db.value - da.value,
+                unit="points", fmt="+.1f")
 
 
-def activation(measure: str, direction: int):
+def activation(measure: str):
     def cell(ctx: Context, name: str) -> Cell:
         from meaningless_tokens.charts.activations import ActivationView
 
         if name not in ctx.activations or "mless" not in ctx.activations[name]["conditions"]:
             return _not_run("mless activations not measured")
         d, lo, hi, _ = ActivationView(ctx, name).diff("mless", measure)
-        return _cell(d, lo, hi, " points" if measure.startswith("near_zero") else "", direction)
+        return _cell(d, lo, hi, " points" if measure.startswith("near_zero") else "")
     return cell
 
 
@@ -203,39 +234,129 @@ def arm_likelihood(ctx: Context, name: str) -> Cell:
     return out
 
 
-# (key, claim, measure, section anchor, the cell's function)
+# (key, claim, measure, section anchor, the side the paper predicts, the cell's function)
 CLAIMS = (
     ("a", f"Meaningless tokens lower the attention the original tokens receive in {label(0)}",
-     f"drop under mless, heads of {label(0)} averaged, % of none", "attention", attention_drop),
+     f"drop under mless, heads of {label(0)} averaged, % of none", "attention", +1, attention_drop),
     ("b", "The drop is largest in the first layer",
-     f"{label(0)}'s drop minus the largest later layer's, points", "attention", first_layer_lead),
+     f"{label(0)}'s drop minus the largest later layer's, points", "attention", +1, first_layer_lead),
     ("c", "A meaningful span of the same length lowers it less",
-     f"{label(0)} drop under mless minus under mful, points", "meaningless-vs-meaningful-span", mful_gap),
+     f"{label(0)} drop under mless minus under mful, points", "meaningless-vs-meaningful-span", +1, mful_gap),
     ("d", "The drop grows with the span's length",
-     "drop (all heads) at the shortest and the longest span; verdict on their difference", "span-length",
+     "drop (all heads) at the shortest and the longest span; verdict on their difference", "span-length", +1,
      span_growth),
     ("e1", f"{label(0)}'s MLP: fewer activations near zero (robust eps)",
-     "mless − none, share in points", "activation-shift", activation("near_zero_robust", -1)),
+     "mless − none, share in points", "activation-shift", -1, activation("near_zero_robust")),
     ("e2", f"{label(0)}'s MLP: fewer activations near zero (fixed eps)",
-     "mless − none, share in points", "activation-shift", activation("near_zero_fixed", -1)),
-    ("e3", f"{label(0)}'s MLP: larger mean |a| (L1)", "mless − none", "activation-shift", activation("l1", +1)),
-    ("e4", f"{label(0)}'s MLP: larger RMS of a (L2)", "mless − none", "activation-shift", activation("l2", +1)),
-    ("f1", "ARM on the first MLP raises accuracy", "arm − none, points", "accuracy", accuracy("arm")),
-    ("f2", "ARM makes the reference solution more likely", "arm − none, log-prob per token", "likelihood",
+     "mless − none, share in points", "activation-shift", -1, activation("near_zero_fixed")),
+    ("e3", f"{label(0)}'s MLP: larger mean |a| (L1)", "mless − none", "activation-shift", +1, activation("l1")),
+    ("e4", f"{label(0)}'s MLP: larger RMS of a (L2)", "mless − none", "activation-shift", +1, activation("l2")),
+    ("f1", "ARM on the first MLP raises accuracy", "arm − none, points", "accuracy", +1, accuracy("arm")),
+    ("f2", "ARM makes the reference solution more likely", "arm − none, log-prob per token", "likelihood", +1,
      arm_likelihood),
-    ("g1", "Meaningless tokens raise accuracy", "mless − none, points", "accuracy", accuracy("mless")),
-    ("g2", "A meaningful span raises accuracy", "mful − none, points", "accuracy", accuracy("mful")),
+    ("g1", "Meaningless tokens raise accuracy", "mless − none, points", "accuracy", +1, accuracy("mless")),
+    ("g2", "A meaningful span raises accuracy", "mful − none, points", "accuracy", +1, accuracy("mful")),
     ("h1", "Meaningless tokens make the reference solution more likely", "mless − none, log-prob per token",
-     "likelihood", likelihood("mless", "solution")),
+     "likelihood", +1, likelihood("mless", "solution")),
     ("h2", "Meaningless tokens make the gold answer more likely", "mless − none, log-prob of the answer",
-     "likelihood", likelihood("mless", "answer")),
+     "likelihood", +1, likelihood("mless", "answer")),
 )
 
 
 def claims(ctx: Context) -> list[Claim]:
-    """Every claim's row, those ARM did not run in too (their cells say how to run it)."""
-    return [Claim(key, text, measure, section, {n: fn(ctx, n) for n in ctx.names})
-            for key, text, measure, section, fn in CLAIMS]
+    """Every claim's row, those ARM did not run in too (their cells say how to run it): each cell judged by `word`
+    against its smallest effect of interest, beside the paper's number where the paper ran that model; the Holm
+    marks over the table; the pooled cell where more than one model ran."""
+    rows = []
+    for key, text, measure, section, direction, fn in CLAIMS:
+        rep = paper.reported(key) if ctx.benchmark == "MATH-500" else None
+        row = Claim(key, text, measure, section, direction, paper=paper_context(rep))
+        for n in ctx.names:
+            row.cells[n] = cell = fn(ctx, n)
+            if cell.word != "not run":
+                judge(cell, direction, *smallest_effect(ctx, key, n, rep))
+        rows.append(row)
+    tested = [c for r in rows for c in r.cells.values() if c.p is not None]
+    for c, keeps in zip(tested, pooling.holm([c.p for c in tested])):
+        if c.word in ("reproduced", "contradicted"):
+            c.holm = keeps
+    if len(ctx.names) > 1:
+        for r in rows:
+            r.pooled = pooled(r, ctx.params.verdict.sesoi.get(r.key))
+    return rows
+
+
+def smallest_effect(ctx: Context, key: str, name: str, rep) -> tuple[float | None, str, float | None]:
+    """(the smallest effect of interest, where it comes from, the paper's effect) for claim `key` on model `name`:
+    the paper's effect where the paper reports one for this very model (and it lies on the predicted side), else
+    params.yaml's verdict.sesoi.<key>, else none."""
+    own = rep.values.get(paper.paper_name(ctx, name) or "") if rep else None
+    if own is not None and own > 0:
+        return own, "the paper's effect for this model", own
+    declared = ctx.params.verdict.sesoi.get(key)
+    return declared, f"verdict.sesoi.{key}" if declared is not None else "", own
+
+
+def judge(c: Cell, direction: int, sesoi: float | None, sesoi_from: str, paper_value: float | None) -> None:
+    """The cell's word, p-value and what the word rests on, from its interval (the one rule: `word`)."""
+    c.word = word(c.low, c.high, direction, sesoi)
+    c.sesoi, c.sesoi_from, c.paper = sesoi, sesoi_from, paper_value
+    c.p = pooling.p_value(c.estimate, c.low, c.high)
+    unit = f" {c.unit}" if c.unit else ""
+    parts = []
+    if c.low == c.high:
+        parts.append("no problem changed its grade" if c.unit == "points" and c.estimate == 0 else
+                     "no spread: every paired difference is the same")
+    elif c.word == "ruled out":
+        parts.append(f"excludes {direction * sesoi:{c.fmt}}{unit} or more")
+    elif c.word == "inconclusive":
+        m = pooling.mde(c.low, c.high)
+        parts.append(f"detects {m:.2g}{unit} or more" + (f" (of interest: {direction * sesoi:{c.fmt}})"
+                                                          if sesoi is not None else ""))
+    if paper_value is not None:
+        where = ("inside the interval" if c.low <= paper_value <= c.high else
+                 "above the interval" if paper_value > c.high else "below the interval")
+        ratio = f"; ours is {c.estimate / paper_value:.2g} of it" if paper_value else ""
+        parts.append(f"the paper: {paper_value:+g}{unit} for this model, {where}{ratio}")
+    c.detail = "; ".join(parts)
+
+
+def paper_context(rep) -> str:
+    """What the paper reports for a claim, across its models (context for any model, never this run's model)."""
+    if rep is None:
+        return ""
+    vals = sorted(rep.values.values())
+    how = "approximate" if rep.status == "figure" else "not yet checked against the paper's text"
+    span = f"{vals[0]:+g}" if vals[0] == vals[-1] else f"{vals[0]:+g} to {vals[-1]:+g}"
+    return f"{span} points on {len(vals)} models ({rep.source}; {how})"
+
+
+def pooled(r: Claim, sesoi: float | None) -> dict | None:
+    """The claim's random-effects pooled cell over the models it was measured on (charts/pooling.py)."""
+    cells = [c for c in r.cells.values() if c.low is not None]
+    res = pooling.pool([c.estimate for c in cells], [c.low for c in cells], [c.high for c in cells])
+    if res is None:
+        return None
+    fmt, unit = cells[0].fmt, (f" {cells[0].unit}" if cells[0].unit else "")
+    w = word(res.low, res.high, r.direction, sesoi)
+    text = f"{res.estimate:{fmt}}{unit} [{res.low:{fmt}}, {res.high:{fmt}}]"
+    spread = f"{res.k} models, tau² {res.tau2:.2g}, I² {100 * res.i2:.0f} %"
+    if w == "ruled out":
+        spread += f"; excludes {r.direction * sesoi:{fmt}}{unit} or more"
+    elif w == "inconclusive" and res.mde is not None:
+        spread += f"; detects {res.mde:.2g}{unit} or more"
+    return {"word": w, "md": text, "detail": spread, "estimate": res.estimate, "low": res.low, "high": res.high,
+            "tau2": res.tau2, "i2": res.i2, "k": res.k, "sesoi": sesoi}
+
+
+def holm_sentence(rows: list[Claim]) -> str:
+    """The table's many tests, said once."""
+    tested = [c for r in rows for c in r.cells.values() if c.p is not None]
+    decided = [c for c in tested if c.holm is not None]
+    lost = [c for c in decided if not c.holm]
+    return (f"After a Holm correction over the table's {len(tested)} cells with an interval (each p-value from the "
+            f"half of its interval that faces zero), {len(decided) - len(lost)} of the {len(decided)} reproduced or "
+            f"contradicted verdicts keep their word" + (f"; the {len(lost)} marked † lose it." if lost else "."))
 
 
 SECTIONS = {"attention": "Attention", "meaningless-vs-meaningful-span": "Meaningless vs meaningful span",
@@ -331,15 +452,22 @@ def _r(x, digits: int = 3):
 
 
 def summary(ctx: Context, rows: list[Claim], pw: dict) -> dict:
-    """metrics/verdict.json: the table (words, values and intervals as the report shows them) and the power."""
+    """metrics/verdict.json: the table (words, values and intervals as the report shows them, what each word rests
+    on, the pooled cells) and the power."""
     return {
         "rule": RULE,
+        "rules": RULES,
         "models": {n: ctx.disp(n) for n in ctx.names},
         "claims": [{"key": r.key, "claim": r.text, "measure": r.measure, "section": r.section,
+                    "direction": r.direction, "paper": r.paper, "pooled": r.pooled,
                     "cells": {n: {"word": c.word, "md": str(c.number) if c.number is not None else "",
-                                  "why": c.why, "run": c.run, "note": c.note, "low": c.low, "high": c.high}
+                                  "why": c.why, "run": c.run, "note": c.note, "detail": c.detail,
+                                  "estimate": c.estimate, "low": c.low, "high": c.high, "sesoi": c.sesoi,
+                                  "sesoi_from": c.sesoi_from, "paper": c.paper,
+                                  "p": None if c.p is None else _r(c.p, 4), "holm": c.holm}
                               for n, c in r.cells.items()}}
                    for r in rows],
         "counts": counts(rows),
+        "holm": holm_sentence(rows),
         "power": pw,
     }
