@@ -555,6 +555,18 @@ def test_results_md_is_rendered_from_the_verdict_json_alone(project, tmp_path):
     assert "Power" in written and "80 % power" in written
 
 
+def test_one_model_gets_no_pooled_column(project):
+    root, params, _ = project
+    summary = json.loads((root / "metrics/verdict.json").read_text())
+    assert "pooled over the models" in report.results_md(summary, root)
+    one = next(iter(summary["models"]))
+    summary["models"] = {one: summary["models"][one]}
+    for r in summary["claims"]:
+        r["cells"] = {one: r["cells"][one]}
+    md = report.results_md(summary, root)
+    assert "pooled over the models" not in md and "random-effects" not in md
+
+
 def test_committed_results_md_matches_the_committed_verdict():
     """On a clean clone: docs/results.md is what the report stage renders from the committed metrics/verdict.json."""
     summary_path, results = ROOT / "metrics/verdict.json", ROOT / "docs/results.md"
