@@ -11,7 +11,7 @@ LAYERS = (
     ("store", "cli", "envlock", "runcache", "verify"),             # artifacts on disk, command line, environment
     ("capture", "prompts", "sampling", "models", "arm"),           # attention capture, prompts, model sources
     ("engines", "vllm_engine", "scoring"),                         # generation and teacher-forced scoring
-    ("charts",),                                                   # one module per chart kind (draw + explain)
+    ("charts", "add_model"),                                       # one module per chart kind; `mless add-model`
 )
 
 TEMPLATES = Path(__file__).parent / "templates"  # the report's and the explorer's Jinja templates

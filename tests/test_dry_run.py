@@ -131,6 +131,22 @@ def test_the_report_puts_the_paper_beside_this_run(dry):
     assert [table[("Qwen2.5-Math-7B", c)] for c in ("none", "mless", "mful")] == ["73", "76", "74"]
     assert [table[("Llama-3.1-8B-Instruct", c)] for c in ("none", "mless", "mful")] == ["44", "46", "48"]
     assert table[("Gemma-3-4b-it", "none")] == "—"
+    # the verdict: the paper's number beside each cell of a model the paper ran, and it is the cell's smallest
+    # effect of interest (paper.yaml: the chart's mless and mful gains, Table 2's ARM gains)
+    v = json.loads((root / "metrics/verdict.json").read_text())
+    cells = {r["key"]: r["cells"] for r in v["claims"]}
+    expect = {"g1": {"qwen2_5-math-1_5b": 2, "qwen2_5-math-7b": 3, "llama3_1-8b-instruct": 2},
+              "g2": {"qwen2_5-math-1_5b": 2, "qwen2_5-math-7b": 1, "llama3_1-8b-instruct": 4},
+              "f1": {"qwen2_5-math-1_5b": 3.2, "qwen2_5-math-7b": 1.0, "llama3_1-8b-instruct": 2.8, "gemma3-4b-it": 1.4}}
+    for key, by_model in expect.items():
+        for name, value in by_model.items():
+            c = cells[key][name]
+            if c["word"] == "not run":
+                continue
+            assert c["paper"] == pytest.approx(value) and c["sesoi"] == pytest.approx(value), (key, name, c)
+            assert c["sesoi_from"] == "the paper's effect for this model" and f"the paper: {value:+g} points" in c["detail"]
+    assert cells["g1"]["gemma3-4b-it"]["paper"] is None  # the chart has no Gemma bar: the declared value applies
+    assert any(c["word"] != "not run" for key in expect for c in cells[key].values())
     page = html.read_text()
     assert page.count("<h4>The paper beside this run</h4>") == 6 and "the paper, % (approx.)" in page
     # every number of the comparison tables, like every other, reads back from its artifact

@@ -563,6 +563,8 @@ def test_one_model_gets_no_pooled_column(project):
     summary["models"] = {one: summary["models"][one]}
     for r in summary["claims"]:
         r["cells"] = {one: r["cells"][one]}
+    for outcome in ("accuracy", "likelihood"):
+        summary["power"][outcome] = {n: p for n, p in summary["power"][outcome].items() if n == one}
     md = report.results_md(summary, root)
     assert "pooled over the models" not in md and "random-effects" not in md
 
