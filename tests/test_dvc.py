@@ -50,7 +50,7 @@ class Background(threading.Thread):
         return self.value
 
 
-GRID = (0, 25, 55)
+GRID = (0, 25)  # docs/sharing.md's grid is 0,25,55; 55 is the committed run's count (the tests' budget: two points)
 
 
 def second_checkout(other: Repo) -> dict:
@@ -406,7 +406,7 @@ def test_span_grid_as_queued_experiments(repo, tmp_path):
     assert set(plots) == plot_ids()
     values = plots[f"artifacts/plots/full/{A}.csv"][0]["content"]["data"]["values"]
     length = {c: len({v["position"] for v in values if v["rev"] == by_count[c]}) for c in GRID}
-    assert length[0] < length[25] < length[55]  # a longer span: longer prompts
+    assert length[0] < length[25]  # a longer span: longer prompts
     mless = {c: [float(v["mless"]) for v in values if v["rev"] == by_count[c] and v["mless"] != "nan"] for c in GRID}
     none = [float(v["none"]) for v in values if v["rev"] == by_count[0] and v["none"] != "nan"]
     assert mless[0] == none  # count 0: the mless curve is the none curve
