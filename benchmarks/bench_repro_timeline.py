@@ -43,7 +43,11 @@ def stamped_run(keep: Path | None) -> list[tuple[float, str]]:
 
 def read_log(path: Path) -> list[tuple[float, str]]:
     out = []
-    for raw in path.read_text().splitlines():
+    with path.open(newline="") as f:  # no newline translation: a progress bar's carriage returns stay in its line
+        text_all = f.read()
+    for raw in text_all.split("\n"):
+        if not raw:
+            continue
         t, _, text = raw.partition(" ")
         out.append((float(t), text))
     return out

@@ -5,7 +5,6 @@ params.yaml untouched; a hub id resolved through the offline cache."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -94,13 +93,7 @@ def test_refusals_are_one_line_and_leave_params_untouched(family_dirs, project, 
 def test_a_hub_id_resolves_through_the_offline_cache(family_dirs, project, cache_dir):
     """The real huggingface_hub path (params.yaml is offline), against a hub cache laid out as the library does."""
     commit = "0123456789abcdef0123456789abcdef01234567"
-    repo = cache_dir / "hub" / "models--acme--tiny-qwen"
-    (repo / "refs").mkdir(parents=True)
-    (repo / "refs" / "main").write_text(commit)
-    snapshot = repo / "snapshots" / commit
-    snapshot.mkdir(parents=True)
-    for f in family_dirs["qwen2"].iterdir():
-        os.symlink(f, snapshot / f.name)
+    tiny.hub_snapshot(cache_dir, "acme/tiny-qwen", commit, family_dirs["qwen2"])
     assert add(project, "hub-qwen", "--hf", "acme/tiny-qwen", "--revision", commit) == 0
     spec = load_params(project).models["hub-qwen"]
     assert (spec.source.kind, spec.source.repo_id, spec.source.revision) == ("hf", "acme/tiny-qwen", commit)

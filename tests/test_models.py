@@ -14,6 +14,7 @@ from meaningless_tokens import capture, models
 from stages import prepare
 from meaningless_tokens.config import ConfigError, load_params
 from meaningless_tokens.models import ModelSourceError
+from tests import tiny
 from tests.conftest import ROOT
 
 
@@ -90,13 +91,7 @@ def hub_spec(repo_id="acme/tiny-llama", revision="main", allow_moving_revision=T
 def test_hub_source_offline_uses_huggingface_cache(tiny_dirs, write_params, cache_dir):
     """The real huggingface_hub code path, against a hub cache laid out as the library lays it out."""
     commit = "0123456789abcdef0123456789abcdef01234567"
-    repo = cache_dir / "hub" / "models--acme--tiny-llama"
-    (repo / "refs").mkdir(parents=True)
-    (repo / "refs" / "main").write_text(commit)
-    snapshot = repo / "snapshots" / commit
-    snapshot.mkdir(parents=True)
-    for f in tiny_dirs["llama"].iterdir():
-        os.symlink(f, snapshot / f.name)
+    snapshot = tiny.hub_snapshot(cache_dir, "acme/tiny-llama", commit, tiny_dirs["llama"])
     raw = load_params(write_params()).model_dump()
     raw["runtime"]["offline"] = True
     raw["models"] = {"hub": hub_spec()}

@@ -4,6 +4,7 @@ byte-level BPE tokenizer trained here on MATH-500 problems (so prompts tokenize 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -150,3 +151,16 @@ def run_pipeline(params, root: Path) -> tuple[list[Path], list[Path]]:
             os.environ.pop("MLESS_CACHE", None)
         else:
             os.environ["MLESS_CACHE"] = before
+
+
+def hub_snapshot(cache_dir: Path, repo_id: str, commit: str, model_dir: Path) -> Path:
+    """A model folder laid out in `<cache_dir>/hub` as huggingface_hub lays out a download of `repo_id` at `commit`
+    (refs/main naming the commit, the files linked into snapshots/<commit>): the offline path reads it."""
+    repo = cache_dir / "hub" / f"models--{repo_id.replace('/', '--')}"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    for f in model_dir.iterdir():
+        os.symlink(f, snapshot / f.name)
+    return snapshot
