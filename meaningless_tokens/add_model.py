@@ -161,6 +161,8 @@ def add_to_list(text: str, section: str, name: str) -> str:
 def estimate(root: Path, params: Params, parameters: int, outcomes: bool, likelihood: bool) -> list[tuple[str, float, str]]:
     """(stage, seconds, from which run) per stage of the new model: the last run's time of the shipped model
     closest in size, scaled by the parameter ratio. Empty when the last run left no timing."""
+    from meaningless_tokens.models.cache import cache_root
+
     out = []
     sizes = {}
     for n in params.models:
@@ -168,8 +170,6 @@ def estimate(root: Path, params: Params, parameters: int, outcomes: bool, likeli
         if manifest.is_file():
             timing = root / "metrics" / "timing" / f"prepare-{n}.json"
             folder = json.loads(timing.read_text()).get("folder") if timing.is_file() else None
-            from meaningless_tokens.models.cache import cache_root
-
             path = cache_root(params) / "converted" / folder if folder else None
             if path is not None and path.is_dir():
                 sizes[n] = parameter_count(path)

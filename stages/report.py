@@ -210,9 +210,9 @@ def power_lines(ctx, power: dict) -> list[Text]:
             value = value[k]
         return Num(float(value) * scale, src, key, "value", scale, fmt)
 
-    def hours(key: str) -> list:  # a duration in the unit that reads: minutes below an hour
-        value = num(key, ".2g")
-        return [num(key, ".0f", 60), " minutes"] if value.value < 1 else [value, " hours"]
+    def hours(key: str) -> list:  # a duration of metrics/verdict.json (in hours there) in the unit that reads
+        scale, fmt, unit = duration_unit(num(key, "g").value)
+        return [num(key, fmt, scale), f" {unit}"]
 
     gains = ", ".join(f"{k} +{v:g}" for k, v in power["paper_gains"].items())
     gain = f"+{power['paper_gain_points']:g} points"  # the paper's smallest MATH-500 gain (charts/verdict.py)
@@ -291,9 +291,15 @@ def results_md(summary: dict, root: Path) -> str:
     return env.get_template("results.md.j2").render(v=summary, figures=figures, fig_dir=RESULT_FIGURES.name, pooled=pooled)
 
 
+def duration_unit(hours: float) -> tuple[float, str, str]:
+    """(scale from hours, format, unit) of a duration as a reader says it: minutes below an hour, hours with two
+    figures above."""
+    return (60, ".0f", "minutes") if hours < 1 else (1.0, ".2g", "hours")
+
+
 def duration(hours: float) -> str:
-    """A duration as a reader says it: minutes below an hour, hours with two figures above."""
-    return f"{hours * 60:.0f} minutes" if hours < 1 else f"{hours:.2g} hours"
+    scale, fmt, unit = duration_unit(hours)
+    return f"{hours * scale:{fmt}} {unit}"
 
 
 def code_span(text: str) -> str:

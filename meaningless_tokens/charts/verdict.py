@@ -389,8 +389,9 @@ def counts(rows: list[Claim]) -> dict[str, int]:
 
 # ---- power -----------------------------------------------------------------------------------------------
 
-Z = 1.959963984540054 + 0.8416212335729143  # two-sided 5 % test, 80 % power
-PAPER_GAIN = 2.0  # points: the paper's smallest mless − none gain on MATH-500 (charts/paper.py: ACCURACY)
+Z = pooling.Z95 + pooling.Z80  # two-sided 5 % test, 80 % power
+PAPER_GAINS = paper.reported("g1").values  # points: the paper's mless − none gains on MATH-500 (charts/paper.yaml)
+PAPER_GAIN = float(min(PAPER_GAINS.values()))  # the smallest of them
 
 
 def mde(diff: np.ndarray) -> float | None:
@@ -411,10 +412,7 @@ def needed(diff: np.ndarray, effect: float) -> int | None:
 
 def power(ctx: Context) -> dict:
     """Per outcome and model: n, the MDE, and (accuracy) the problems and hours the paper's gain would need."""
-    from meaningless_tokens.charts.paper import ACCURACY
-
-    out = {"accuracy": {}, "likelihood": {}, "paper_gain_points": PAPER_GAIN,
-           "paper_gains": {k: v["mless"] - v["none"] for k, v in ACCURACY.items()}}
+    out = {"accuracy": {}, "likelihood": {}, "paper_gain_points": PAPER_GAIN, "paper_gains": dict(PAPER_GAINS)}
     limit = 500  # MATH-500's problems
     for n in ctx.names:
         if n not in ctx.metrics:
