@@ -8,7 +8,7 @@ from pathlib import Path
 
 LAYERS = (
     ("config", "progress", "intervals", "grading", "attention"),  # params schema and plain helpers
-    ("store", "cli", "envlock", "runcache", "verify"),             # artifacts on disk, command line, environment
+    ("store", "cli", "envlock", "runcache", "verify", "forkserver"),  # artifacts on disk, command line, environment, warm start
     ("capture", "prompts", "sampling", "models", "arm"),           # attention capture, prompts, model sources
     ("engines", "vllm_engine", "scoring"),                         # generation and teacher-forced scoring
     ("charts", "add_model"),                                       # one module per chart kind; `mless add-model`

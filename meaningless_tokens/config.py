@@ -645,8 +645,39 @@ def load_params(path: str | os.PathLike = PARAMS_FILE) -> Params:
     except ValidationError as e:
         raise ConfigError("\n".join(_format_error(path, err) for err in e.errors())) from None
     params._file = path
+    check_spelled_out(raw, path)
     check_charts(params)
     return params
+
+
+# Every model key but display_name is listed by some stage in dvc.yaml (tests/test_config.py checks the two agree),
+# and DVC refuses to run a stage whose listed key is missing, defaults or not: each entry spells them out.
+DVC_MODEL_KEYS = tuple(k for k in ModelSpec.model_fields if k != "display_name")
+
+
+def check_spelled_out(raw: dict, path: Path) -> None:
+    """Refuse a model entry that lacks a key dvc.yaml lists, naming the `-S` flags (the schema's defaults)
+    and the command that complete it: prepare lists each entry whole, so this is the first error a
+    `dvc exp run -S '+models.<name>...'` with only the required keys meets, not DVC's, one stage at a time."""
+    for name, entry in (raw.get("models") or {}).items():
+        missing = [k for k in DVC_MODEL_KEYS if k not in (entry or {})]  # required keys failed validation already
+        if not missing:
+            continue
+        defaults = ModelSpec.model_fields
+        flags = " ".join(f"-S '+models.{name}.{k}={_flow(defaults[k].get_default(call_default_factory=True))}'"
+                         for k in missing)
+        raise ConfigError(
+            f"{path}: models.{name}: {', '.join(missing)} missing; DVC needs every key the stages list "
+            f"(dvc.yaml), defaults included. Add them with their defaults: dvc exp run {flags} "
+            f"(or write the whole entry: mless add-model {name} --local DIR | --hf ORG/NAME --revision COMMIT "
+            f"| --gguf FILE; docs/your-model.md)")
+
+
+def _flow(value) -> str:
+    """A default as `dvc exp run -S` reads it (YAML flow style, one line)."""
+    if isinstance(value, BaseModel):
+        value = value.model_dump()
+    return yaml.safe_dump(value, default_flow_style=True, width=1 << 20).strip().removesuffix("...").strip()
 
 
 def figure_models(params: Params) -> list[str]:

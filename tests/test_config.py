@@ -125,3 +125,35 @@ def test_the_tests_profile_only_overlays_keys_of_the_cpu_profile():
     # params.yaml is the CPU profile until `config use` switches it: the two files say the same, byte for byte
     if yaml.safe_load((ROOT / "params.yaml").read_text())["profile"] == "cpu":
         assert (ROOT / "params.yaml").read_text() == (ROOT / "profiles/cpu.yaml").read_text()
+
+
+def test_the_model_keys_dvc_lists_are_those_every_entry_must_spell_out():
+    """prepare lists each entry whole; the other stages list keys one by one: together, every key but display_name."""
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    listed = {p.split(".", 2)[2] for st in stages.values() for p in (st.get("do") or st).get("params", [])
+              if isinstance(p, str) and p.startswith("models.${") and p.count(".") >= 2}
+    assert listed == set(config.DVC_MODEL_KEYS)
+    assert "models.${key}" in stages["prepare"]["do"]["params"]
+
+
+def test_an_entry_without_a_listed_key_is_refused_with_the_flags_that_add_it(tmp_path):
+    raw = default_params()
+    entry = raw["models"]["smollm2-135m"]
+    raw["models"]["mine"] = {"display_name": "Mine", "source": {"kind": "local_dir", "path": "/models/mine"}}
+    del entry["heads"]
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    with pytest.raises(ConfigError) as e:
+        load_params(path)
+    assert str(e.value).startswith(f"{path}: models.smollm2-135m: heads missing; DVC needs every key")
+    assert "dvc exp run -S '+models.smollm2-135m.heads=all' (or write the whole entry: mless add-model smollm2-135m" in str(e.value)
+    entry["heads"] = "all"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    with pytest.raises(ConfigError) as e:
+        load_params(path)
+    assert ("dvc exp run -S '+models.mine.family=null' -S '+models.mine.trust_remote_code=false' "
+            "-S '+models.mine.template=null' -S '+models.mine.layers=[0, 1, 2]' -S '+models.mine.heads=all' "
+            "-S '+models.mine.arm={c: null, k: null, percentage: null, pmax: null, pmin: null}'") in str(e.value)
+    proc = subprocess.run([sys.executable, "-m", "meaningless_tokens.config", "check", str(path)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and "models.mine: family, trust_remote_code" in proc.stderr

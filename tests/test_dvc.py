@@ -2,7 +2,8 @@
 
 One repository is built per module (a whole `dvc repro`) and shared; every test leaves it as it found
 it (the committed results, checked out again from git and the DVC cache). Meanwhile a second clone
-of it runs in the background, on the other core: a cold `dvc repro` (no outputs, no cache) whose
+of it runs in the background, on the other core: a cold `dvc repro` (no outputs, no cache; every stage
+in a fresh interpreter, without the warm-start server the first run's stages were forked from) whose
 hashes must equal the first run's, then a span-length experiment.
 """
 
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.dvc_repo import Repo, ran
+from tests.dvc_repo import BIN, Repo, ran
 from tests.test_explorer import check_loads
 from tests.test_report import chromium
 
@@ -81,7 +82,7 @@ def repo(tiny_dirs, tmp_path_factory) -> Repo:
     r.all = set(r.stages())
     r.report = {"report"} if "report" in r.all else set()  # the report stage, once dvc.yaml has it
     r.explorer = {"explorer"} & r.all  # reports/explorer.html: reads figures params, attention, activations, stats
-    r.other = Repo(base / "second", r.env)
+    r.other = Repo(base / "second", {**r.env, "MLESS_FORKSERVER": "0"})  # every stage cold there: the same hashes
     r.git("clone", "-q", str(r.path), str(r.other.path))
     r.background = Background(lambda: second_checkout(r.other))
     yield r
@@ -176,11 +177,14 @@ def test_likelihood_params_rerun_the_likelihood_stages_figures_and_report_only(c
 
 
 def test_display_name_reruns_only_figures_and_report(clean):
-    """A label costs no compute: not extract or evaluate (hours on a GPU), not stats, not prepare."""
+    """A label costs no compute: not extract or evaluate (hours on a GPU), not stats; prepare (which lists the
+    whole entry, to check it) reruns in seconds and writes the same manifest, so nothing after it reruns."""
     repo = clean
     repo.set_params(**{f"models__{A}__display_name": "Renamed model A"})
     assert params_diff(repo) == {f"models.{A}.display_name": {"old": "Tiny llama", "new": "Renamed model A"}}
-    assert repo.repro() == {"figures"} | repo.report | repo.explorer
+    manifest = (repo.path / f"artifacts/models/{A}.json").read_bytes()
+    assert repo.repro() == {f"prepare@{A}", "figures"} | repo.report | repo.explorer
+    assert (repo.path / f"artifacts/models/{A}.json").read_bytes() == manifest
     assert repo.status() == {}
     for artifact in (f"artifacts/attention/{A}.h5", f"artifacts/eval/{A}.h5", f"artifacts/stats/{A}.h5",
                      f"artifacts/activations/{A}.h5"):
@@ -338,14 +342,52 @@ def test_failed_stage_leaves_nothing_registered(clean):
 
 
 def test_a_params_key_a_stage_lists_must_exist(clean):
+    """DVC refuses a stage whose listed key is missing; the model's prepare (which lists the entry whole) runs
+    first and names every missing key with the flags that add it, instead of DVC, one stage at a time."""
     repo = clean
     raw = yaml.safe_load((repo.path / "params.yaml").read_text())
-    del raw["models"][B]["trust_remote_code"]  # listed by prepare@tiny-b, evaluate@tiny-b
+    del raw["models"][B]["trust_remote_code"]  # listed by extract, activations, evaluate... of tiny-b
+    del raw["models"][B]["layers"]
     (repo.path / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    lock = (repo.path / "dvc.lock").read_bytes()
     proc = repo.dvc("repro", check=False)
     assert proc.returncode != 0
-    assert f"Parameters 'models.{B}.trust_remote_code' are missing from 'params.yaml'" in proc.stderr
-    assert ran(proc) == set()
+    assert (f"models.{B}: trust_remote_code, layers missing; DVC needs every key the stages list" in proc.stderr
+            and f"dvc exp run -S '+models.{B}.trust_remote_code=false' -S '+models.{B}.layers=[0, 1, 2]'" in proc.stderr)
+    assert "are missing from 'params.yaml'" not in proc.stderr  # DVC's own refusal never came
+    assert ran(proc) == {f"prepare@{B}"} and (repo.path / "dvc.lock").read_bytes() == lock
+
+
+def test_a_model_with_only_the_required_keys_is_completed_by_the_flags_its_error_names(clean, tiny_dirs):
+    """issue 47: `dvc exp run -S` with the schema's required keys alone; the first error's flags complete it."""
+    repo = clean
+    folder = tiny_dirs["gemma3"]
+    given = ["-S", "+models.mine.display_name=Mine", "-S", "+models.mine.source.kind=local_dir",
+             "-S", f"+models.mine.source.path={folder}"]
+    proc = repo.dvc("exp", "run", *given, "prepare@mine", check=False)
+    assert proc.returncode != 0 and "are missing from 'params.yaml'" not in proc.stderr
+    flags = re.search(r"dvc exp run ((?:-S '[^']+' ?)+)", proc.stderr).group(1)
+    args = [a for pair in re.findall(r"(-S) '([^']+)'", flags) for a in pair]
+    assert {a.split("=")[0] for a in args[1::2]} == {f"+models.mine.{k}" for k in
+                                                      ("family", "trust_remote_code", "template", "layers", "heads", "arm")}
+    proc = repo.dvc("exp", "run", *args, "prepare@mine", "extract@mine")  # the workspace kept the first three keys
+    assert ran(proc) == {"prepare@mine", "extract@mine"}
+    assert (repo.path / "artifacts/attention/mine.h5").is_file()
+
+
+def test_a_folder_added_by_the_command_runs_through_dvc_and_joins_the_verdict(clean, tiny_dirs):
+    """issue 47's done-when in a test repository: `mless add-model` on a model folder, one `dvc exp run`, and the
+    model's column in docs/results.md's verdict table beside the others; no stage of the other models reruns."""
+    repo = clean
+    out = repo.run(str(BIN / "mless"), "add-model", "added", "--local", str(tiny_dirs["gemma3"]),
+                   "--display-name", "Added gemma3", "--outcomes").stdout
+    assert "gemma3" in out and "dvc exp run" in out
+    proc = repo.dvc("exp", "run")
+    model_stages = {f"{s}@added" for s in ("prepare", "extract", "stats", "activations", "sweep", "evaluate", "likelihood")}
+    assert model_stages <= ran(proc)
+    assert not {s for s in ran(proc) if s.endswith((f"@{A}", f"@{B}"))}
+    header = next(line for line in (repo.path / "docs/results.md").read_text().splitlines() if line.startswith("| the paper's claim"))
+    assert header.index("Tiny llama") < header.index("Tiny qwen2") < header.index("Added gemma3")
 
 
 # ---- the second clone, run in the background --------------------------------------------------------
