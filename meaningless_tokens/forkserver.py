@@ -34,9 +34,11 @@ IDLE = float(os.environ.get("MLESS_FORKSERVER_IDLE", 60))  # seconds with no sta
 CONNECT_TIMEOUT = 30.0  # the server forks within milliseconds; past this the stage runs in-process, cold
 PRELOAD = ("numpy", "h5py", "yaml", "pydantic", "torch", "safetensors", "tokenizers", "transformers",
            "transformers.modeling_utils", "transformers.generation", "transformers.masking_utils",
-           "transformers.activations", "transformers.tokenization_utils_tokenizers", "transformers.models.auto")
+           "transformers.activations", "transformers.tokenization_utils_tokenizers", "transformers.models.auto",
+           "scipy.stats", "statsmodels.stats.meta_analysis", "statsmodels.stats.multitest", "matplotlib",
+           "matplotlib.figure", "jinja2")
 # variables that differ between stages of one run but change nothing a process imports
-VOLATILE = ("MLESS_FORKSERVER_IDLE", "MLESS_FORKSERVER_DIR", "_", "PWD", "OLDPWD", "SHLVL", "DVC_STAGE", "DVC_EXP_NAME", "DVC_EXP_BASELINE_REV", "DVC_CHECKPOINT",
+VOLATILE = ("_", "PWD", "OLDPWD", "SHLVL", "DVC_STAGE", "DVC_EXP_NAME", "DVC_EXP_BASELINE_REV", "DVC_CHECKPOINT",
             "DVC_ROOT", "PYTEST_CURRENT_TEST", "PYTEST_XDIST_WORKER", "TERM", "COLUMNS", "LINES")
 OURS = ("meaningless_tokens", "stages", "tests", "benchmarks")  # the project's packages: never kept across a fork
 
@@ -56,7 +58,8 @@ def key() -> str:
         site_mtime = os.stat(purelib).st_mtime_ns
     except OSError:
         site, site_mtime = [], 0
-    env = {k: v for k, v in os.environ.items() if k not in VOLATILE}
+    # MLESS_* are read by the project's code only, which each fork imports afresh in the client's environment
+    env = {k: v for k, v in os.environ.items() if k not in VOLATILE and not k.startswith("MLESS_")}
     parts = [os.path.realpath(sys.executable), sys.prefix, sys.version, repr(sys.flags), purelib, str(site_mtime),
              "\n".join(site), json.dumps(env, sort_keys=True), str(os.getuid())]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]

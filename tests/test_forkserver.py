@@ -26,7 +26,7 @@ def env(tmp_path) -> dict[str, str]:
     test's; a short idle time."""
     run = Path(tempfile.mkdtemp(prefix="mfs-", dir="/tmp"))
     yield {**os.environ, "MLESS_FORKSERVER_DIR": str(run), "MLESS_FORKSERVER": "1", "MLESS_FORKSERVER_IDLE": "5",
-           "PYTHONPATH": str(ROOT), "TEST_FOLDER": str(tmp_path)}  # the folder keeps the test's server its own
+           "PYTHONPATH": str(ROOT)}
     shutil.rmtree(run, ignore_errors=True)
 
 

@@ -250,7 +250,7 @@ def test_cli_ctrl_c_is_exit_130(tmp_path, write_params):
                                       "source": {"kind": "gguf_file", "path": str(gguf_path)}}})
     proc = subprocess.Popen([sys.executable, "-m", "stages.prepare", "--model", "x", "--params", str(path)],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "MLESS_CACHE": str(tmp_path / "c")},
+                            env={**os.environ, "MLESS_CACHE": str(tmp_path / "c"), "MLESS_FORKSERVER": "0"},  # its own pid
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 120
