@@ -645,7 +645,6 @@ def load_params(path: str | os.PathLike = PARAMS_FILE) -> Params:
     except ValidationError as e:
         raise ConfigError("\n".join(_format_error(path, err) for err in e.errors())) from None
     params._file = path
-    check_spelled_out(raw, path)
     check_charts(params)
     return params
 
@@ -655,11 +654,17 @@ def load_params(path: str | os.PathLike = PARAMS_FILE) -> Params:
 DVC_MODEL_KEYS = tuple(k for k in ModelSpec.model_fields if k != "display_name")
 
 
-def check_spelled_out(raw: dict, path: Path) -> None:
-    """Refuse a model entry that lacks a key dvc.yaml lists, naming the `-S` flags (the schema's defaults)
-    and the command that complete it: prepare lists each entry whole, so this is the first error a
-    `dvc exp run -S '+models.<name>...'` with only the required keys meets, not DVC's, one stage at a time."""
+def check_spelled_out(params: Params, names: list[str] | None = None) -> None:
+    """Refuse a model entry (of `names`, default all) that lacks a key dvc.yaml lists, naming the `-S` flags (the
+    schema's defaults) and the command that complete it. The model's prepare stage runs this (it lists the entry
+    whole, so this is the first error a `dvc exp run -S '+models.<name>...'` with only the required keys meets,
+    not DVC's, one stage at a time), and so does `config check`; code that calls the stages in-process, without
+    DVC, may leave the defaults out."""
+    path = params.file
+    raw = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)  # loaded and validated already
     for name, entry in (raw.get("models") or {}).items():
+        if names is not None and name not in names:
+            continue
         missing = [k for k in DVC_MODEL_KEYS if k not in (entry or {})]  # required keys failed validation already
         if not missing:
             continue
@@ -844,6 +849,7 @@ def main(argv: list[str] | None = None) -> int:
                 if chosen == []:
                     raise ConfigError(f"{path}: {key}: empty; the stages that read it need at least one model "
                                       f"(e.g. {list(p.models)[:1]})")
+            check_spelled_out(p)
             check_files(p)
             print(f"{path}: ok (profile {p.profile}; models {', '.join(p.models)}; evaluated {', '.join(p.evaluated)})")
     except ConfigError as e:

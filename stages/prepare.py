@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from meaningless_tokens import cli, store
-from meaningless_tokens.config import Params
+from meaningless_tokens.config import Params, check_spelled_out
 from meaningless_tokens.models import PreparedModel, prepare, prepare_layers
 from meaningless_tokens.store import environment, write_json_atomic, write_timing
 
@@ -37,8 +37,14 @@ def run(params: Params, name: str, out: Path | None = None, timing: Path | None 
     return prepared
 
 
+def checked_run(params: Params, name: str) -> PreparedModel:
+    """As DVC runs it: first the entry's keys (dvc.yaml lists it whole here, each key one by one later)."""
+    check_spelled_out(params, [name])
+    return run(params, name)
+
+
 def main(argv: list[str] | None = None) -> int:
-    return cli.main("prepare", __doc__, run, argv, many=True)
+    return cli.main("prepare", __doc__, checked_run, argv, many=True)
 
 
 if __name__ == "__main__":

@@ -136,24 +136,24 @@ def test_the_model_keys_dvc_lists_are_those_every_entry_must_spell_out():
     assert "models.${key}" in stages["prepare"]["do"]["params"]
 
 
-def test_an_entry_without_a_listed_key_is_refused_with_the_flags_that_add_it(tmp_path):
+def test_an_entry_without_a_listed_key_is_refused_with_the_flags_that_add_it(write_params):
+    """By `config check` and the model's prepare as DVC runs it; in-process callers may leave defaults out."""
     raw = default_params()
     entry = raw["models"]["smollm2-135m"]
     raw["models"]["mine"] = {"display_name": "Mine", "source": {"kind": "local_dir", "path": "/models/mine"}}
     del entry["heads"]
-    path = tmp_path / "params.yaml"
-    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    path = write_params(raw)
+    params = load_params(path)  # the schema has defaults
     with pytest.raises(ConfigError) as e:
-        load_params(path)
+        config.check_spelled_out(params)
     assert str(e.value).startswith(f"{path}: models.smollm2-135m: heads missing; DVC needs every key")
     assert "dvc exp run -S '+models.smollm2-135m.heads=all' (or write the whole entry: mless add-model smollm2-135m" in str(e.value)
-    entry["heads"] = "all"
-    path.write_text(yaml.safe_dump(raw, sort_keys=False))
     with pytest.raises(ConfigError) as e:
-        load_params(path)
+        config.check_spelled_out(params, ["mine"])
     assert ("dvc exp run -S '+models.mine.family=null' -S '+models.mine.trust_remote_code=false' "
             "-S '+models.mine.template=null' -S '+models.mine.layers=[0, 1, 2]' -S '+models.mine.heads=all' "
             "-S '+models.mine.arm={c: null, k: null, percentage: null, pmax: null, pmin: null}'") in str(e.value)
-    proc = subprocess.run([sys.executable, "-m", "meaningless_tokens.config", "check", str(path)],
-                          capture_output=True, text=True)
-    assert proc.returncode == 2 and "models.mine: family, trust_remote_code" in proc.stderr
+    for args, said in ((["meaningless_tokens.config", "check", str(path)], "models.smollm2-135m: heads missing"),
+                       (["stages.prepare", "--model", "mine", "--params", str(path)], "models.mine: family, trust_remote_code")):
+        proc = subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, cwd=ROOT)
+        assert proc.returncode == 2 and said in proc.stderr, proc.stderr

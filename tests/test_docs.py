@@ -353,7 +353,7 @@ def test_dvc_commands_parse():
                 continue
             for assignment in getattr(args, "set_param", None) or []:
                 n_keys += 1
-                key = assignment.split("=", 1)[0]
+                key = assignment.split("=", 1)[0].lstrip("+~")  # Hydra's append (+), force (++) and delete (~)
                 if (why := schema_error(key)) is not None:
                     bad.append(f"{it.where()}: {it.text!r}: -S {key}: {why}")
     finally:

@@ -15,7 +15,7 @@ from stages import prepare
 from meaningless_tokens.config import ConfigError, load_params
 from meaningless_tokens.models import ModelSourceError
 from tests import tiny
-from tests.conftest import ROOT
+from tests.conftest import ROOT, spelled_out
 
 
 def params_with(write_params, name, spec):
@@ -230,7 +230,7 @@ def test_gguf_file_checks(tmp_path, write_params, cache_dir):
 
 
 def test_cli_reports_one_line_and_nonzero(tmp_path, write_params):
-    path = write_params(models={"x": local_spec(tmp_path / "missing", "llama")})
+    path = write_params(models={"x": spelled_out(local_spec(tmp_path / "missing", "llama"))})
     proc = subprocess.run([sys.executable, "-m", "stages.prepare", "--model", "x", "--params", str(path)],
                           cwd=ROOT, capture_output=True, text=True, env={**os.environ, "MLESS_CACHE": str(tmp_path / "c")})
     assert proc.returncode == 2
@@ -246,8 +246,8 @@ def test_cli_ctrl_c_is_exit_130(tmp_path, write_params):
     gguf_path = tmp_path / "big.gguf"
     with open(gguf_path, "wb") as f:
         f.truncate(1 << 40)  # sparse: takes no disk, and hashing it takes far longer than this test waits
-    path = write_params(models={"x": {"display_name": "x", "family": "llama",
-                                      "source": {"kind": "gguf_file", "path": str(gguf_path)}}})
+    path = write_params(models={"x": spelled_out({"display_name": "x", "family": "llama",
+                                                  "source": {"kind": "gguf_file", "path": str(gguf_path)}})})
     proc = subprocess.Popen([sys.executable, "-m", "stages.prepare", "--model", "x", "--params", str(path)],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "MLESS_CACHE": str(tmp_path / "c"), "MLESS_FORKSERVER": "0"},  # its own pid
