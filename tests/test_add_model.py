@@ -98,3 +98,14 @@ def test_a_hub_id_resolves_through_the_offline_cache(family_dirs, project, cache
     spec = load_params(project).models["hub-qwen"]
     assert (spec.source.kind, spec.source.repo_id, spec.source.revision) == ("hf", "acme/tiny-qwen", commit)
     assert spec.family == "qwen2" and "hub-qwen" not in load_params(project).likelihood.models  # no --outcomes
+
+
+def test_the_outcome_lists_are_extended_in_flow_or_block_style():
+    from meaningless_tokens.add_model import add_to_list
+
+    text = "evaluate:\n  n_samples: 3\n  models:\n  - a\n  - b\n  seed: 0\nlikelihood:\n  models: [a]  # kept\n"
+    assert add_to_list(add_to_list(text, "evaluate", "c"), "likelihood", "c") == (
+        "evaluate:\n  n_samples: 3\n  models:\n  - a\n  - b\n  - c\n  seed: 0\nlikelihood:\n  models: [a, c]  # kept\n")
+    assert add_to_list(text, "evaluate", "a") == text  # listed already
+    assert add_to_list("evaluate:\n  models: null\n", "evaluate", "c") == "evaluate:\n  models: null\n"  # every model
+    assert add_to_list("evaluate:\n  models:\n    - a   # x\n", "evaluate", "c") == "evaluate:\n  models:\n    - a   # x\n    - c\n"

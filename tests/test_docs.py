@@ -260,8 +260,10 @@ def test_the_manual_exists():
     for page in ("index.md", "pipeline.md", "measures.md", "evaluation.md", "sharing.md", "gpu.md",
                  "benchmarks.md", "development.md"):
         assert page in names, f"docs/{page} is missing"
-    readme = (ROOT / "README.md").read_text().splitlines()
-    assert len(readme) <= 200, f"README.md: {len(readme)} lines; the front page stays about 150 lines"
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 105, f"README.md: {len(readme.splitlines())} lines; the front page stays about 100"
+    # dated measurements live in docs/benchmarks.md; the front page states today's cost and links there
+    assert not re.findall(r"`[0-9a-f]{7,40}`", readme), "README.md quotes a commit: a measurement belongs in docs/benchmarks.md"
 
 
 def test_links_resolve():

@@ -196,8 +196,9 @@ def test_display_name_reruns_only_figures_and_report(clean):
 def test_one_models_extraction_param_reruns_its_branch_only_in_an_experiment(clean):
     repo = clean
     proc = repo.dvc("exp", "run", "-n", "layers-a", "-S", f"models.{A}.layers=[0,1]")
-    # not prepare@tiny-a (the manifest does not hold layers), not evaluate@tiny-a, nothing of tiny-b
-    assert ran(proc) == {f"extract@{A}", f"stats@{A}", "figures"} | repo.report | repo.explorer
+    # prepare@tiny-a checks the entry (seconds; its manifest does not hold layers, so is the same), not
+    # evaluate@tiny-a, nothing of tiny-b
+    assert ran(proc) == {f"prepare@{A}", f"extract@{A}", f"stats@{A}", "figures"} | repo.report | repo.explorer
     assert repo.status() == {}
     assert params_diff(repo) == {f"models.{A}.layers": {"old": "[0, 1, 2]", "new": "[0, 1]"}}
 
