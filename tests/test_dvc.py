@@ -57,8 +57,9 @@ GRID = (0, 25)  # docs/sharing.md's grid is 0,25,55; 55 is the committed run's c
 def second_checkout(other: Repo) -> dict:
     """A clone's cold `dvc repro` (its dvc.lock afterwards), then a span-length experiment, then the
     DVC-native grid of docs/sharing.md: queue one experiment per count, run the queue, wait for it."""
-    cold = other.repro()
+    cold = other.repro()  # every stage in a fresh interpreter (MLESS_FORKSERVER=0)
     lock = other.lock_hashes()
+    other.env = {**other.env, "MLESS_FORKSERVER": "1"}  # the experiments start warm, as the first run did
     span = ran(other.dvc("exp", "run", "-n", "span", "-S", "prompt.mless.count=5"))
     queued = other.dvc("exp", "run", "--queue", "-S", f"prompt.mless.count={','.join(map(str, GRID))}")
     other.dvc("queue", "start")
