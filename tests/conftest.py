@@ -64,6 +64,13 @@ def tiny_models_params(write_params, tiny_dirs):
     return write_params(models=models)
 
 
+def pytest_collection_modifyitems(session, config, items):
+    """Modules with a slow test first (stable otherwise): `make test`'s two workers take one file at a time, so a
+    module of minutes that started last would leave the other worker idle at the end."""
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow)
+
+
 # lines a test wants in the run's closing summary (tests/test_vllm.py: how the two engines' texts compare)
 SUMMARY: list[str] = []
 

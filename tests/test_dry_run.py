@@ -32,6 +32,8 @@ SEED_TITLES = {
 }
 
 
+pytestmark = pytest.mark.slow  # the whole pipeline in-process on four stand-ins (minutes of module setup)
+
 @pytest.fixture(scope="module")
 def dry(tmp_path_factory):
     root = tmp_path_factory.mktemp("gpu-dry-run")
