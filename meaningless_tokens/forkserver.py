@@ -2,8 +2,8 @@
 transformers already, instead of paying those imports (about 4 s) in every model stage of a run.
 
 `stages/__init__.py` calls `delegate()` before a stage module loads. It connects to this environment's server (a
-Unix socket keyed by the interpreter, the installed packages and the environment variables, so a server never
-serves a process it would not be identical to), hands over its argv, working directory, environment and its
+Unix socket keyed by the interpreter, the installed packages, the environment variables and this file, so a server
+never serves a process it would not be identical to), hands over its argv, working directory, environment and its
 stdin/stdout/stderr, and waits for the exit status; the stage then runs in a fork of the server, with no module of
 the project imported before the fork (the stage imports the workspace's code as a fresh interpreter would). The
 client forwards SIGINT, SIGTERM and SIGHUP to the stage; if the client dies (SIGKILL), the stage kills itself.
@@ -49,7 +49,7 @@ def enabled() -> bool:
 
 def key() -> str:
     """What a server must share with a client to stand in for its start-up: the interpreter, its flags, the
-    installed packages (site-packages' listing changes with every install) and the environment."""
+    installed packages (site-packages' listing changes with every install), the environment and this file."""
     import sysconfig
 
     purelib = sysconfig.get_paths()["purelib"]
@@ -60,8 +60,10 @@ def key() -> str:
         site, site_mtime = [], 0
     # MLESS_* are read by the project's code only, which each fork imports afresh in the client's environment
     env = {k: v for k, v in os.environ.items() if k not in VOLATILE and not k.startswith("MLESS_")}
+    with open(__file__, "rb") as f:  # a server speaks its own version of the protocol
+        own = hashlib.sha256(f.read()).hexdigest()
     parts = [os.path.realpath(sys.executable), sys.prefix, sys.version, repr(sys.flags), purelib, str(site_mtime),
-             "\n".join(site), json.dumps(env, sort_keys=True), str(os.getuid())]
+             "\n".join(site), json.dumps(env, sort_keys=True), str(os.getuid()), own]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
 
 

@@ -50,6 +50,9 @@ def test_mcnemar_and_bootstrap():
 def tiny_eval_params(write_params, tiny_dirs, arch="llama", **evaluate_cfg):
     raw = load_params(write_params()).model_dump()
     raw["evaluate"].update(dict(n_samples=4, max_new_tokens=12, batch_size=3, stop_at_boxed=True) | evaluate_cfg)
+    # a tiny model's steps are many small parallel regions: two threads beside the other worker's spin-wait on each
+    # other (about 10x slower in `make test` than alone); one is fastest here, as tests/profile.yaml says for DVC's
+    raw["runtime"]["threads"] = 1
     raw["models"] = {"tiny": {"display_name": f"Tiny {arch}", "family": arch,
                               "source": {"kind": "local_dir", "path": str(tiny_dirs[arch])}}}
     return load_params(write_params(raw))
