@@ -103,7 +103,8 @@ def delegate(module: str) -> None:
                               "env": dict(os.environ)}).encode()
         socket.send_fds(conn, [len(request).to_bytes(8, "big")], [0, 1, 2])
         conn.sendall(request)
-        pid = int(_read_line(conn))
+        replies = conn.makefile("rb")  # buffered: a quick stage's status may come in the same read as its pid
+        pid = int(replies.readline())
     except (OSError, ValueError):  # no stage started: run it here
         conn.close()
         return
@@ -111,7 +112,7 @@ def delegate(module: str) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda s, _f: _forward(pid, s))
     try:
-        status = _read_line(conn)
+        status = replies.readline().strip()
     except OSError:
         status = b""
     if not status:  # the stage died without a status: killed
@@ -126,16 +127,6 @@ def _forward(pid: int, sig: int) -> None:
         os.kill(pid, sig)
     except OSError:
         pass
-
-
-def _read_line(conn: socket.socket) -> bytes:
-    data = b""
-    while not data.endswith(b"\n"):
-        chunk = conn.recv(64)
-        if not chunk:
-            break
-        data += chunk
-    return data.strip()
 
 
 def _start_server(path: str) -> None:
