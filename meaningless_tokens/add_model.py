@@ -26,7 +26,7 @@ from pathlib import Path
 
 import yaml
 
-from meaningless_tokens.config import PARAMS_FILE, ConfigError, Params, StageError, load_params
+from meaningless_tokens.config import PARAMS_FILE, ConfigError, Params, StageError, dvc_model_defaults, load_params
 
 TIMED = ("extract", "activations", "sweep", "evaluate", "likelihood")  # the stages whose time grows with the model
 
@@ -214,12 +214,13 @@ def run(args) -> int:
                           "DVC stages)")
     if name in params.models:
         raise ConfigError(f"{params_path}: models.{name}: already configured; pick another name or remove it first")
-    entry = {"display_name": args.display_name or name, "template": None, "family": None, "source": source_of(args),
-             "layers": [0, 1, 2], "heads": "all", "trust_remote_code": args.trust_remote_code,
-             "arm": {"c": None, "percentage": None, "k": None, "pmin": None, "pmax": None}}
+    d = dvc_model_defaults()
+    entry = {"display_name": args.display_name or name, "template": d["template"], "family": d["family"],
+             "source": source_of(args), "layers": d["layers"], "heads": d["heads"],
+             "trust_remote_code": args.trust_remote_code, "arm": d["arm"]}
     facts = inspect(params, name, entry)
     entry["family"] = facts["model_type"]
-    entry["layers"] = [x for x in (0, 1, 2) if x < facts["num_layers"]]
+    entry["layers"] = [x for x in d["layers"] if x < facts["num_layers"]]
     # the model's own chat format where it has one (an instruction-tuned model answers a raw prompt badly); else raw
     entry["template"] = "chat" if facts["has_chat_template"] else "raw"
     with_model(params, name, entry)  # the final entry validates

@@ -654,6 +654,16 @@ def load_params(path: str | os.PathLike = PARAMS_FILE) -> Params:
 DVC_MODEL_KEYS = tuple(k for k in ModelSpec.model_fields if k != "display_name")
 
 
+def dvc_model_defaults() -> dict:
+    """{key: the schema's default, as params.yaml writes it} of every key dvc.yaml lists but `source` (required)."""
+    out = {}
+    for k in DVC_MODEL_KEYS:
+        if k != "source":
+            value = ModelSpec.model_fields[k].get_default(call_default_factory=True)
+            out[k] = value.model_dump() if isinstance(value, BaseModel) else value
+    return out
+
+
 def check_spelled_out(params: Params, names: list[str] | None = None) -> None:
     """Refuse a model entry (of `names`, default all) that lacks a key dvc.yaml lists, naming the `-S` flags (the
     schema's defaults) and the command that complete it. The model's prepare stage runs this (it lists the entry
@@ -668,9 +678,8 @@ def check_spelled_out(params: Params, names: list[str] | None = None) -> None:
         missing = [k for k in DVC_MODEL_KEYS if k not in (entry or {})]  # required keys failed validation already
         if not missing:
             continue
-        defaults = ModelSpec.model_fields
-        flags = " ".join(f"-S '+models.{name}.{k}={_flow(defaults[k].get_default(call_default_factory=True))}'"
-                         for k in missing)
+        defaults = dvc_model_defaults()
+        flags = " ".join(f"-S '+models.{name}.{k}={_flow(defaults[k])}'" for k in missing)
         raise ConfigError(
             f"{path}: models.{name}: {', '.join(missing)} missing; DVC needs every key the stages list "
             f"(dvc.yaml), defaults included. Add them with their defaults: dvc exp run {flags} "
@@ -680,8 +689,6 @@ def check_spelled_out(params: Params, names: list[str] | None = None) -> None:
 
 def _flow(value) -> str:
     """A default as `dvc exp run -S` reads it (YAML flow style, one line)."""
-    if isinstance(value, BaseModel):
-        value = value.model_dump()
     return yaml.safe_dump(value, default_flow_style=True, width=1 << 20).strip().removesuffix("...").strip()
 
 

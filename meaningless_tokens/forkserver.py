@@ -16,7 +16,6 @@ Stdlib only: the server imports this module by path, and its forks must not hold
 
 from __future__ import annotations
 
-import array
 import atexit
 import hashlib
 import json

@@ -85,7 +85,6 @@ def pytest_terminal_summary(terminalreporter):
 def spelled_out(spec: dict) -> dict:
     """A model entry with every key dvc.yaml lists, the schema's defaults where `spec` has none: as DVC (and so
     `python -m stages.prepare`) needs it."""
-    from meaningless_tokens.config import DVC_MODEL_KEYS, ModelSpec
+    from meaningless_tokens.config import dvc_model_defaults
 
-    defaults = {k: ModelSpec.model_fields[k].get_default(call_default_factory=True) for k in DVC_MODEL_KEYS if k != "source"}
-    return {**{k: v.model_dump() if hasattr(v, "model_dump") else v for k, v in defaults.items()}, **spec}
+    return {**dvc_model_defaults(), **spec}

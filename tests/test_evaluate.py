@@ -16,7 +16,7 @@ from meaningless_tokens.grading import grade, has_complete_box
 from meaningless_tokens.intervals import bootstrap_mean_ci, mcnemar_exact
 from meaningless_tokens.prompts import builder_for, load_math500, select_problems
 from meaningless_tokens.store import ArtifactError, read_h5
-from tests.conftest import ROOT
+from tests.conftest import ROOT, spelled_out
 
 
 
@@ -53,8 +53,8 @@ def tiny_eval_params(write_params, tiny_dirs, arch="llama", **evaluate_cfg):
     # a tiny model's steps are many small parallel regions: two threads beside the other worker's spin-wait on each
     # other (about 10x slower in `make test` than alone); one is fastest here, as tests/profile.yaml says for DVC's
     raw["runtime"]["threads"] = 1
-    raw["models"] = {"tiny": {"display_name": f"Tiny {arch}", "family": arch,
-                              "source": {"kind": "local_dir", "path": str(tiny_dirs[arch])}}}
+    raw["models"] = {"tiny": spelled_out({"display_name": f"Tiny {arch}", "family": arch,  # as DVC and prepare's command need it
+                                          "source": {"kind": "local_dir", "path": str(tiny_dirs[arch])}})}
     return load_params(write_params(raw))
 
 

@@ -15,18 +15,8 @@ import pytest
 from meaningless_tokens import engines
 from meaningless_tokens.config import load_params
 from stages import evaluate
-from tests.conftest import ROOT, spelled_out
-
-
-def tiny_eval_params(write_params, tiny_dirs, **evaluate_cfg):
-    raw = load_params(write_params()).model_dump()
-    raw["evaluate"].update(dict(n_samples=4, max_new_tokens=12, batch_size=3, stop_at_boxed=True) | evaluate_cfg)
-    # a tiny model's steps are many small parallel regions: two threads beside the other worker's spin-wait on each
-    # other (about 10x slower in `make test` than alone); one is fastest here, as tests/profile.yaml says for DVC's
-    raw["runtime"]["threads"] = 1
-    raw["models"] = {"tiny": spelled_out({"display_name": "Tiny llama", "family": "llama",
-                                          "source": {"kind": "local_dir", "path": str(tiny_dirs["llama"])}})}
-    return load_params(write_params(raw))
+from tests.conftest import ROOT
+from tests.test_evaluate import tiny_eval_params
 
 
 def stage(module, params, *args, model="tiny", **kw):
