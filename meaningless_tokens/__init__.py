@@ -7,7 +7,7 @@ LAYERS lists its modules lowest first; a module imports only from its own layer 
 from pathlib import Path
 
 LAYERS = (
-    ("config", "progress", "intervals", "grading", "attention"),  # params schema and plain helpers
+    ("errors", "config", "progress", "intervals", "grading", "attention"),  # exceptions, params schema, plain helpers
     ("store", "cli", "envlock", "runcache", "verify", "forkserver"),  # artifacts on disk, command line, environment, warm start
     ("capture", "prompts", "sampling", "models", "arm"),           # attention capture, prompts, model sources
     ("engines", "vllm_engine", "scoring"),                         # generation and teacher-forced scoring

@@ -26,7 +26,8 @@ from pathlib import Path
 
 import yaml
 
-from meaningless_tokens.config import PARAMS_FILE, ConfigError, Params, StageError, dvc_model_defaults, load_params
+from meaningless_tokens.config import PARAMS_FILE, Params, dvc_model_defaults, load_params
+from meaningless_tokens.errors import ConfigError, StageError
 
 TIMED = ("extract", "activations", "sweep", "evaluate", "likelihood")  # the stages whose time grows with the model
 

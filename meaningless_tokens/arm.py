@@ -21,7 +21,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from meaningless_tokens.config import Arm, ConfigError
+from meaningless_tokens.config import Arm
+from meaningless_tokens.errors import ConfigError
 
 VARIANTS = ("llama", "gemma")
 DIFFERENCES = (

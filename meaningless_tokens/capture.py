@@ -15,17 +15,11 @@ import sys
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
+from meaningless_tokens.errors import CaptureError, StopForward
+
 CAPTURE = "mless_capture"
 TOLERANCE = 1e-6  # captured vs eager output_attentions, and |row sum - 1|
 PROBE_VERSION = 2  # bump when the probe's checks change (its result is memoized per weights)
-
-
-class StopForward(Exception):
-    """Raised after the last requested layer: the rest of the model is not run."""
-
-
-class CaptureError(Exception):
-    """The model's attention cannot be captured this way; the message is the reason."""
 
 
 @dataclass

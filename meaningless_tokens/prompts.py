@@ -12,12 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
-from meaningless_tokens.config import FIELDS, ROOT, ConfigError, DatasetFields, Params, Prompt, StageError, resolve_path
+from meaningless_tokens.config import FIELDS, ROOT, DatasetFields, Params, Prompt, resolve_path
+from meaningless_tokens.errors import ConfigError, DatasetError, PromptError, StageError
 from meaningless_tokens.store import put
-
-
-class DatasetError(StageError):
-    """The dataset file is missing, altered or malformed; the message names the file."""
 
 
 # The vendored benchmarks (data/<name>/, each with its SOURCE.md): file, sha256 and column names.
@@ -218,10 +215,6 @@ def extraction_problems(params: Params) -> tuple[list[Problem], str]:
     return chosen, data_sha
 
 # ---- prompt conditions ------------------------------------------------------------------------
-
-class PromptError(StageError):
-    """A prompt cannot be built as configured (no chat template, span text too short, ...)."""
-
 
 @dataclass(frozen=True)
 class PromptIds:

@@ -21,7 +21,8 @@ import numpy as np
 
 from meaningless_tokens import arm, models
 from meaningless_tokens.config import ANSWER_MARK, Likelihood
-from meaningless_tokens.prompts import DatasetError, Problem
+from meaningless_tokens.errors import DatasetError
+from meaningless_tokens.prompts import Problem
 
 
 HEAD_CHUNK = 1 << 23  # logits per chunk of the LM head (1024 positions x 8192 words: 32 MiB in float32)

@@ -9,12 +9,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from meaningless_tokens.config import StageError
-
-
-class OutputError(StageError):
-    """A file cannot be written or read back (disk full, read-only or missing folder, permission denied):
-    one line naming the file and the reason."""
+from meaningless_tokens.errors import ArtifactError, NonFiniteError, OutputError, StageError, UnlistedParam
 
 
 def os_reason(e: OSError) -> str:
@@ -114,10 +109,6 @@ def write_csv_atomic(path: str | os.PathLike, header: list[str], rows) -> None:
 FORMAT_VERSION = 1
 
 
-class ArtifactError(StageError):
-    """An artifact a stage reads is missing, corrupt, truncated or of another format; names the file."""
-
-
 _WRITING: dict[str, Path] = {}  # temporary file name -> the artifact it becomes, while write_h5 holds it open
 
 
@@ -157,10 +148,6 @@ def _close_quietly(f) -> None:
         f.close()
     except Exception:  # noqa: BLE001 - the write already failed; that error is the one reported
         pass
-
-
-class NonFiniteError(ArtifactError):
-    """NaN or infinity in a value about to be written: a wrong number is worse than no number."""
 
 
 def check_finite(data, where: str) -> None:
@@ -335,10 +322,6 @@ def dvc_stage(stage: str) -> dict:
 
 # Keys that decide where or how fast a stage runs, never what it writes: no stage lists them, any may read them.
 UNTRACKED = ("profile", "runtime.threads", "runtime.cache_dir", "runtime.offline")
-
-
-class UnlistedParam(StageError):
-    """A stage read a params key that dvc.yaml does not list for it: a change to that key would not rerun the stage."""
 
 
 def params_keys(stage: str, name: str | None = None) -> list[str]:

@@ -33,6 +33,7 @@ import numpy as np
 import yaml
 
 from meaningless_tokens import store
+from meaningless_tokens.errors import Differs, VerifyError
 from meaningless_tokens.progress import bar
 
 
@@ -98,10 +99,6 @@ def kind_of(file: str, key: str) -> str:
 
 
 # ---- comparing values ---------------------------------------------------------------------------------
-
-
-class Differs(Exception):
-    """The first difference beyond tolerance found in a file: where, and both values."""
 
 
 @dataclass
@@ -340,10 +337,6 @@ def read_lock(text: str, source: str) -> dict:
         return lock["stages"]
     except (yaml.YAMLError, KeyError, TypeError) as e:
         raise VerifyError(f"{source}: stages: not a dvc.lock ({type(e).__name__}: {e})") from None
-
-
-class VerifyError(Exception):
-    """Bad input (a revision that does not exist, no dvc.lock): one line, exit status 2."""
 
 
 def md5_file(path: Path) -> str:

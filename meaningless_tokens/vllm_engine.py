@@ -29,7 +29,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Iterator
 
-from meaningless_tokens.config import ROOT, ConfigError, Evaluate, StageError
+from meaningless_tokens.config import ROOT, Evaluate
+from meaningless_tokens.errors import ConfigError, StageError
 from meaningless_tokens.grading import has_complete_box
 
 # the PyPI distributions that provide the `vllm` module: the CUDA build and the CPU build

@@ -39,8 +39,9 @@ from pathlib import Path
 import numpy as np
 
 from meaningless_tokens import arm, cli, models, progress, store
-from meaningless_tokens.config import ConfigError, Params
-from meaningless_tokens.capture import StopForward, capturing, install_capture
+from meaningless_tokens.capture import capturing, install_capture
+from meaningless_tokens.config import Params
+from meaningless_tokens.errors import ConfigError, StopForward
 from meaningless_tokens.intervals import bootstrap_mean_ci, wilcoxon_p
 from meaningless_tokens.prompts import PromptBuilder, builder_for, dataset_spec, extraction_problems, put_problems
 from meaningless_tokens.store import put, put_json_attr, write_h5, write_prompt_timing

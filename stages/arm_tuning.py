@@ -41,7 +41,8 @@ from pathlib import Path
 import numpy as np
 
 from meaningless_tokens import arm, cli, models, progress, scoring, store
-from meaningless_tokens.config import ConfigError, Params
+from meaningless_tokens.config import Params
+from meaningless_tokens.errors import ConfigError
 from meaningless_tokens.intervals import bootstrap_mean_ci
 from meaningless_tokens.prompts import Problem, builder_for, dataset_spec, load_problems, put_problems, require_field, select_problems
 from meaningless_tokens.scoring import Seq, TeacherForcedArm, pad_id

@@ -38,9 +38,10 @@ import numpy as np
 from pydantic import ValidationError
 
 from meaningless_tokens import arm, cli, grading, models, sampling, store
-from meaningless_tokens.config import ConfigError, Params, Shard
+from meaningless_tokens.config import Params, Shard
 from meaningless_tokens.engines import (Item, Journal, Record, check_engine, make_batches, merge_parts, open_engine, part_path,
                                         run_journaled)
+from meaningless_tokens.errors import ConfigError
 from meaningless_tokens.grading import has_complete_box
 from meaningless_tokens.intervals import paired
 from meaningless_tokens.prompts import PromptBuilder, builder_for, check_context, dataset_spec, load_problems, put_problems, select_problems

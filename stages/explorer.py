@@ -34,7 +34,8 @@ from meaningless_tokens import TEMPLATES, cli, models, store
 from meaningless_tokens.charts.context import Context
 from meaningless_tokens.charts.load import load_stats
 from meaningless_tokens.config import ONE_LAYER_KINDS, Params, figure_models
-from meaningless_tokens.store import ArtifactError, atomic_path, read_h5
+from meaningless_tokens.errors import ArtifactError
+from meaningless_tokens.store import atomic_path, read_h5
 
 OUT = store.path("explorer")
 LEVELS = 255  # one byte per weight

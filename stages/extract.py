@@ -30,9 +30,10 @@ from pathlib import Path
 import numpy as np
 
 from meaningless_tokens import cli, models, progress, store
-from meaningless_tokens.capture import CaptureError, attention, compare
 from meaningless_tokens.attention import PROMPT_CONDITIONS, QUERY_SETS, VECTORS, reduce
+from meaningless_tokens.capture import attention, compare
 from meaningless_tokens.config import Params, model_spec
+from meaningless_tokens.errors import CaptureError
 from meaningless_tokens.prompts import PromptBuilder, builder_for, check_context, dataset_spec, extraction_problems, put_problems
 from meaningless_tokens.store import put, put_json_attr, write_h5, write_prompt_timing
 

@@ -60,7 +60,8 @@ from pathlib import Path
 import numpy as np
 
 from meaningless_tokens import arm, cli, models, progress, scoring, store
-from meaningless_tokens.config import ConfigError, Params, Prompt
+from meaningless_tokens.config import Params, Prompt
+from meaningless_tokens.errors import ConfigError
 from meaningless_tokens.intervals import bootstrap_mean_ci, wilcoxon_p
 from meaningless_tokens.prompts import Problem, builder_for, dataset_spec, load_problems, put_problems, require_field, select_problems
 from meaningless_tokens.scoring import Seq, TeacherForcedArm, check_head, pad_id

@@ -31,7 +31,8 @@ from meaningless_tokens.charts.context import load_context
 from meaningless_tokens.charts.phrases import label
 from meaningless_tokens.charts.trace import Num, Sources, Text, artifact, md_escape
 from meaningless_tokens.config import Params
-from meaningless_tokens.store import FIGURES_DIR, ArtifactError, atomic_path, read_h5
+from meaningless_tokens.errors import ArtifactError
+from meaningless_tokens.store import FIGURES_DIR, atomic_path, read_h5
 
 OUT_DIR = store.path("report.html").parent
 VERDICT = store.path("verdict")           # git-tracked (cache: false): docs/results.md is rendered from it alone

@@ -46,9 +46,9 @@ import numpy as np
 from meaningless_tokens import cli, store
 from meaningless_tokens.attention import PROMPT_CONDITIONS, QUERY_VECTOR, VECTORS, sample_stats
 from meaningless_tokens.config import Params, model_spec
+from meaningless_tokens.errors import ArtifactError
 from meaningless_tokens.intervals import bootstrap_mean_ci, bootstrap_ratio_ci
-from meaningless_tokens.store import (ArtifactError, provenance, put, put_json_attr, read_h5, write_csv_atomic,
-                                      write_h5, write_timing)
+from meaningless_tokens.store import provenance, put, put_json_attr, read_h5, write_csv_atomic, write_h5, write_timing
 
 
 def _per_sample(f, cond: str, query_set: str, n_orig: np.ndarray):

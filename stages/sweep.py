@@ -44,11 +44,12 @@ import numpy as np
 
 from meaningless_tokens import cli, models, progress, scoring, store
 from meaningless_tokens.attention import QUERY_VECTOR, reduce, sample_stats
-from meaningless_tokens.capture import CaptureError, attention, compare
-from meaningless_tokens.config import ConfigError, Params, Prompt
+from meaningless_tokens.capture import attention, compare
+from meaningless_tokens.config import Params, Prompt
 from meaningless_tokens.engines import Item, Journal, check_engine, open_engine, run_journaled
+from meaningless_tokens.errors import CaptureError, ConfigError, PromptError
 from meaningless_tokens.intervals import bootstrap_mean_ci, bootstrap_ratio_ci, paired, wilcoxon_p
-from meaningless_tokens.prompts import PromptBuilder, PromptError, check_context, dataset_spec, load_problems, put_problems, select_problems
+from meaningless_tokens.prompts import PromptBuilder, check_context, dataset_spec, load_problems, put_problems, select_problems
 from meaningless_tokens.store import (put, put_json_attr, write_csv_atomic, write_h5, write_json_atomic,
                                       write_timing)
 

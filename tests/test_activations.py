@@ -7,7 +7,8 @@ import torch
 
 from meaningless_tokens import models
 from stages import activations
-from meaningless_tokens.config import ConfigError, load_params
+from meaningless_tokens.config import load_params
+from meaningless_tokens.errors import ConfigError
 from meaningless_tokens.prompts import builder_for, load_math500, select_problems
 from meaningless_tokens.store import read_h5
 from tests.test_extract import ARCHS, tiny_params

@@ -10,7 +10,8 @@ import torch
 
 from meaningless_tokens import arm, engines, models
 from stages import activations, evaluate
-from meaningless_tokens.config import ConfigError, load_params
+from meaningless_tokens.config import load_params
+from meaningless_tokens.errors import ConfigError
 from meaningless_tokens.prompts import builder_for, load_math500
 from meaningless_tokens.store import read_h5
 

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from meaningless_tokens import store
-from meaningless_tokens.config import ConfigError, load_params
+from meaningless_tokens.config import load_params
+from meaningless_tokens.errors import ConfigError
 from meaningless_tokens.store import read_h5
 from stages import arm_tuning, likelihood
 from tests.test_likelihood import lik_params

@@ -5,7 +5,8 @@ import pytest
 import yaml
 
 from meaningless_tokens import config
-from meaningless_tokens.config import ConfigError, load_params
+from meaningless_tokens.config import load_params
+from meaningless_tokens.errors import ConfigError
 from tests.conftest import ROOT, default_params
 
 

@@ -26,7 +26,8 @@ import torch
 from meaningless_tokens import engines
 from meaningless_tokens import models
 from stages import activations, evaluate, extract, likelihood
-from meaningless_tokens.config import ConfigError, load_params
+from meaningless_tokens.config import load_params
+from meaningless_tokens.errors import ConfigError
 from tests import tiny
 
 pytestmark = pytest.mark.cuda

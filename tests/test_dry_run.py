@@ -18,7 +18,8 @@ import yaml
 from meaningless_tokens import charts
 from stages import extract, figures
 from meaningless_tokens.charts.context import load_context
-from meaningless_tokens.config import ConfigError, check_model_facts, load_params
+from meaningless_tokens.config import check_model_facts, load_params
+from meaningless_tokens.errors import ConfigError
 from tests import dry_run, tiny
 from tests.conftest import ROOT
 

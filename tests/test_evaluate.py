@@ -11,11 +11,12 @@ import pytest
 from meaningless_tokens import engines
 from meaningless_tokens import models
 from stages import evaluate
-from meaningless_tokens.config import ConfigError, load_params
+from meaningless_tokens.config import load_params
+from meaningless_tokens.errors import ArtifactError, ConfigError
 from meaningless_tokens.grading import grade, has_complete_box
 from meaningless_tokens.intervals import bootstrap_mean_ci, mcnemar_exact
 from meaningless_tokens.prompts import builder_for, load_math500, select_problems
-from meaningless_tokens.store import ArtifactError, read_h5
+from meaningless_tokens.store import read_h5
 from tests.conftest import ROOT, spelled_out
 
 

@@ -120,7 +120,8 @@ def test_evaluate_killed_at_random_moments_ends_with_the_uninterrupted_result(ti
 def test_non_finite_values_are_refused_with_file_dataset_and_index(tmp_path):
     import numpy as np
 
-    from meaningless_tokens.store import NonFiniteError, put, write_h5
+    from meaningless_tokens.store import put, write_h5
+    from meaningless_tokens.errors import NonFiniteError
 
     out = tmp_path / "artifacts/stats/tiny.h5"
     data = np.zeros((3, 4))
@@ -147,7 +148,8 @@ def _write_artifact(path, model="tiny", stage="stats", kind="stats", values=None
 def test_fletcher32_makes_a_flipped_byte_a_read_error_and_keeps_values(tmp_path):
     import numpy as np
 
-    from meaningless_tokens.store import ArtifactError, read_h5
+    from meaningless_tokens.store import read_h5
+    from meaningless_tokens.errors import ArtifactError
 
     values = np.linspace(0, 1, 64)
     path = _write_artifact(tmp_path / "artifacts/stats/tiny.h5", values=values)
@@ -163,7 +165,8 @@ def test_fletcher32_makes_a_flipped_byte_a_read_error_and_keeps_values(tmp_path)
 
 
 def test_another_models_or_stages_artifact_is_refused(tmp_path, write_params, capsys):
-    from meaningless_tokens.store import ArtifactError, read_h5
+    from meaningless_tokens.store import read_h5
+    from meaningless_tokens.errors import ArtifactError
 
     wrong_model = _write_artifact(tmp_path / "artifacts/stats/tiny.h5", model="other")
     with pytest.raises(ArtifactError, match=r"tiny.h5: written for model 'other', read as model 'tiny'"):
@@ -178,7 +181,8 @@ def test_another_models_or_stages_artifact_is_refused(tmp_path, write_params, ca
 def test_an_artifact_made_with_other_params_is_refused_naming_the_key(tiny_dirs, write_params, tmp_path):
     """An attention file whose recorded params (extract's dvc.yaml keys) differ from today's: a stale file, or one
     another experiment made, copied in place. stats refuses it in one line naming the first differing key."""
-    from meaningless_tokens.store import ArtifactError, read_h5, stage_params
+    from meaningless_tokens.store import read_h5, stage_params
+    from meaningless_tokens.errors import ArtifactError
 
     params = tiny_eval_params(write_params, tiny_dirs)
     made = stage_params(params, "extract", "tiny")
@@ -244,7 +248,7 @@ def test_full_disk_is_one_error_line_not_a_crash(small_disk, tmp_path):
 
 def test_read_only_model_cache_and_output_folder_are_one_error_line(small_disk, tiny_dirs, write_params, monkeypatch,
                                                                    capsys):
-    from meaningless_tokens.store import OutputError
+    from meaningless_tokens.errors import OutputError
     from stages import prepare
 
     params = tiny_eval_params(write_params, tiny_dirs)

@@ -11,9 +11,10 @@ import torch
 from meaningless_tokens import scoring
 from meaningless_tokens import prompts, arm, models, store
 from stages import likelihood
-from meaningless_tokens.config import ConfigError, load_params
+from meaningless_tokens.config import load_params
+from meaningless_tokens.errors import ConfigError, DatasetError
 from meaningless_tokens.intervals import bootstrap_mean_ci, wilcoxon_p
-from meaningless_tokens.prompts import DatasetError, builder_for, load_math500, select_problems
+from meaningless_tokens.prompts import builder_for, load_math500, select_problems
 from meaningless_tokens.store import read_h5
 from tests.conftest import ROOT
 from tests import tiny

@@ -12,8 +12,8 @@ import torch
 
 from meaningless_tokens import capture, models
 from stages import prepare
-from meaningless_tokens.config import ConfigError, load_params
-from meaningless_tokens.models import ModelSourceError
+from meaningless_tokens.config import load_params
+from meaningless_tokens.errors import ConfigError, ModelSourceError
 from tests import tiny
 from tests.conftest import ROOT, spelled_out
 

@@ -16,7 +16,7 @@ import yaml
 
 from stages import likelihood, report
 from meaningless_tokens.config import load_params
-from meaningless_tokens.store import ArtifactError
+from meaningless_tokens.errors import ArtifactError
 from tests import tiny
 from tests.conftest import ROOT, default_params
 

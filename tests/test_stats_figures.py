@@ -8,8 +8,9 @@ from meaningless_tokens import charts
 from stages import activations, extract, figures, likelihood, stats, sweep
 from meaningless_tokens.charts import paper, span_accuracy, style
 from meaningless_tokens.charts.context import load_context
-from meaningless_tokens.config import ConfigError, load_params
-from meaningless_tokens.store import ArtifactError, read_h5
+from meaningless_tokens.config import load_params
+from meaningless_tokens.errors import ArtifactError, ConfigError
+from meaningless_tokens.store import read_h5
 from tests.conftest import ROOT
 from tests.test_extract import tiny_params
 

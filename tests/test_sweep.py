@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from stages import extract, stats, sweep
-from meaningless_tokens.config import ConfigError, load_params
+from meaningless_tokens.config import load_params
+from meaningless_tokens.errors import ConfigError
 from meaningless_tokens.store import read_h5
 from tests.test_extract import tiny_params
 

@@ -15,7 +15,8 @@ from pathlib import Path
 from meaningless_tokens.charts.load import load_activations, load_arm_tuning, load_likelihood, load_metrics, load_stats, load_sweep
 from meaningless_tokens.charts.style import Labels
 from meaningless_tokens.charts.trace import Num, Sources, artifact
-from meaningless_tokens.config import ConfigError, Params, chart_selection, figure_models
+from meaningless_tokens.config import Params, chart_selection, figure_models
+from meaningless_tokens.errors import ConfigError
 
 
 def selected_models(params: Params) -> list[str]:

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from meaningless_tokens.charts.trace import artifact
 from meaningless_tokens.config import Params
-from meaningless_tokens.store import ArtifactError, read_h5
+from meaningless_tokens.errors import ArtifactError
+from meaningless_tokens.store import read_h5
 
 
 def load_stats(path: Path) -> dict:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from meaningless_tokens.charts.context import Chart, Context
-from meaningless_tokens.charts.trace import Text, artifact, interval
 from meaningless_tokens.charts.span_sweep import MARKERS, model_colors, token_label
+from meaningless_tokens.charts.trace import Text, artifact, interval
 
 KIND = "span-accuracy"
 PER_MODEL = False

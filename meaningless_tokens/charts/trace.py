@@ -12,7 +12,8 @@ import numpy as np
 from markupsafe import Markup, escape
 
 from meaningless_tokens import store
-from meaningless_tokens.store import ArtifactError, read_h5
+from meaningless_tokens.errors import ArtifactError
+from meaningless_tokens.store import read_h5
 
 
 @dataclass(frozen=True)

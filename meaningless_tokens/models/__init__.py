@@ -20,13 +20,13 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from meaningless_tokens.config import ConfigError, ModelSpec, Params, check_model_facts, model_spec
-from meaningless_tokens.models.cache import (MANIFEST, ModelSourceError, cache_root, converted_folder, describe_dir,
-                                             model_facts, sha256_file, verify_conversion, weights_digest)
+from meaningless_tokens.config import ModelSpec, Params, check_model_facts, model_spec
+from meaningless_tokens.errors import ConfigError, ModelSourceError, UnsupportedModel
+from meaningless_tokens.models.cache import MANIFEST, cache_root, converted_folder, describe_dir, model_facts, sha256_file, verify_conversion, weights_digest
 from meaningless_tokens.models.conversion import convert_gguf
 from meaningless_tokens.models.partial import (LAYER_KEY, from_pretrained, needed_keys, prepare_layers,
                                                stage_layers)
-from meaningless_tokens.models.probe import UnsupportedModel, check_architecture, probe, probe_tolerance
+from meaningless_tokens.models.probe import check_architecture, probe, probe_tolerance
 from meaningless_tokens.models.sources import check_hf_dir, fetch_hub, fetch_pypi_gguf, gguf_file, local_dir
 from meaningless_tokens.models.tokenizer import load_tokenizer, token_decoder, tokenizer_source
 

@@ -18,7 +18,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from meaningless_tokens.config import Params, StageError
+from meaningless_tokens.config import Params
+from meaningless_tokens.errors import ModelSourceError, StageError
 from meaningless_tokens.store import write_json_atomic
 
 CONVERSION_VERSION = 1  # bump when the GGUF -> safetensors conversion changes its output
@@ -32,10 +33,6 @@ def converter() -> str:
     from importlib.metadata import version
 
     return version("transformers")
-
-
-class ModelSourceError(StageError):
-    """A model source cannot be resolved; the message is one line naming the model and the cause."""
 
 
 def cache_root(params: Params) -> Path:

@@ -16,8 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from meaningless_tokens.models.cache import (CONVERSION_VERSION, MANIFEST, ModelSourceError, Staging, conversion_dir,
-                                             converted_folder, converter, model_facts, weights_digest)
+from meaningless_tokens.errors import ModelSourceError
+from meaningless_tokens.models.cache import CONVERSION_VERSION, MANIFEST, Staging, conversion_dir, converted_folder, converter, model_facts, weights_digest
 from meaningless_tokens.models.partial import truncated_config
 from meaningless_tokens.store import write_json_atomic
 

@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 
 from meaningless_tokens.config import Params, model_spec
-from meaningless_tokens.models.cache import ModelSourceError
+from meaningless_tokens.errors import ModelSourceError
 
 
 def stage_layers(params: Params, name: str) -> list[int]:

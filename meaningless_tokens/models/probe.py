@@ -11,15 +11,11 @@ import hashlib
 import json
 from pathlib import Path
 
-from meaningless_tokens.config import Params, StageError
-from meaningless_tokens.models.cache import ModelSourceError, sha256_file
+from meaningless_tokens.config import Params
+from meaningless_tokens.errors import ModelSourceError, StageError, UnsupportedModel
+from meaningless_tokens.models.cache import sha256_file
 from meaningless_tokens.models.partial import from_pretrained
 from meaningless_tokens.store import write_json_atomic
-
-
-class UnsupportedModel(StageError):
-    """The model is not a decoder-only causal LM whose attention the capture can record; one line
-    naming the params file, the model, its model_type and the reason."""
 
 
 def _architecture(model_dir: Path, trust_remote_code: bool) -> tuple[str | None, dict]:

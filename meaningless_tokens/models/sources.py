@@ -19,7 +19,7 @@ import zipfile
 from pathlib import Path
 
 from meaningless_tokens.config import Params
-from meaningless_tokens.models.cache import ModelSourceError
+from meaningless_tokens.errors import ModelSourceError
 
 HUB_PATTERNS = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "tokenizer*"]
 

@@ -1,0 +1,67 @@
+"""Every exception the project raises, in one place.
+
+A `StageError` is bad input a stage reports as one `error: ...` line naming the file and key, with exit status 2
+(meaningless_tokens/cli.py); the others are internal signals or the verify/lock tools' own errors.
+"""
+
+
+class StageError(Exception):
+    """Bad input a stage reports as one `error: ...` line and exit status 2."""
+
+
+class ConfigError(StageError):
+    """A params value is wrong; the message names file, key, value and what is allowed."""
+
+
+class UnlistedParam(StageError):
+    """A stage read a params key that dvc.yaml does not list for it: a change to that key would not rerun the stage."""
+
+
+class DatasetError(StageError):
+    """The dataset file is missing, altered or malformed; the message names the file."""
+
+
+class PromptError(StageError):
+    """A prompt cannot be built as configured (no chat template, span text too short, ...)."""
+
+
+class ModelSourceError(StageError):
+    """A model source cannot be resolved; the message is one line naming the model and the cause."""
+
+
+class UnsupportedModel(StageError):
+    """The model is not a decoder-only causal LM whose attention the capture can record; one line
+    naming the params file, the model, its model_type and the reason."""
+
+
+class OutputError(StageError):
+    """A file cannot be written or read back (disk full, read-only or missing folder, permission denied):
+    one line naming the file and the reason."""
+
+
+class ArtifactError(StageError):
+    """An artifact a stage reads is missing, corrupt, truncated or of another format; names the file."""
+
+
+class NonFiniteError(ArtifactError):
+    """NaN or infinity in a value about to be written: a wrong number is worse than no number."""
+
+
+class CaptureError(Exception):
+    """The model's attention cannot be captured this way; the message is the reason."""
+
+
+class StopForward(Exception):
+    """Raised after the last requested layer: the rest of the model is not run."""
+
+
+class LockError(Exception):
+    """A lock is missing or malformed; names the file (and line)."""
+
+
+class VerifyError(Exception):
+    """Bad input (a revision that does not exist, no dvc.lock): one line, exit status 2."""
+
+
+class Differs(Exception):
+    """The first difference beyond tolerance found in a file: where, and both values."""
