@@ -38,7 +38,7 @@ def main(stage: str, doc: str | None, run: Callable, argv: list[str] | None = No
     except StageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except OSError as e:  # a filesystem fault the stage met outside the writers (store.py names those)
+    except OSError as e:  # a filesystem fault the stage met outside the writers (meaningless_tokens/store names those)
         print(f"error: {os_error_line(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

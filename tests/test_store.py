@@ -1,4 +1,4 @@
-"""meaningless_tokens/store.py: file modes of atomic writes, and the provenance a stage records."""
+"""meaningless_tokens/store/: file modes of atomic writes, and the provenance a stage records."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def test_provenance_records_the_code_the_stage_declares_by_content():
 
 
 def test_provenance_of_a_stage_dvc_yaml_does_not_define_names_the_file_and_key():
-    with pytest.raises(StageError, match=r"dvc\.yaml: stages\.no-such-stage: cannot read the stage's deps"):
+    with pytest.raises(StageError, match=r"dvc\.yaml: stages\.no-such-stage: cannot read the stage"):
         provenance("no-such-stage")
 
 
