@@ -2,12 +2,11 @@
 
 DVC compares hashes, and across CPUs of different instruction sets float kernels round differently, so a
 rerun elsewhere shows every float output as modified. This compares every output in dvc.lock with the same
-output at REV (default HEAD; any git revision or `dvc exp` name) by value: metrics and other JSON number by
-number, HDF5 files dataset by dataset (shape, dtype, values, attributes except the declared provenance keys),
-CSV tables cell by cell, each float within the tolerance of its kind of quantity (TOLERANCES, `numpy.isclose`:
-|a - b| <= atol + rtol * |b|); counts, token ids, grades and text exactly. Figures and pages (PNG, SVG, HTML,
-Markdown) are drawn from other outputs: they count as reproduced when their stage's code, data and params are
-unchanged and every output they read is identical or within tolerance (the dependency graph of dvc.lock).
+output at REV (default HEAD; any git revision or `dvc exp` name) by value, file by file
+(meaningless_tokens/verify/compare.py: each float within the tolerance of its kind of quantity). Figures and
+pages (PNG, SVG, HTML, Markdown) are drawn from other outputs: they count as reproduced when their stage's code,
+data and params are unchanged and every output they read is identical or within tolerance (the dependency graph
+of dvc.lock).
 
 REV's outputs are read through DVC (`dvc.api.DVCFileSystem`): git-tracked metrics from git, cached outputs from
 the DVC cache or the default remote. What neither holds is "not compared", never taken as equal. The answer is
@@ -19,71 +18,26 @@ and the measured differences they rest on: docs/sharing.md#reproduced-or-not-mak
 from __future__ import annotations
 
 import argparse
-import csv
 import fnmatch
 import hashlib
-import io
 import json
 import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import yaml
 
 from meaningless_tokens import store
 from meaningless_tokens.errors import Differs, VerifyError
 from meaningless_tokens.progress import bar
+from meaningless_tokens.verify.compare import Largest, changed_keys, compare_file
 
-
-@dataclass(frozen=True)
-class Tolerance:
-    atol: float
-    rtol: float
-    covers: str
-
-
-# One place for every tolerance: the kind of quantity -> numpy.isclose's atol and rtol. Chosen from measured
-# cross-CPU and cross-instruction-set differences with a margin (docs/sharing.md#tolerances-and-their-basis).
-TOLERANCES = {
-    "exact": Tolerance(0.0, 0.0, "counts, token ids, indices, grades and accuracies, generated text, any non-float"),
-    "attention": Tolerance(1e-5, 0.0, "attention weights and what is averaged from them: means, drops, span mass, "
-                                      "lambda, their intervals (fractions, 0..1)"),
-    "percent": Tolerance(1e-3, 0.0, "the same measures in percent (`*_pct`)"),
-    "activation": Tolerance(1e-3, 5e-3, "layer 0's MLP activations (float16) and the measures and intervals "
-                                        "computed from them"),
-    "histogram": Tolerance(20.0, 1e-3, "counts of activations per histogram bin (a value on a bin edge moves to "
-                                       "the next bin)"),
-    "loglik": Tolerance(5e-4, 1e-4, "log-likelihoods, their sums and means, paired differences, intervals, "
-                                    "p-values and shares"),
-    "residual": Tolerance(1e-3, 0.0, "a numerical check's residual recorded in provenance (the likelihood's "
-                                     "`head_check_max_abs_diff`, which the stage requires below 1e-3)"),
-}
-
-# Which kind a float belongs to: the first pattern matching "<output file>:<dataset, key or column>" wins.
-# Non-float values (integers, booleans, strings) are compared exactly, histogram counts excepted.
-KINDS = (
-    ("*head_check_max_abs_diff*", "residual"),
-    ("metrics/accuracy/*", "exact"),
-    ("artifacts/eval/*", "exact"),
-    ("reports/accuracy.csv:*", "exact"),
-    ("*likelihood*", "loglik"),  # artifacts/likelihood, its plot table and metrics, reports/likelihood.json,
-    ("artifacts/sweep/*:*likelihood*", "loglik"),  # and the sweep's likelihood datasets
-    ("artifacts/activations/*:*/hist_*", "histogram"),
-    ("artifacts/activations/*", "activation"),
-    ("*_pct*", "percent"),
-    ("*", "attention"),
-)
-
-# Keys of the provenance attribute (and model manifests) that name the code and environment, not the result:
-# left out of the comparison, as h5diff's --exclude-attribute would.
-PROVENANCE_KEYS = frozenset({"code_sha256", "libraries", "environment", "package_version"})
-# Outputs that record a run (wall times, the machine), not a result: shown, never counted as differing.
-RUN_RECORDS = ("metrics/timing/*",)
-# Wall times inside a result file ("<file>:<key>"): the verdict's power section says how long the run took and
-# what more problems would cost; left out of the comparison, as RUN_RECORDS are.
-RUN_KEYS = ("metrics/verdict.json:*seconds*", "metrics/verdict.json:*hours*")
+# Outputs that record a run (wall times, the machine), not a result: shown, never counted as differing. The
+# folders of the run sidecars (store.PATHS' "timing/<stage>" kinds), so a revision's sidecar of a stage since
+# renamed or removed is still one.
+RUN_RECORDS = tuple(sorted({f"{store.path(kind, '*').parent.as_posix()}/*" for kind in store.PATHS
+                            if kind.startswith("timing/")}))
 # Outputs drawn from other outputs: reproduced when what they draw is (see the module's docstring).
 DRAWN = (".png", ".svg", ".html", ".md")
 # The run facts printed for both sides when an output is not identical (the stage's sidecar).
@@ -91,231 +45,6 @@ RUN_FACTS = ("cpu_model", "cpu_capability", "threads", "device", "git_commit")
 
 IDENTICAL, WITHIN, DIFFERS, MISSING, NOT_COMPARED, RUN_RECORD = (
     "identical", "within tolerance", "differs", "missing", "not compared", "run record")
-
-
-def kind_of(file: str, key: str) -> str:
-    where = f"{file}:{key}"
-    return next(kind for pattern, kind in KINDS if fnmatch.fnmatchcase(where, pattern))
-
-
-# ---- comparing values ---------------------------------------------------------------------------------
-
-
-@dataclass
-class Largest:
-    """The largest within-tolerance difference seen so far, measured as a share of its tolerance."""
-    share: float = -1.0
-    text: str = ""
-
-    def offer(self, where: str, a: float, b: float, kind: str) -> None:
-        tol = TOLERANCES[kind]
-        diff = abs(a - b)
-        allowed = tol.atol + tol.rtol * abs(b)
-        share = diff / allowed if allowed else 0.0
-        if diff > 0 and share > self.share:
-            rel = f", relative {diff / abs(b):.1e}" if b else ""
-            self.share, self.text = share, f"{where}: {a!r} here, {b!r} in the revision (|diff| {diff:.1e}{rel}; {kind})"
-
-
-def _index(idx) -> str:
-    return "[" + ", ".join(str(int(i)) for i in idx) + "]" if len(idx) else ""
-
-
-def compare_arrays(where: str, a: np.ndarray, b: np.ndarray, kind: str, largest: Largest) -> None:
-    """`a` (workspace) against `b` (the revision): exact unless both are floats; raises Differs."""
-    if a.shape != b.shape:
-        raise Differs(f"{where}: shape {a.shape} here, {b.shape} in the revision")
-    floats = a.dtype.kind == "f" and b.dtype.kind == "f"
-    if a.dtype != b.dtype and not (floats and a.dtype.itemsize == b.dtype.itemsize):
-        raise Differs(f"{where}: dtype {a.dtype} here, {b.dtype} in the revision")
-    counts = kind == "histogram" and a.dtype.kind in "iu"
-    if not (floats or counts) or kind == "exact":
-        if a.dtype.kind == "f":
-            bad = ~((a == b) | (np.isnan(a) & np.isnan(b)))
-        else:
-            bad = a != b
-        bad = np.asarray(bad)
-        if bad.any():
-            i = tuple(np.argwhere(bad)[0]) if bad.ndim else ()
-            raise Differs(f"{where}{_index(i)}: {_item(a, i)!r} here, {_item(b, i)!r} in the revision (exact)")
-        return
-    tol = TOLERANCES[kind]
-    a64, b64 = a.astype(np.float64), b.astype(np.float64)
-    close = np.isclose(a64, b64, atol=tol.atol, rtol=tol.rtol, equal_nan=True)
-    if not close.all():
-        i = tuple(np.argwhere(~close)[0]) if close.ndim else ()
-        raise Differs(f"{where}{_index(i)}: {_item(a, i)!r} here, {_item(b, i)!r} in the revision "
-                      f"({kind}: atol {tol.atol:g}, rtol {tol.rtol:g})")
-    diff = np.where(np.isnan(a64) | np.isnan(b64), 0.0, np.abs(a64 - b64))
-    if diff.size and diff.max() > 0:
-        share = diff / (tol.atol + tol.rtol * np.abs(np.nan_to_num(b64)))
-        i = np.unravel_index(int(np.argmax(share)), share.shape) if share.ndim else ()
-        largest.offer(f"{where}{_index(i)}", float(a64[i]), float(b64[i]), kind)
-
-
-def _item(x: np.ndarray, i: tuple):
-    v = x[i] if i else x[()]
-    v = v.item() if hasattr(v, "item") else v
-    if isinstance(v, bytes):
-        v = v.decode("utf-8", "replace")
-    if isinstance(v, str) and len(v) > 60:
-        v = v[:57] + "..."
-    return v
-
-
-def compare_json(file: str, a, b, largest: Largest, path: str = "") -> None:
-    """Two parsed JSON values, key by key; numbers within their kind's tolerance; raises Differs."""
-    where = path or "(top level)"
-    if path and any(fnmatch.fnmatchcase(f"{file}:{path}", p) for p in RUN_KEYS):
-        return
-    if isinstance(a, dict) and isinstance(b, dict):
-        keys_a, keys_b = set(a) - PROVENANCE_KEYS, set(b) - PROVENANCE_KEYS
-        if keys_b - keys_a:
-            raise Differs(f"{file}: key {_join(path, sorted(keys_b - keys_a)[0])}: in the revision, not here")
-        if keys_a - keys_b:
-            raise Differs(f"{file}: key {_join(path, sorted(keys_a - keys_b)[0])}: here, not in the revision")
-        for k in sorted(keys_a, key=str):
-            compare_json(file, a[k], b[k], largest, _join(path, k))
-    elif isinstance(a, list) and isinstance(b, list):
-        if len(a) != len(b):
-            raise Differs(f"{file}: {where}: {len(a)} items here, {len(b)} in the revision")
-        for i, (x, y) in enumerate(zip(a, b)):
-            compare_json(file, x, y, largest, f"{path}[{i}]")
-    elif _is_float(a) and _is_float(b) and (isinstance(a, float) or isinstance(b, float)):
-        kind = kind_of(file, path)
-        compare_arrays(f"{file}: {where}", np.float64(a), np.float64(b), kind, largest)
-    elif a != b or type(a) is not type(b):
-        raise Differs(f"{file}: {where}: {a!r} here, {b!r} in the revision (exact)")
-
-
-def _is_float(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-
-def _join(path: str, key) -> str:
-    return f"{path}.{key}" if path else str(key)
-
-
-def compare_csv(file: str, a: str, b: str, largest: Largest) -> None:
-    rows_a, rows_b = list(csv.reader(io.StringIO(a))), list(csv.reader(io.StringIO(b)))
-    if not rows_a or not rows_b or rows_a[0] != rows_b[0]:
-        raise Differs(f"{file}: header {rows_a[:1]} here, {rows_b[:1]} in the revision")
-    header = rows_a[0]
-    if len(rows_a) != len(rows_b):
-        raise Differs(f"{file}: {len(rows_a) - 1} rows here, {len(rows_b) - 1} in the revision")
-    for r, (ra, rb) in enumerate(zip(rows_a[1:], rows_b[1:]), start=1):
-        if len(ra) != len(rb):
-            raise Differs(f"{file}: row {r}: {len(ra)} cells here, {len(rb)} in the revision")
-        for column, x, y in zip(header, ra, rb):
-            if x == y:
-                continue
-            fx, fy = _float(x), _float(y)
-            where = f"{file}: row {r}, column {column}"
-            if fx is None or fy is None:
-                raise Differs(f"{where}: {x!r} here, {y!r} in the revision (exact)")
-            compare_arrays(where, np.float64(fx), np.float64(fy), kind_of(file, column), largest)
-
-
-def _float(s: str):
-    try:
-        return float(s)
-    except ValueError:
-        return None
-
-
-def compare_h5(file: str, path_a: Path, path_b: Path, largest: Largest) -> None:
-    """Two HDF5 files, as h5diff would: the same objects, each dataset's shape, dtype and values, and every
-    attribute except the provenance keys (PROVENANCE_KEYS inside the `provenance` attribute)."""
-    import h5py
-
-    def open_(p: Path, side: str):
-        try:
-            return h5py.File(p, "r")
-        except OSError as e:
-            raise Differs(f"{file}: not a readable HDF5 file {side} (truncated or corrupt?): {e}") from None
-
-    fa = open_(path_a, "here")
-    try:
-        fb = open_(path_b, "in the revision")
-        try:
-            names_a, names_b = _objects(fa), _objects(fb)
-            gone, new = sorted(set(names_b) - set(names_a)), sorted(set(names_a) - set(names_b))
-            if gone:
-                raise Differs(f"{file}: {gone[0]}: in the revision, not here")
-            if new:
-                raise Differs(f"{file}: {new[0]}: here, not in the revision")
-            for name in names_b:
-                oa, ob = (fa[name], fb[name]) if name != "/" else (fa, fb)
-                if names_b[name] != names_a[name]:
-                    raise Differs(f"{file}: {name}: a {names_a[name]} here, a {names_b[name]} in the revision")
-                _compare_attrs(file, name, oa, ob, largest)
-                if names_b[name] == "dataset":
-                    try:
-                        va, vb = oa[()], ob[()]
-                    except (OSError, KeyError, ValueError) as e:
-                        raise Differs(f"{file}: {name}: cannot be read (truncated or corrupt?): {e}") from None
-                    compare_arrays(f"{file}: {name}", np.asarray(va), np.asarray(vb), kind_of(file, name), largest)
-        finally:
-            fb.close()
-    finally:
-        fa.close()
-
-
-def _objects(f) -> dict[str, str]:
-    import h5py
-
-    names = {"/": "group"}
-    try:
-        f.visititems(lambda n, o: names.__setitem__(n, "dataset" if isinstance(o, h5py.Dataset) else "group"))
-    except (OSError, KeyError, RuntimeError) as e:
-        raise Differs(f"{f.filename}: cannot list its objects (truncated or corrupt?): {e}") from None
-    return names
-
-
-def _compare_attrs(file: str, name: str, oa, ob, largest: Largest) -> None:
-    ka, kb = set(oa.attrs), set(ob.attrs)
-    if kb - ka:
-        raise Differs(f"{file}: {name} attribute {sorted(kb - ka)[0]}: in the revision, not here")
-    if ka - kb:
-        raise Differs(f"{file}: {name} attribute {sorted(ka - kb)[0]}: here, not in the revision")
-    for key in sorted(ka):
-        a, b = oa.attrs[key], ob.attrs[key]
-        where = f"{name} attribute {key}" if name != "/" else f"attribute {key}"
-        ja, jb = _as_json(a), _as_json(b)
-        if ja is not None and jb is not None:
-            compare_json(f"{file}: {where}", ja, jb, largest)
-        else:
-            compare_arrays(f"{file}: {where}", np.asarray(a), np.asarray(b), kind_of(file, f"{name}@{key}"), largest)
-
-
-def _as_json(v):
-    if isinstance(v, bytes):
-        v = v.decode("utf-8", "replace")
-    if isinstance(v, str) and v[:1] in "{[":
-        try:
-            return json.loads(v)
-        except ValueError:
-            return None
-    return None
-
-
-def compare_file(file: str, path_a: Path, path_b: Path, largest: Largest) -> None:
-    """One file of an output, by its type; raises Differs at the first difference beyond tolerance."""
-    suffix = Path(file).suffix
-    if suffix in (".h5", ".hdf5"):
-        compare_h5(file, path_a, path_b, largest)
-        return
-    a, b = path_a.read_bytes(), path_b.read_bytes()
-    if suffix == ".json":
-        try:
-            ja = json.loads(a)
-        except ValueError as e:
-            raise Differs(f"{file}: not valid JSON here: {e}") from None
-        compare_json(file, ja, json.loads(b), largest)
-    elif suffix == ".csv":
-        compare_csv(file, a.decode("utf-8", "replace"), b.decode("utf-8", "replace"), largest)
-    elif a != b:
-        raise Differs(f"{file}: the bytes differ (compared byte for byte: no reader of values for '{suffix}')")
 
 
 # ---- the pipeline's outputs on both sides -------------------------------------------------------------
@@ -486,7 +215,7 @@ class Verifier:
         mine, theirs = self.ws.get(out.stage) or {}, self.old.get(out.stage) or {}
         if mine.get("params") != theirs.get("params"):
             changed = sorted(k for f in set(mine.get("params") or {}) | set(theirs.get("params") or {})
-                             for k in _changed((mine.get("params") or {}).get(f), (theirs.get("params") or {}).get(f)))
+                             for k in changed_keys((mine.get("params") or {}).get(f), (theirs.get("params") or {}).get(f)))
             return DIFFERS, f"drawn with other params ({', '.join(changed[:3]) or 'params files'})"
         deps_theirs = {d["path"]: d.get("md5") for d in theirs.get("deps") or []}
         read = []
@@ -535,11 +264,6 @@ class Verifier:
             out.detail = out.detail.replace(f"{out.path}: ", "")
         return rows
 
-
-def _changed(a, b, prefix: str = "") -> list[str]:
-    if isinstance(a, dict) and isinstance(b, dict):
-        return [k for key in sorted(set(a) | set(b), key=str) for k in _changed(a.get(key), b.get(key), _join(prefix, key))]
-    return [] if a == b else [prefix]
 
 
 # ---- the answer -----------------------------------------------------------------------------------------
@@ -621,6 +345,3 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{line}")
     return code
 
-
-if __name__ == "__main__":
-    sys.exit(main())
