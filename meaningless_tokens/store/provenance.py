@@ -58,6 +58,11 @@ def model_provenance(stage: str, params, name: str, manifest: dict, unused: tupl
     return {**provenance(stage), "model": {"name": name, **manifest}, "params": stage_params(params, stage, name, unused)}
 
 
+# The sidecar's keys that say which code and machine ran (run_info, machine): what `python -m meaningless_tokens.verify`
+# prints for both sides when an output is not identical.
+RUN_FACTS = ("cpu_model", "cpu_capability", "threads", "device", "git_commit")
+
+
 def run_info() -> dict:
     """What identifies this run's code in git, for the run's sidecar (never inside an artifact):
     `git_commit`, the last commit that changed the code (CODE_PATHS), and `git_dirty`, whether the

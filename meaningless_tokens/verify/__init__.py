@@ -7,11 +7,10 @@ driver.py: every output of dvc.lock against the revision's, read through DVC, th
 from meaningless_tokens.verify.compare import (KINDS, PROVENANCE_KEYS, RUN_KEYS, TOLERANCES, Largest, Tolerance,
                                                compare_arrays, compare_csv, compare_file, compare_h5, compare_json,
                                                kind_of)
-from meaningless_tokens.verify.driver import (DIFFERS, DRAWN, IDENTICAL, MISSING, NOT_COMPARED, RUN_FACTS,
-                                              RUN_RECORD, RUN_RECORDS, WITHIN, Output, Verifier, main, table,
-                                              verdict)
+from meaningless_tokens.verify.driver import (DIFFERS, DRAWN, IDENTICAL, MISSING, NOT_COMPARED, RUN_RECORD,
+                                              RUN_RECORDS, WITHIN, Output, Verifier, main, table, verdict)
 
-__all__ = ["DIFFERS", "DRAWN", "IDENTICAL", "KINDS", "MISSING", "NOT_COMPARED", "PROVENANCE_KEYS", "RUN_FACTS",
-           "RUN_KEYS", "RUN_RECORD", "RUN_RECORDS", "TOLERANCES", "WITHIN", "Largest", "Output", "Tolerance",
-           "Verifier", "compare_arrays", "compare_csv", "compare_file", "compare_h5", "compare_json", "kind_of",
-           "main", "table", "verdict"]
+__all__ = ["DIFFERS", "DRAWN", "IDENTICAL", "KINDS", "MISSING", "NOT_COMPARED", "PROVENANCE_KEYS", "RUN_KEYS",
+           "RUN_RECORD", "RUN_RECORDS", "TOLERANCES", "WITHIN", "Largest", "Output", "Tolerance", "Verifier",
+           "compare_arrays", "compare_csv", "compare_file", "compare_h5", "compare_json", "kind_of", "main", "table",
+           "verdict"]

@@ -40,8 +40,6 @@ RUN_RECORDS = tuple(sorted({f"{store.path(kind, '*').parent.as_posix()}/*" for k
                             if kind.startswith("timing/")}))
 # Outputs drawn from other outputs: reproduced when what they draw is (see the module's docstring).
 DRAWN = (".png", ".svg", ".html", ".md")
-# The run facts printed for both sides when an output is not identical (the stage's sidecar).
-RUN_FACTS = ("cpu_model", "cpu_capability", "threads", "device", "git_commit")
 
 IDENTICAL, WITHIN, DIFFERS, MISSING, NOT_COMPARED, RUN_RECORD = (
     "identical", "within tolerance", "differs", "missing", "not compared", "run record")
@@ -248,8 +246,8 @@ class Verifier:
             theirs = json.loads(self.fs.read_text(sidecar))
         except Exception:  # noqa: BLE001 - not at that revision
             theirs = {}
-        return ({k: mine.get(k, "not recorded") for k in RUN_FACTS},
-                {k: theirs.get(k, "not recorded") for k in RUN_FACTS})
+        return ({k: mine.get(k, "not recorded") for k in store.RUN_FACTS},
+                {k: theirs.get(k, "not recorded") for k in store.RUN_FACTS})
 
     def run(self) -> list[Output]:
         """Every output checked; a single file's detail does not repeat its path."""
@@ -334,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
             if got:
                 facts.append(f"  {r.stage}: " + "; ".join(
                     f"{k} {got[0][k]} here, {got[1][k]} at {args.rev}" if got[0][k] != got[1][k] else f"{k} {got[0][k]}"
-                    for k in RUN_FACTS))
+                    for k in store.RUN_FACTS))
     if facts:
         print(f"\nRun facts of the stages whose outputs are not identical (workspace vs {args.rev}):")
         print("\n".join(dict.fromkeys(facts)))
