@@ -119,16 +119,6 @@ def check_setting(variant: str, c: float, percentage: float, only: str | None = 
     return None
 
 
-def paper_settings(variant: str) -> list[tuple[float, float]]:
-    """Every (c, percentage) the paper's code runs with the variant, on any model and benchmark, in first-seen order."""
-    out = []
-    for table in PAPER_BY_BENCHMARK.values():
-        for repo, v in table.items():
-            if v is not OFF and repo.startswith("google/") == (variant == "gemma") and v not in out:
-                out.append(v)
-    return out
-
-
 def settings_for(cfg: Arm, benchmark: str, setup) -> ArmSettings:
     """The ARM settings of a stage's model (a models.ModelSetup) under params' `arm` and the dataset's
     benchmark; raises ConfigError naming the key for values outside the variant's range.
