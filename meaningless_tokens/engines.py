@@ -15,6 +15,7 @@ the final artifact equals an uninterrupted run's. Shards (evaluate.shard) write 
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 import sys
@@ -63,12 +64,22 @@ class Record:
         return (self.index, self.condition) if self.sample < 0 else (self.index, self.condition, self.sample)
 
 
-def make_batches(items: list[Item], batch_size: int) -> list[list[Item]]:
+def make_batches(items: list[Item], batch_size: int, condition_rank=None) -> list[list[Item]]:
     """Items sorted by prompt length (least padding), cut into fixed batches: a resumed run
-    regenerates exactly the batches an uninterrupted run would."""
-    order = {c: k for k, c in enumerate(CONDITIONS)}
-    ranked = sorted(items, key=lambda it: (len(it.input_ids), it.index, order[it.condition], it.sample))
+    regenerates exactly the batches an uninterrupted run would. Equal lengths go by problem, then by
+    `condition_rank(condition)` (default: the order of CONDITIONS; the sweep's `<token>x<count>` conditions go by
+    name), then by sample: a batch's rows are part of what its outputs are, so the order is fixed."""
+    rank = condition_rank or {c: k for k, c in enumerate(CONDITIONS)}.__getitem__
+    ranked = sorted(items, key=lambda it: (len(it.input_ids), it.index, rank(it.condition), it.sample))
     return [ranked[i:i + batch_size] for i in range(0, len(ranked), batch_size)]
+
+
+def journal_key(weights_sha256: str | None, settings: dict, items: list[Item], **more) -> str:
+    """The key a journal is kept under: the weights, the generation settings, every greedy item (problem, condition,
+    prompt ids) and `more` (a version, the samples per item); a run resumes only a journal of the same inputs."""
+    return hashlib.sha256(json.dumps({
+        "weights": weights_sha256, "settings": settings,
+        "items": [(it.index, it.condition, it.input_ids) for it in items], **more}).encode()).hexdigest()
 
 
 # ---- generation -----------------------------------------------------------------------------

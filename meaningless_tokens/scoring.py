@@ -14,15 +14,17 @@ exactly these tokens (stages/likelihood.py's text says how).
 
 from __future__ import annotations
 
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from meaningless_tokens import arm, models
-from meaningless_tokens.config import ANSWER_MARK, Likelihood
+from meaningless_tokens import arm, models, progress
+from meaningless_tokens.config import ANSWER_MARK, Likelihood, Params
 from meaningless_tokens.errors import DatasetError
-from meaningless_tokens.prompts import Problem
+from meaningless_tokens.prompts import Problem, dataset_spec
 
 
 HEAD_CHUNK = 1 << 23  # logits per chunk of the LM head (1024 positions x 8192 words: 32 MiB in float32)
@@ -54,6 +56,11 @@ class Continuations:
         head, self.tail = cfg.answer_frame.split(ANSWER_MARK)
         self.head = builder.encode(head) if head else []
 
+    @classmethod
+    def of(cls, params: Params, builder) -> Continuations:
+        """The continuations params' `likelihood` section defines, on params' dataset."""
+        return cls(params.likelihood, builder, dataset_spec(params).path)
+
     def build(self, problem: Problem) -> dict[str, tuple[list[int], list[int]]]:
         """{continuation: (context ids, scored ids)}."""
         solution = self.builder.encode(problem.solution)[:self.cfg.solution_tokens]
@@ -62,6 +69,18 @@ class Continuations:
             if not ids or not getattr(problem, key).strip():
                 raise DatasetError(f"{self.dataset}:{problem.index + 1}: key '{key}' is empty (nothing to score)")
         return {"solution": (self.sep, solution), "answer": (self.sep + self.head, answer)}
+
+    def sequences(self, problem: Problem, prompts: dict, continuations=("solution", "answer")) -> list[Seq]:
+        """One problem's sequences, per condition (`prompts`: condition -> its prompt's ids) each continuation in
+        turn: the prompt, the continuation's context, its scored ids."""
+        parts = self.build(problem)
+        seqs = []
+        for condition, prompt_ids in prompts.items():
+            ids = list(prompt_ids)
+            for k in continuations:
+                ctx, scored = parts[k]
+                seqs.append(Seq(problem.index, condition, k, tuple(ids + ctx + scored), len(ids), len(ids) + len(ctx)))
+        return seqs
 
 
 def check_alignment(seqs: list[Seq]) -> None:
@@ -378,6 +397,20 @@ def score_fastest(model, seqs: list[Seq], batch_tokens: int, pad: int, arm_hook:
     if method == "whole":
         return score(model, seqs, batch_tokens, pad, arm_hook, bar), info
     return score_packed(model, seqs, batch_tokens, pad, arm_hook, bar), info
+
+
+def score_shown(model, seqs: list[Seq], batch_tokens: int, pad: int, arm_hook: TeacherForcedArm | None = None,
+                desc: str = "scoring", name: str = "") -> tuple[list[np.ndarray], dict, float]:
+    """`score_fastest` behind a progress bar over the sequences, a fall-back to whole scoring said on stderr as
+    `<name>: <why>`: (log-probs, how, seconds the scoring took)."""
+    bar = progress.bar(total=len(seqs), desc=desc, unit="seq")
+    started = time.perf_counter()
+    try:
+        logprobs, how = score_fastest(model, seqs, batch_tokens, pad, arm_hook, bar,
+                                      warn=lambda why: print(f"{name}: {why}", file=sys.stderr))
+        return logprobs, how, time.perf_counter() - started
+    finally:
+        bar.close()
 
 
 def check_head(model, seq: Seq, pad: int) -> float:

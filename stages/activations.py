@@ -44,7 +44,12 @@ from meaningless_tokens.config import Params
 from meaningless_tokens.errors import ConfigError, StopForward
 from meaningless_tokens.intervals import bootstrap_mean_ci, wilcoxon_p
 from meaningless_tokens.prompts import PromptBuilder, builder_for, dataset_spec, extraction_problems, put_problems
+from meaningless_tokens.stage import INDEXING, header, stage_context
 from meaningless_tokens.store import put, put_json_attr, write_h5, write_prompt_timing
+
+
+# the stage's outputs: role -> artifact kind (store.PATHS)
+OUTPUTS = {"out": "activations", "timing": "timing/activations"}
 
 SETS = {
     "original": "every original (none) token, at its position in the condition's prompt",
@@ -191,15 +196,14 @@ class Measured:
     manifest: dict               # the prepared model's
 
 
-def run(params: Params, name: str, out: Path | None = None, timing: Path | None = None) -> Path:
-    full, params = params, store.params_view(params, "activations", name)  # reads only what dvc.yaml lists; `full`:
-    # models.setup_for checks the model against every key (charts, layers) before any work
-    out = out or params.project_path(str(store.path("activations", name)))
+def run(params: Params, name: str, root: Path | None = None) -> Path:
+    ctx = stage_context(params, "activations", name, root, **OUTPUTS)
+    params, out = ctx.params, ctx.where["out"]
     chosen, data_sha = extraction_problems(params)
-    m = measure(params, models.setup_for(full, name, layers=params.activations.layers), chosen)
+    m = measure(params, ctx.setup(layers=params.activations.layers), chosen)
     write_artifact(out, params, name, m, data_sha)
     n_prompts = len(m.problems) * len(m.conditions)
-    write_prompt_timing(timing or params.project_path(str(store.path("timing/activations", name))), m.seconds, n_prompts, out)
+    write_prompt_timing(ctx.where["timing"], m.seconds, n_prompts, out)
     print(f"{name}: MLP activations of layers {[x + 1 for x in m.layers]} (1-based), {len(m.problems)} problems x "
           f"{len(m.conditions)} conditions in {m.seconds:.1f} s -> {out} ({out.stat().st_size / 2**20:.1f} MiB)")
     return out
@@ -272,16 +276,9 @@ def write_artifact(out: Path, params: Params, name: str, m: Measured, data_sha: 
         "dataset_file": dataset_spec(params).describe(),
     }
     with write_h5(out) as f:
-        f.attrs["kind"] = "activations"
-        f.attrs["model"] = name
-        f.attrs["layers"] = np.array(m.layers, dtype=np.int32)
-        f.attrs["conditions"] = list(conditions)
-        f.attrs["n_samples"] = len(m.problems)
-        f.attrs["mlp_class"] = type(m.mlp).__name__
-        f.attrs["act_fn"] = type(m.mlp.act_fn).__name__
-        f.attrs["intermediate_size"] = int(m.mlp.gate_proj.out_features)
-        f.attrs["indexing"] = "layers and heads are 0-based; charts say 'Layer 1' for index 0"
-        f.attrs["definitions"] = __doc__
+        header(f, OUTPUTS["out"], name, layers=np.array(m.layers, dtype=np.int32), conditions=list(conditions),
+               n_samples=len(m.problems), mlp_class=type(m.mlp).__name__, act_fn=type(m.mlp.act_fn).__name__,
+               intermediate_size=int(m.mlp.gate_proj.out_features), indexing=INDEXING, definitions=__doc__)
         put_json_attr(f, "sets", SETS)
         put_json_attr(f, "measures", MEASURES)
         put_json_attr(f, "provenance", prov)

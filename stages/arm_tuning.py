@@ -40,12 +40,13 @@ from pathlib import Path
 
 import numpy as np
 
-from meaningless_tokens import arm, cli, models, progress, scoring, store
+from meaningless_tokens import arm, cli, progress, scoring, store
 from meaningless_tokens.config import Params
 from meaningless_tokens.errors import ConfigError
 from meaningless_tokens.intervals import bootstrap_mean_ci
-from meaningless_tokens.prompts import Problem, builder_for, dataset_spec, load_problems, put_problems, require_field, select_problems
+from meaningless_tokens.prompts import Problem, builder_for, load_problems, put_problems, require_field, select_problems
 from meaningless_tokens.scoring import Seq, TeacherForcedArm, pad_id
+from meaningless_tokens.stage import header, stage_context
 from meaningless_tokens.store import put, put_json_attr, write_h5, write_json_atomic, write_timing
 
 OUTPUTS = {"out": "arm_tuning", "metrics": "metrics/arm_tuning", "timing": "timing/arm_tuning"}
@@ -72,13 +73,13 @@ def problem_sets(params: Params) -> tuple[list[Problem], list[Problem], str]:
 
 def solution_sequences(params: Params, builder, problems: list[Problem]) -> tuple[list[Seq], list[Seq]]:
     """(none sequences, arm sequences): each problem's none prompt with likelihood's `solution` continuation."""
-    conts = scoring.Continuations(params.likelihood, builder, dataset_spec(params).path)
+    conts = scoring.Continuations.of(params, builder)
     none, arms = [], []
     for p in problems:
-        ids = list(builder.build(p)["none"].input_ids)
-        ctx, scored = conts.build(p)["solution"]
-        for cond, out in (("none", none), ("arm", arms)):
-            out.append(Seq(p.index, cond, "solution", tuple(ids + ctx + scored), len(ids), len(ids) + len(ctx)))
+        ids = builder.build(p)["none"].input_ids
+        n, a = conts.sequences(p, {"none": ids, "arm": ids}, ("solution",))
+        none.append(n)
+        arms.append(a)
     return none, arms
 
 
@@ -129,15 +130,14 @@ def selection(tuning: np.ndarray, tested: np.ndarray, seed: int, n_boot: int) ->
 # ---- the stage ------------------------------------------------------------------------------------
 
 def run(params: Params, name: str, root: Path | None = None) -> Path:
-    started = time.perf_counter()
-    full, params = params, store.params_view(params, "arm_tuning", name)  # `full`: models.setup_for's checks
+    ctx = stage_context(params, "arm_tuning", name, root, **OUTPUTS)
+    params, where = ctx.params, ctx.where
     cfg = params.arm_tuning
     if name not in cfg.models:
         raise ConfigError(f"{params.file}: arm_tuning.models: model '{name}' is not among the models tuned "
                           f"{list(cfg.models)}; add it there to tune it")
-    where = store.outputs(params, name, root, **OUTPUTS)
     tuning, tested, data_sha = problem_sets(params)
-    setup = models.setup_for(full, name)
+    setup = ctx.setup()
     own = arm.settings_for(params.arm, params.dataset.benchmark, setup)
     grid = check_grid(params, own.variant, cfg.grid[own.variant])
     if (own.c, own.percentage) not in grid:
@@ -185,7 +185,7 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
                     "none": how, "arm": checks}, data_sha)
     write_json_atomic(where["metrics"], summary)
     tokens = sum(len(s.input_ids) for s in none_seqs) * (1 + len(settings))
-    write_timing(where["timing"], {"seconds": round(time.perf_counter() - started, 2),
+    write_timing(where["timing"], {"seconds": ctx.seconds(),
                                    "scoring_seconds": round(seconds, 2), "settings": len(settings),
                                    "problems": len(tuning) + len(tested), "tokens": tokens,
                                    "tokens_per_second": round(tokens / seconds, 1) if seconds else None})
@@ -236,11 +236,7 @@ def write_artifact(out: Path, params: Params, name: str, setup, tuning: list[Pro
         "dataset_sha256": data_sha,
     }
     with write_h5(out) as f:
-        f.attrs["kind"] = "arm_tuning"
-        f.attrs["model"] = name
-        f.attrs["variant"] = settings[0].variant
-        f.attrs["n_tuning"] = n_t
-        f.attrs["n_tested"] = len(tested)
+        header(f, OUTPUTS["out"], name, variant=settings[0].variant, n_tuning=n_t, n_tested=len(tested))
         put_json_attr(f, "provenance", prov)
         put_json_attr(f, "summary", summary)
         put(f, "grid", np.array([(s.c, s.percentage) for s in settings]), shape="[setting, c/percentage]")

@@ -26,8 +26,6 @@ uninterrupted run's. Outputs:
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
 import os
 import sys
 import time
@@ -39,12 +37,13 @@ from pydantic import ValidationError
 
 from meaningless_tokens import arm, cli, grading, models, sampling, store
 from meaningless_tokens.config import Params, Shard
-from meaningless_tokens.engines import (Item, Journal, Record, check_engine, make_batches, merge_parts, open_engine, part_path,
-                                        run_journaled)
+from meaningless_tokens.engines import (Item, Journal, Record, check_engine, journal_key, make_batches, merge_parts,
+                                        open_engine, part_path, run_journaled)
 from meaningless_tokens.errors import ConfigError
 from meaningless_tokens.grading import has_complete_box
 from meaningless_tokens.intervals import paired
 from meaningless_tokens.prompts import PromptBuilder, builder_for, check_context, dataset_spec, load_problems, put_problems, select_problems
+from meaningless_tokens.stage import header, stage_context
 from meaningless_tokens.store import put, put_json_attr, write_h5, write_json_atomic, write_timing
 
 # the stage's outputs (and its journal): role -> artifact kind (store.PATHS)
@@ -90,10 +89,9 @@ class Plan:
 
 
 def run(params: Params, name: str, root: Path | None = None) -> Path:
-    full, params = params, store.params_view(params, "evaluate", name)  # reads only what dvc.yaml lists; `full`:
-    # models.setup_for checks the model against every key (charts, layers) before any work
+    ctx = stage_context(params, "evaluate", name, root, **OUTPUTS)
+    params, where = ctx.params, ctx.where
     cfg, conditions = params.evaluate, params.prompt.conditions
-    where = store.outputs(params, name, root, **OUTPUTS)
     problems, data_sha = load_problems(params)
     chosen = select_problems(problems, cfg.n_samples, cfg.seed, "evaluate.n_samples")
     check_engine(params)
@@ -104,7 +102,7 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
     if name not in params.evaluated:
         raise ConfigError(f"{params.file}: evaluate.models: model '{name}' is not among the models evaluated "
                           f"{params.evaluated}; add it there to evaluate it")
-    plan = make_plan(params, models.setup_for(full, name), chosen)
+    plan = make_plan(params, ctx.setup(), chosen)
     gold = {p.index: p.answer for p in chosen}
     if cfg.shard is not None:
         return run_shard(plan, where["journal"], gold, cfg.shard, conditions)
@@ -153,10 +151,7 @@ def make_plan(params: Params, setup: models.ModelSetup, chosen: list) -> Plan:
     # `.sampling` (resolved values and their origin) is evaluate's alone: the sweep shares the engine, not its samples
     settings = {**engine.settings, **({"arm": arm_settings.describe()} if arm_settings else {}),
                 **({"sampling": engine.sampling} if n_sampled else {})}
-    key = hashlib.sha256(json.dumps({
-        "weights": setup.prepared.manifest().get("weights_sha256"), "settings": settings,
-        "items": [(it.index, it.condition, it.input_ids) for it in items],
-        **({"sampled": n_sampled} if n_sampled else {})}).encode()).hexdigest()
+    key = journal_key(setup.prepared.weights_sha256, settings, items, **({"sampled": n_sampled} if n_sampled else {}))
     # sampled rows in batches of their own (their own max_new_tokens), after the greedy ones
     batches = make_batches(items, cfg.batch_size) + make_batches(sampled, cfg.batch_size)
     return Plan(setup, engine, builder, built, batches, settings, key, arm_settings, n_sampled)
@@ -204,9 +199,7 @@ def write_artifact(out: Path, params: Params, plan: Plan, chosen: list, by_cond:
         "dataset_file": dataset_spec(params).describe(),
     }
     with write_h5(out) as f:
-        f.attrs["kind"] = "eval"
-        f.attrs["model"] = name
-        f.attrs["conditions"] = list(conditions)
+        header(f, OUTPUTS["out"], name, conditions=list(conditions))
         put_json_attr(f, "provenance", prov)
         put_json_attr(f, "metrics", metrics)
         put_problems(f, chosen, with_answer=True)

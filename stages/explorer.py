@@ -37,7 +37,7 @@ from meaningless_tokens.config import ONE_LAYER_KINDS, Params, figure_models
 from meaningless_tokens.errors import ArtifactError
 from meaningless_tokens.store import atomic_path, read_h5
 
-OUT = store.path("explorer")
+OUTPUTS = {"out": "explorer"}  # the stage's output: role -> artifact kind (store.PATHS)
 LEVELS = 255  # one byte per weight
 # the chart kinds that show heads, and what the page calls them
 HEAD_KINDS = {"layer-sweep": "layer sweep", "heads": "heads", "conditions": "conditions", "cross-model": "cross-model"}
@@ -202,11 +202,12 @@ def render(entries: list[dict], blobs: list[str]) -> str:
     return env.get_template("explorer.html.j2").render(data=Markup(script_json(data)), blobs=blobs)
 
 
-def run(params: Params, out: Path | None = None) -> Path:
+def run(params: Params, root: Path | None = None) -> Path:
+    """The page of the project's showcase prompts, written under `root` (default: the project)."""
     import time
 
     started = time.perf_counter()
-    out = out or params.project_path(str(OUT))
+    out = store.outputs(params, None, root, **OUTPUTS)["out"]
     blobs: list[str] = []
     # a model with no showcase prompt (extract.showcase: 0) has nothing to show; the page says so when none has any
     entries = [e for e in (collect(params, name, blobs) for name in params.models) if e["prompts"]]

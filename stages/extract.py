@@ -32,10 +32,14 @@ import numpy as np
 from meaningless_tokens import cli, models, progress, store
 from meaningless_tokens.attention import PROMPT_CONDITIONS, QUERY_SETS, VECTORS, reduce
 from meaningless_tokens.capture import attention, compare
-from meaningless_tokens.config import Params, model_spec
+from meaningless_tokens.config import Params
 from meaningless_tokens.errors import CaptureError
 from meaningless_tokens.prompts import PromptBuilder, builder_for, check_context, dataset_spec, extraction_problems, put_problems
+from meaningless_tokens.stage import INDEXING, header, stage_context
 from meaningless_tokens.store import put, put_json_attr, write_h5, write_prompt_timing
+
+# the stage's outputs: role -> artifact kind (store.PATHS)
+OUTPUTS = {"out": "attention", "timing": "timing/extract"}
 
 @dataclass
 class Capture:
@@ -53,17 +57,15 @@ class Capture:
     seconds: float
 
 
-def run(params: Params, name: str, out: Path | None = None, timing: Path | None = None) -> Path:
-    spec = model_spec(params, name)
-    full, params = params, store.params_view(params, "extract", name)  # reads only what dvc.yaml lists; `full`:
-    # models.setup_for checks the model against every key (charts, layers) before any work
-    out = out or params.project_path(str(store.path("attention", name)))
+def run(params: Params, name: str, root: Path | None = None) -> Path:
+    ctx = stage_context(params, "extract", name, root, **OUTPUTS)
+    params, out = ctx.params, ctx.where["out"]
     chosen, data_sha = extraction_problems(params)
-    setup = models.setup_for(full, name, layers=spec.layers)
+    setup = ctx.setup(layers=params.models[name].layers)
     cap = capture(params, setup, chosen)
     write_artifact(out, params, setup, cap, data_sha)
     n_prompts = len(cap.prompts) * len(cap.conditions)
-    write_prompt_timing(timing or params.project_path(str(store.path("timing/extract", name))), cap.seconds, n_prompts, out)
+    write_prompt_timing(ctx.where["timing"], cap.seconds, n_prompts, out)
     if cap.skipped:
         print(f"{name}: conditions {cap.skipped} not extracted (the none prompt; layer-0 attention equals none's)")
     print(f"{name}: {len(cap.prompts)} problems x {len(cap.conditions)} conditions in {cap.seconds:.1f} s "
@@ -121,22 +123,18 @@ def write_artifact(out: Path, params: Params, setup: models.ModelSetup, cap: Cap
         "dataset_sha256": data_sha,
         "dataset_file": dataset_spec(params).describe(),
     }
+    skipped = {"skipped_conditions": cap.skipped,
+               "skipped_note": ("arm: the none prompt with layer 0's MLP edited; layer 0's attention runs before that "
+                                "MLP, so it equals none's, and there is no span to measure attention on")}
     with write_h5(out) as f:
-        f.attrs["kind"] = "attention"
-        f.attrs["model"] = name
-        f.attrs["layers"] = np.array(cap.layers, dtype=np.int32)
-        f.attrs["heads"] = np.array(cap.heads, dtype=np.int32)
-        f.attrs["conditions"] = list(conditions)
-        if cap.skipped:
-            f.attrs["skipped_conditions"] = cap.skipped
-            f.attrs["skipped_note"] = ("arm: the none prompt with layer 0's MLP edited; layer 0's attention runs before "
-                                       "that MLP, so it equals none's, and there is no span to measure attention on")
-        f.attrs["num_kv_heads"] = facts["num_kv_heads"]
-        f.attrs["heads_note"] = (f"heads are query heads (num_attention_heads={facts['num_heads']}); with grouped-query "
-                                 f"attention query head h reads kv head h // {facts['num_heads'] // facts['num_kv_heads']}")
-        f.attrs["indexing"] = "layers and heads are 0-based; charts say 'Layer 1' for index 0"
-        f.attrs["position_0"] = ("position 0 is the first prompt token (BOS where the tokenizer adds one) and is an "
-                                 "original token; mass_first keeps the attention it receives for statistics that exclude it")
+        header(f, OUTPUTS["out"], name, layers=np.array(cap.layers, dtype=np.int32),
+               heads=np.array(cap.heads, dtype=np.int32), conditions=list(conditions), **(skipped if cap.skipped else {}),
+               num_kv_heads=facts["num_kv_heads"],
+               heads_note=(f"heads are query heads (num_attention_heads={facts['num_heads']}); with grouped-query "
+                           f"attention query head h reads kv head h // {facts['num_heads'] // facts['num_kv_heads']}"),
+               indexing=INDEXING,
+               position_0=("position 0 is the first prompt token (BOS where the tokenizer adds one) and is an original "
+                           "token; mass_first keeps the attention it receives for statistics that exclude it"))
         put_json_attr(f, "query_sets", QUERY_SETS)
         put_json_attr(f, "provenance", prov)
         put_problems(f, cap.problems)

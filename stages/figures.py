@@ -41,10 +41,10 @@ from meaningless_tokens import charts, cli, store
 from meaningless_tokens.charts import likelihood
 from meaningless_tokens.charts.context import Context, load_context
 from meaningless_tokens.config import CONDITIONS, Params
-from meaningless_tokens.store import FIGURES_DIR, atomic_path, write_csv_atomic, write_json_atomic
+from meaningless_tokens.store import atomic_path, write_csv_atomic, write_json_atomic
 
-OUT_DIR = FIGURES_DIR
-ACCURACY_TABLE = store.path("accuracy_table")
+# the stage's outputs: role -> artifact kind (store.PATHS)
+OUTPUTS = {"folder": "figures", "table": "accuracy_table", "links": "likelihood_links"}
 
 
 def _setup():
@@ -90,12 +90,14 @@ def draw_all(plt, ctx: Context):
             yield charts.stem(k, None), k.draw(plt, ctx, None)
 
 
-def run(params: Params, folder: Path | None = None, table: Path | None = None) -> list[Path]:
-    """Draw every chart into `folder` (returned: the chart files) and write the accuracy table."""
+def run(params: Params, root: Path | None = None) -> list[Path]:
+    """Draw every chart of the project's data (returned: the chart files) and write the accuracy table and the
+    likelihood's links, under `root` (default: the project)."""
     plt = _setup()
-    folder = folder or params.project_path(str(OUT_DIR))
+    where = store.outputs(params, None, root, **OUTPUTS)
+    folder = where["folder"]
     ctx = load_context(params)
-    write_accuracy_table(table or params.project_path(str(ACCURACY_TABLE)), ctx.metrics)
+    write_accuracy_table(where["table"], ctx.metrics)
     folder.mkdir(parents=True, exist_ok=True)
     # every chart into a folder beside the output first: a chart that fails to draw leaves the old set whole
     staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
@@ -106,7 +108,7 @@ def run(params: Params, folder: Path | None = None, table: Path | None = None) -
                 drawn += save(fig, staging, stem, params.figures.dpi)
             finally:
                 plt.close(fig)
-        write_json_atomic(params.project_path(str(likelihood.LINK)), likelihood.problem_links(ctx))  # the numbers the report quotes
+        write_json_atomic(where["links"], likelihood.problem_links(ctx))  # the numbers the report quotes
         written = []
         for path in drawn:
             written.append(folder / path.name)

@@ -52,20 +52,21 @@ An interrupted run restarts from the beginning (the outputs are written only at 
 from __future__ import annotations
 
 import sys
-import time
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
 import numpy as np
 
-from meaningless_tokens import arm, cli, models, progress, scoring, store
+from meaningless_tokens import arm, cli, models, scoring, store
 from meaningless_tokens.config import Params, Prompt
 from meaningless_tokens.errors import ConfigError
 from meaningless_tokens.intervals import bootstrap_mean_ci, wilcoxon_p
-from meaningless_tokens.prompts import Problem, builder_for, dataset_spec, load_problems, put_problems, require_field, select_problems
+from meaningless_tokens.prompts import Problem, builder_for, load_problems, put_problems, require_field, select_problems
 from meaningless_tokens.scoring import Seq, TeacherForcedArm, check_head, pad_id
+from meaningless_tokens.stage import header, stage_context
 from meaningless_tokens.store import put, put_json_attr, write_csv_atomic, write_h5, write_json_atomic, write_timing
+
 
 CONTINUATIONS = ("solution", "answer")
 # what each continuation's contrasts compare: the solution's mean log-prob per token (nats/token), the
@@ -87,16 +88,11 @@ def scoring_prompt(params: Params) -> Prompt:
 
 def build_sequences(params: Params, name: str, builder, chosen: list[Problem], context: int | None) -> list[Seq]:
     """Every (problem, condition, continuation) sequence, alignment asserted, refusing one longer than the context."""
-    conts = scoring.Continuations(params.likelihood, builder, dataset_spec(params).path)
+    conts = scoring.Continuations.of(params, builder)
     seqs = []
     for p in chosen:
         prompts = builder.build(p)
-        parts = conts.build(p)
-        for c in params.likelihood.conditions:
-            ids = list(prompts[c].input_ids)
-            for k in CONTINUATIONS:
-                ctx, scored = parts[k]
-                seqs.append(Seq(p.index, c, k, tuple(ids + ctx + scored), len(ids), len(ids) + len(ctx)))
+        seqs += conts.sequences(p, {c: prompts[c].input_ids for c in params.likelihood.conditions}, CONTINUATIONS)
     scoring.check_alignment(seqs)
     if context:
         for s in seqs:
@@ -176,25 +172,23 @@ class Scored:
 
 
 def run(params: Params, name: str, root: Path | None = None) -> Path:
-    started = time.perf_counter()
-    full, params = params, store.params_view(params, "likelihood", name)  # reads only what dvc.yaml lists; `full`:
-    # models.setup_for checks the model against every key (charts, layers) before any work
+    ctx = stage_context(params, "likelihood", name, root, **OUTPUTS)
+    params, where = ctx.params, ctx.where
     cfg = params.likelihood
-    where = store.outputs(params, name, root, **OUTPUTS)
     problems, data_sha = load_problems(params)
     chosen = select_problems(problems, cfg.n_samples, cfg.seed, "likelihood.n_samples")
     require_field(params, chosen, "solution", "the likelihood stage (its `solution` continuation)")
     if name not in params.scored:
         raise ConfigError(f"{params.file}: likelihood.models: model '{name}' is not among the models scored "
                           f"{params.scored}; add it there to score it")
-    m = measure(params, models.setup_for(full, name), chosen)
+    m = measure(params, ctx.setup(), chosen)
     summary = summarize(m.per, list(cfg.conditions), chosen, cfg.seed, cfg.n_boot)
 
     write_artifact(where["out"], params, name, chosen, m, summary, data_sha)
     write_json_atomic(where["metrics"], metrics_summary(m.per, summary, list(cfg.conditions), len(chosen)))
     write_table(where["table"], summary)
     tokens = sum(len(s.input_ids) for s in m.seqs)
-    write_timing(where["timing"], {"seconds": round(time.perf_counter() - started, 2),
+    write_timing(where["timing"], {"seconds": ctx.seconds(),
                                    "scoring_seconds": round(m.seconds, 2), "sequences": len(m.seqs), "tokens": tokens,
                                    "tokens_per_second": round(tokens / m.seconds, 1) if m.seconds else None})
     gains = ", ".join(f"{c}: {r['all']['mean']:+.4f}" for (c, k), r in summary.items() if k == "solution")
@@ -213,15 +207,10 @@ def measure(params: Params, setup: models.ModelSetup, chosen: list[Problem]) -> 
     pad = pad_id(tokenizer)
     head_check = check_head(model, min(seqs, key=lambda s: len(s.input_ids)), pad)
     hook = TeacherForcedArm(arm.layer0_mlp(model, setup, "likelihood.conditions"), arm_settings) if arm_settings else None
-    bar = progress.bar(total=len(seqs), desc=f"likelihood {name}", unit="seq")
-    t0 = time.perf_counter()
-    logprobs, how = scoring.score_fastest(model, seqs, cfg.batch_tokens, pad, hook, bar,
-                                          warn=lambda why: print(f"{name}: {why}", file=sys.stderr))
-    seconds = time.perf_counter() - t0
-    bar.close()
+    logprobs, how, seconds = scoring.score_shown(model, seqs, cfg.batch_tokens, pad, hook, f"likelihood {name}", name)
     if hook is not None:
         hook.remove()
-    conts = scoring.Continuations(cfg, builder, dataset_spec(params).path)
+    conts = scoring.Continuations.of(params, builder)
     how = {"attn_implementation": attn, "batch_tokens": cfg.batch_tokens, "pad_token_id": pad, **how,
            "head_check_max_abs_diff": head_check, "separator_ids": conts.sep, "frame_head_ids": conts.head,
            "frame_tail": conts.tail}
@@ -252,12 +241,8 @@ def write_artifact(out: Path, params: Params, name: str, chosen: list[Problem], 
         "dataset_sha256": data_sha,
     }
     with write_h5(out) as f:
-        f.attrs["kind"] = "likelihood"
-        f.attrs["model"] = name
-        f.attrs["conditions"] = conditions
-        f.attrs["continuations"] = list(CONTINUATIONS)
-        f.attrs["n_samples"] = len(chosen)
-        f.attrs["definitions"] = __doc__
+        header(f, OUTPUTS["out"], name, conditions=conditions, continuations=list(CONTINUATIONS), n_samples=len(chosen),
+               definitions=__doc__)
         put_json_attr(f, "outcomes", {k: f"{OUTCOMES[k]} ({UNITS[k]})" for k in CONTINUATIONS})
         put_json_attr(f, "provenance", prov)
         put_problems(f, chosen)

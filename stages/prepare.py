@@ -13,27 +13,29 @@ exactly; `hf` sources record the commit their revision resolved to.
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
-from meaningless_tokens import cli, store
+from meaningless_tokens import cli
 from meaningless_tokens.config import Params, check_spelled_out
-from meaningless_tokens.models import PreparedModel, prepare, prepare_layers
+from meaningless_tokens.models import PreparedModel
+from meaningless_tokens.stage import stage_context
 from meaningless_tokens.store import environment, write_json_atomic, write_timing
 
 
-def run(params: Params, name: str, out: Path | None = None, timing: Path | None = None) -> PreparedModel:
-    started = time.perf_counter()
-    layers = prepare_layers(params, name)
-    prepared = prepare(params, name, layers=layers)
+# the stage's outputs: role -> artifact kind (store.PATHS)
+OUTPUTS = {"out": "manifest", "timing": "timing/prepare"}
+
+
+def run(params: Params, name: str, root: Path | None = None) -> PreparedModel:
+    ctx = stage_context(params, "prepare", name, root, **OUTPUTS)
+    prepared, layers = ctx.prepare()
     # the environment's lock: a reinstall from another lock changes the manifest, so every stage reruns
-    write_json_atomic(out or params.project_path(str(store.path("manifest", name))), {**prepared.manifest(), "environment": environment()})
+    write_json_atomic(ctx.where["out"], {**prepared.manifest(), "environment": environment()})
     print(f"{name}: {prepared.path} (weights sha256 {prepared.weights_sha256[:12]}…, "
           f"{prepared.facts['num_layers']} layers, {prepared.facts['num_heads']} heads) "
-          f"in {time.perf_counter() - started:.1f} s")
-    write_timing(timing or params.project_path(str(store.path("timing/prepare", name))),
-                 {"seconds": round(time.perf_counter() - started, 2), "converted": "whole" if layers is None else
-                  f"layers 0-{max(layers)}", "folder": prepared.path.name})
+          f"in {ctx.seconds():.1f} s")
+    write_timing(ctx.where["timing"], {"seconds": ctx.seconds(), "converted": "whole"
+                                       if layers is None else f"layers 0-{max(layers)}", "folder": prepared.path.name})
     return prepared
 
 

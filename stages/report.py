@@ -34,7 +34,8 @@ from meaningless_tokens.config import Params
 from meaningless_tokens.errors import ArtifactError
 from meaningless_tokens.store import FIGURES_DIR, atomic_path, read_h5
 
-OUT_DIR = store.path("report.html").parent
+# the stage's outputs beside the verdict and docs/results.md (write_results): role -> artifact kind (store.PATHS)
+OUTPUTS = {"html": "report.html", "md": "report.md"}
 VERDICT = store.path("verdict")           # git-tracked (cache: false): docs/results.md is rendered from it alone
 RESULTS = store.path("results.md")
 RESULT_FIGURES = store.path("results")    # small PNG copies of the key charts, beside docs/results.md
@@ -337,10 +338,11 @@ def render(context: dict) -> tuple[str, str]:
             md_env.get_template("report.md.j2").render(**context))
 
 
-def run(params: Params, out: Path | None = None) -> list[Path]:
-    root = params.project_path(".")
-    out = out or params.project_path(str(OUT_DIR))
-    fig_dir = root / FIGURES_DIR
+def run(params: Params, root: Path | None = None) -> list[Path]:
+    """The report from the project's data, written under `root` (default: the project)."""
+    project = params.project_path(".")
+    where = store.outputs(params, None, root, **OUTPUTS)
+    fig_dir = project / FIGURES_DIR
     ctx = load_context(params)
     names = ctx.names
     views = [ctx.view(n) for n in names]
@@ -364,7 +366,7 @@ def run(params: Params, out: Path | None = None) -> list[Path]:
     evaluated = [n for n in names if n in ctx.metrics]  # evaluate.models
     for row, n in zip(study["accuracy"].extra["table"], evaluated):
         row["seed"] = paper.accuracy_column(ctx, n)
-        row["boxed"] = boxed_grades(root, n)
+        row["boxed"] = boxed_grades(project, n)
     for chart in [c for m in per_model for c in m["charts"]] + list(study.values()):
         if chart.extra.get("unavailable"):
             continue
@@ -387,7 +389,7 @@ def run(params: Params, out: Path | None = None) -> list[Path]:
         "models": [{"name": v.name, "disp": v.disp, "heads": v.heads} for v in views],
         "query_set": sorted({ctx.stats[n]["query_set"] for n in names}),
         "layer": params.figures.layer,
-        "instructions": instructions(root, names),
+        "instructions": instructions(project, names),
         "spans": mless_spans(ctx, names),
         "paper_models": [ctx.disp(n) for n in names if paper.accuracy_column(ctx, n)],
         "per_model": per_model, "cross": cross, "accuracy": acc, "table": acc.extra["table"],
@@ -398,19 +400,19 @@ def run(params: Params, out: Path | None = None) -> list[Path]:
         "glance": cross.observations + study["activations"].interpretation[1:2] + acc.extra["glance"]
         + acc.extra["arm_glance"] + paper.shape_notes(ctx) + study["likelihood"].observations[:1],
         "arm": arm_section(ctx, evaluated),
-        "examples": [example(params, root, n, ctx.disp(n)) for n in evaluated],
-        "provenance": [provenance_rows(ctx.src, root, n, ctx.disp(n), n in ctx.metrics) for n in names],
-        "fig_rel": Path(os.path.relpath(fig_dir, out)).as_posix(),
+        "examples": [example(params, project, n, ctx.disp(n)) for n in evaluated],
+        "provenance": [provenance_rows(ctx.src, project, n, ctx.disp(n), n in ctx.metrics) for n in names],
+        "fig_rel": Path(os.path.relpath(fig_dir, where["html"].parent)).as_posix(),
         "names": names,
         "span_counts": sorted({c for n in names for c in ctx.sweep[n]["counts"]}),
     }
     html, md = render(context)
     written = []
-    for path, text in ((out / store.path("report.html").name, html), (out / store.path("report.md").name, md)):
+    for path, text in ((where["html"], html), (where["md"], md)):
         with atomic_path(path) as tmp:
             tmp.write_text(text, encoding="utf-8")
         written.append(path)
-    write_results(root, summary, fig_dir)
+    write_results(root or project, summary, fig_dir)
     n_charts = sum(len(m["charts"]) for m in per_model) + len(study)
     print(f"report: {n_charts} charts explained -> {written[0]}, {written[1]}")
     return written

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,10 +44,16 @@ import numpy as np
 
 from meaningless_tokens import cli, store
 from meaningless_tokens.attention import PROMPT_CONDITIONS, QUERY_VECTOR, VECTORS, sample_stats
-from meaningless_tokens.config import Params, model_spec
+from meaningless_tokens.config import Params
 from meaningless_tokens.errors import ArtifactError
 from meaningless_tokens.intervals import bootstrap_mean_ci, bootstrap_ratio_ci
-from meaningless_tokens.store import provenance, put, put_json_attr, read_h5, write_csv_atomic, write_h5, write_timing
+from meaningless_tokens.stage import INDEXING, StageContext, header, stage_context
+from meaningless_tokens.store import provenance, put, put_json_attr, write_csv_atomic, write_h5, write_timing
+
+
+# the stage's outputs, and its input (src: extract's artifact) relocated with them: role -> artifact kind (store.PATHS)
+OUTPUTS = {"src": "attention", "out": "stats", "original": "plots/original", "full": "plots/full",
+           "timing": "timing/stats"}
 
 
 def _per_sample(f, cond: str, query_set: str, n_orig: np.ndarray):
@@ -94,33 +99,27 @@ class Attention:
     problem_index: np.ndarray
 
 
-def run(params: Params, name: str, src: Path | None = None, out: Path | None = None,
-        tables: Path | None = None, timing: Path | None = None) -> Path:
-    started = time.perf_counter()
-    model_spec(params, name)
-    full, params = params, store.params_view(params, "stats", name)  # reads only what dvc.yaml lists; `full`:
-    # the attention file is checked against the params extract records (made with today's?)
+def run(params: Params, name: str, root: Path | None = None) -> Path:
+    ctx = stage_context(params, "stats", name, root, **OUTPUTS)
+    params, out = ctx.params, ctx.where["out"]
     cfg = params.stats
-    src = src or params.project_path(str(store.path("attention", name)))
-    out = out or params.project_path(str(store.path("stats", name)))
-    att = load_attention(src, cfg.query_set, full)
+    att = load_attention(ctx, cfg.query_set)
     results = averages(att, cfg)
 
     write_artifact(out, params, name, att, results)
     for kind in ("original", "full"):
-        path = tables / kind / f"{name}.csv" if tables else params.project_path(str(store.path(f"plots/{kind}", name)))
-        write_plot_table(path, kind, results, att.layers)
-    write_timing(timing or params.project_path(str(store.path("timing/stats", name))),
-                 {"seconds": round(time.perf_counter() - started, 2)})
+        write_plot_table(ctx.where[kind], kind, results, att.layers)
+    write_timing(ctx.where["timing"], {"seconds": ctx.seconds()})
     print(f"{name}: statistics of {len(att.n_orig)} samples ({cfg.query_set} queries) -> {out}")
     return out
 
 
-def load_attention(src: Path, query_set: str, full: Params) -> Attention:
-    """The attention artifact's vectors, refused (one line naming the file) when a dataset is missing or the
-    file was made for another model, by another stage or with other params than `full`'s."""
+def load_attention(ctx: StageContext, query_set: str) -> Attention:
+    """The attention artifact's vectors (`ctx.where["src"]`), refused (one line naming the file) when a dataset is
+    missing or the file was made for another model, by another stage or with other params than today's."""
     need = [f"{c}/{v}" for c in ("none",) for v in VECTORS] + ["none/offsets", "none/original_pos"]
-    with read_h5(src, "attention", tuple(need), params=full) as f:
+    src = ctx.where["src"]
+    with ctx.read_h5("src", "attention", tuple(need)) as f:
         conditions = [str(c) for c in f.attrs["conditions"]]
         for c in conditions:
             missing = [f"{c}/{v}" for v in VECTORS + ("offsets", "original_pos", "span") if f"{c}/{v}" not in f]
@@ -165,17 +164,10 @@ def write_artifact(out: Path, params: Params, name: str, att: Attention, results
     """artifacts/stats/<model>.h5: the averages per condition, with the extraction's provenance inside."""
     cfg = params.stats
     with write_h5(out) as f:
-        f.attrs["kind"] = "stats"
-        f.attrs["model"] = name
-        f.attrs["layers"] = att.layers
-        f.attrs["heads"] = att.heads
-        f.attrs["conditions"] = att.conditions
-        f.attrs["query_set"] = cfg.query_set
-        f.attrs["exclude_first"] = cfg.exclude_first
-        f.attrs["n_samples"] = len(att.n_orig)
-        f.attrs["indexing"] = "layers and heads are 0-based; charts say 'Layer 1' for index 0"
-        f.attrs["definitions"] = __doc__
-        put_json_attr(f, "provenance", {**provenance("stats"), "source": str(store.path("attention", name)),
+        header(f, OUTPUTS["out"], name, layers=att.layers, heads=att.heads, conditions=att.conditions,
+               query_set=cfg.query_set, exclude_first=cfg.exclude_first, n_samples=len(att.n_orig), indexing=INDEXING,
+               definitions=__doc__)
+        put_json_attr(f, "provenance", {**provenance("stats"), "source": str(store.path(OUTPUTS["src"], name)),
                                         "extract_provenance": att.provenance,
                                         "params": store.stage_params(params, "stats", name)})
         put(f, "problem_index", att.problem_index)

@@ -33,8 +33,6 @@ metrics/timing/sweep-<model>.json.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import sys
 import time
 from dataclasses import dataclass, field
@@ -46,12 +44,14 @@ from meaningless_tokens import cli, models, progress, scoring, store
 from meaningless_tokens.attention import QUERY_VECTOR, reduce, sample_stats
 from meaningless_tokens.capture import attention, compare
 from meaningless_tokens.config import Params, Prompt
-from meaningless_tokens.engines import Item, Journal, check_engine, open_engine, run_journaled
+from meaningless_tokens.engines import Item, Journal, check_engine, journal_key, make_batches, open_engine, run_journaled
 from meaningless_tokens.errors import CaptureError, ConfigError, PromptError
 from meaningless_tokens.intervals import bootstrap_mean_ci, bootstrap_ratio_ci, paired, wilcoxon_p
 from meaningless_tokens.prompts import PromptBuilder, check_context, dataset_spec, load_problems, put_problems, select_problems
+from meaningless_tokens.stage import INDEXING, header, stage_context
 from meaningless_tokens.store import (put, put_json_attr, write_csv_atomic, write_h5, write_json_atomic,
                                       write_timing)
+
 
 JOURNAL_VERSION = 1
 
@@ -171,7 +171,7 @@ def summarize_attention(params: Params, per: dict) -> dict:
 def accuracy_sweep(params: Params, setup: models.ModelSetup, problems, where: dict) -> tuple[dict, dict]:
     """Per (token, count): per-problem correctness (count 0 is the none prompt, generated once);
     and the generation settings. Journaled like evaluation: an interrupted run resumes."""
-    ev, name, prepared = params.evaluate, setup.name, setup.prepared
+    ev, name = params.evaluate, setup.name
     engine = open_engine(ev, CONDITIONS, setup, sampled=False)
     prompts = _build(builders(params, setup, engine.tokenizer), params, name, problems)
     cond = {key: f"{key[0]}x{key[1]}" for key in prompts if key != "none" and key[1] > 0}
@@ -181,12 +181,10 @@ def accuracy_sweep(params: Params, setup: models.ModelSetup, problems, where: di
     check_context(setup, "sweep.counts", f"a prompt of {longest} tokens plus evaluate.max_new_tokens {ev.max_new_tokens}",
                   longest + ev.max_new_tokens)
     settings = engine.settings
-    key = hashlib.sha256(json.dumps({"version": JOURNAL_VERSION, "weights": prepared.manifest().get("weights_sha256"),
-                                     "settings": settings, "items": [(it.index, it.condition, it.input_ids)
-                                                                     for it in items]}).encode()).hexdigest()
-    journal = Journal(where["journal"], key)
-    ranked = sorted(items, key=lambda it: (len(it.input_ids), it.index, it.condition))
-    batches = [ranked[i:i + ev.batch_size] for i in range(0, len(ranked), ev.batch_size)]
+    journal = Journal(where["journal"], journal_key(setup.prepared.weights_sha256, settings, items,
+                                                    version=JOURNAL_VERSION))
+    # equal lengths by problem, then by the condition's name (`<token>x<count>`): the batches this stage has always run
+    batches = make_batches(items, ev.batch_size, condition_rank=str)
     run_journaled(engine, batches, journal, {p.index: p.answer for p in problems},
                   f"sweep accuracy {name}", name)
     correct = {key: np.array([journal.records[(p.index, "none" if key == "none" or key[1] == 0 else cond[key])].correct
@@ -200,26 +198,21 @@ def accuracy_sweep(params: Params, setup: models.ModelSetup, problems, where: di
 def likelihood_sweep(params: Params, setup: models.ModelSetup, problems) -> dict:
     """Per (token, count): each problem's mean log-prob per token of the reference solution (count 0: the none
     prompt, scored once), from one load of the whole model."""
-    name, prepared = setup.name, setup.prepared
+    name = setup.name
     model, tokenizer, _ = scoring.load(setup)
     bs = builders(params, setup, tokenizer)
     prompts = _build(bs, params, name, problems)
-    conts = scoring.Continuations(params.likelihood, next(iter(bs.values())), dataset_spec(params).path)
+    conts = scoring.Continuations.of(params, next(iter(bs.values())))
     keys = ["none"] + [k for k in prompts if k != "none" and k[1] > 0]
     seqs, at = [], {}
     for key in keys:
         for p, pr in zip(problems, prompts[key]):
-            ctx, scored = conts.build(p)["solution"]
             at[(key, p.index)] = len(seqs)
-            ids = list(pr.input_ids)
-            seqs.append(scoring.Seq(p.index, "none" if key == "none" else "mless", "solution",
-                                    tuple(ids + ctx + scored), len(ids), len(ids) + len(ctx)))
+            seqs += conts.sequences(p, {"none" if key == "none" else "mless": pr.input_ids}, ("solution",))
     check_context(setup, "likelihood.solution_tokens", "a sweep prompt plus its solution",
                   max(len(s.input_ids) for s in seqs))
-    bar = progress.bar(total=len(seqs), desc=f"sweep likelihood {name}", unit="seq")
-    lps, _ = scoring.score_fastest(model, seqs, params.likelihood.batch_tokens, scoring.pad_id(tokenizer), bar=bar,
-                                   warn=lambda why: print(f"{name}: {why}", file=sys.stderr))
-    bar.close()
+    lps, _, _ = scoring.score_shown(model, seqs, params.likelihood.batch_tokens, scoring.pad_id(tokenizer),
+                                    desc=f"sweep likelihood {name}", name=name)
     mean = {key: np.array([lps[at[(key, p.index)]].mean() for p in problems]) for key in keys}
     return {key: mean["none" if key == "none" or key[1] == 0 else key] for key in prompts}
 
@@ -256,17 +249,15 @@ class LikelihoodSweep:
 
 
 def run(params: Params, name: str, root: Path | None = None) -> Path:
-    started = time.perf_counter()
-    full, params = params, store.params_view(params, "sweep", name)  # reads only what dvc.yaml lists; `full`:
-    # models.setup_for checks the model against every key (charts, layers) before any work
+    ctx = stage_context(params, "sweep", name, root, **OUTPUTS)
+    params, where = ctx.params, ctx.where
     cfg = params.sweep
-    where = store.outputs(params, name, root, **OUTPUTS)
     problems, data_sha = load_problems(params)
-    att = measure_attention(params, models.setup_for(full, name, layers=[cfg.layer]), problems)
+    att = measure_attention(params, ctx.setup(layers=[cfg.layer]), problems)
     if cfg.accuracy_samples:
         check_engine(params)  # before the whole model is prepared
     # generation and scoring run the whole model: a GGUF source is converted in full (once) for them
-    whole = models.setup_for(full, name) if cfg.accuracy_samples or cfg.likelihood_samples else None
+    whole = ctx.setup() if cfg.accuracy_samples or cfg.likelihood_samples else None
     acc = measure_accuracy(params, whole, problems, where) if cfg.accuracy_samples else AccuracySweep()
     lik = measure_likelihood(params, whole, problems) if cfg.likelihood_samples else LikelihoodSweep()
 
@@ -274,7 +265,7 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
     write_json_atomic(where["metrics"], metrics_summary(params, att.summary, att.tokenization, acc.rows,
                                                         len(att.problems), len(acc.problems), lik.rows, len(lik.problems)))
     write_table(where["table"], params, att.summary, att.tokenization, acc.rows, lik.rows)
-    write_timing(where["timing"], {"seconds": round(time.perf_counter() - started, 2),
+    write_timing(where["timing"], {"seconds": ctx.seconds(),
                                    "attention_seconds": round(att.seconds, 2), "attention_prompts": att.prompts})
     print(f"{name}: span sweep of {len(cfg.tokens)} token(s) x {len(cfg.counts)} counts on {len(att.problems)} problems"
           + (f", accuracy on {len(acc.problems)}" if acc.problems else "")
@@ -355,18 +346,10 @@ def write_artifact(out: Path, params: Params, name: str, att: AttentionSweep, ac
     }
     ref = cfg.reference_count
     with write_h5(out) as f:
-        f.attrs["kind"] = "sweep"
-        f.attrs["model"] = name
-        f.attrs["layer"] = cfg.layer
-        f.attrs["heads"] = np.array(att.heads, dtype=np.int32)
-        f.attrs["counts"] = np.array(cfg.counts, dtype=np.int32)
-        f.attrs["tokens"] = list(cfg.tokens)
-        f.attrs["reference_count"] = ref
-        f.attrs["n_samples"] = len(att.problems)
-        f.attrs["accuracy_samples"] = len(acc.problems)
-        f.attrs["likelihood_samples"] = len(lik.problems)
-        f.attrs["indexing"] = "layers and heads are 0-based; charts say 'Layer 1' for index 0"
-        f.attrs["definitions"] = __doc__
+        header(f, OUTPUTS["out"], name, layer=cfg.layer, heads=np.array(att.heads, dtype=np.int32),
+               counts=np.array(cfg.counts, dtype=np.int32), tokens=list(cfg.tokens), reference_count=ref,
+               n_samples=len(att.problems), accuracy_samples=len(acc.problems), likelihood_samples=len(lik.problems),
+               indexing=INDEXING, definitions=__doc__)
         put_json_attr(f, "provenance", prov)
         put_problems(f, att.problems)
         if acc.problems:

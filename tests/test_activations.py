@@ -39,7 +39,7 @@ def direct_measures(a: np.ndarray, z: np.ndarray, mad_c: float, eps: float) -> d
 @pytest.mark.parametrize("arch", ARCHS)
 def test_stored_activations_equal_a_plain_forward_with_a_hook(arch, tiny_dirs, write_params, cache_dir, tmp_path):
     params = act_params(write_params, tiny_dirs, arch)
-    out = activations.run(params, "tiny", out=tmp_path / "act.h5", timing=tmp_path / "t.json")
+    out = activations.run(params, "tiny", root=tmp_path)
     cfg = params.activations
 
     setup = models.setup_for(params, "tiny")
@@ -92,7 +92,7 @@ def test_statistics_of_the_per_sample_measures(tiny_dirs, write_params, cache_di
     from scipy.stats import wilcoxon
 
     params = act_params(write_params, tiny_dirs, "llama", layers=[0])
-    out = activations.run(params, "tiny", out=tmp_path / "act.h5", timing=tmp_path / "t.json")
+    out = activations.run(params, "tiny", root=tmp_path)
     with read_h5(out, "activations") as f:
         for s in activations.SETS:
             for m in activations.MEASURES:
@@ -109,16 +109,16 @@ def test_statistics_of_the_per_sample_measures(tiny_dirs, write_params, cache_di
 
 def test_rerun_is_byte_identical(tiny_dirs, write_params, cache_dir, tmp_path):
     params = act_params(write_params, tiny_dirs, "gemma3", layers=[0])
-    a = activations.run(params, "tiny", out=tmp_path / "a.h5", timing=tmp_path / "t.json")
-    b = activations.run(params, "tiny", out=tmp_path / "b.h5", timing=tmp_path / "t.json")
+    a = activations.run(params, "tiny", root=tmp_path / "a")
+    b = activations.run(params, "tiny", root=tmp_path / "b")
     assert a.read_bytes() == b.read_bytes()
 
 
 def test_bad_input_is_refused_before_any_work(tiny_dirs, write_params, cache_dir, tmp_path):
     params = act_params(write_params, tiny_dirs, "qwen2", layers=[0, 7])
     with pytest.raises(ConfigError, match=r"activations.layers: \[7\] out of range; tiny has 4 layers"):
-        activations.run(params, "tiny", out=tmp_path / "x.h5", timing=tmp_path / "t.json")
-    assert not (tmp_path / "x.h5").exists()
+        activations.run(params, "tiny", root=tmp_path / "x")
+    assert not (tmp_path / "x").exists()  # nothing written, not even a folder
     raw = params.model_dump()
     for change, message in (({"bins": 0}, r"activations.bins: Input should be greater than 0"),
                             ({"range": [0.1, 0.1]}, r"activations.range: .*low < high"),

@@ -233,7 +233,7 @@ def test_activations_store_the_arm_transformed_histogram_from_the_same_hook(tiny
     raw["extract"]["n_samples"] = 3
     raw["activations"]["showcase"] = 1
     params = load_params(write_params(raw))
-    out = activations.run(params, "tiny", out=tmp_path / "act.h5", timing=tmp_path / "t.json")
+    out = activations.run(params, "tiny", root=tmp_path)
     with read_h5(out, "activations", ("arm/hist_original",)) as f:
         assert list(f.attrs["conditions"]) == ["none", "mless", "mful", "arm"]
         arm_a = f["showcase/000/arm/a"][0].astype(np.float32)

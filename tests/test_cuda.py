@@ -129,11 +129,10 @@ def gemma_dir(tmp_path_factory):
 def test_extract_matches_the_cpu_in_float32(arch, device, dtype, llama_dir, gemma_dir, write_params, cache_dir,
                                              tmp_path):
     tiny_dir = {"llama": llama_dir, "gemma3": gemma_dir}[arch]
-    ref = extract.run(params_for(write_params, tiny_dir, arch, "cpu", "float32"), "tiny",
-                      out=tmp_path / "cpu.h5", timing=tmp_path / "cpu.json")
+    ref = extract.run(params_for(write_params, tiny_dir, arch, "cpu", "float32"), "tiny", root=tmp_path / "cpu")
     params = params_for(write_params, tiny_dir, arch, device, dtype)
     with counting_syncs() as syncs:
-        got = extract.run(params, "tiny", out=tmp_path / "dev.h5", timing=tmp_path / "dev.json")
+        got = extract.run(params, "tiny", root=tmp_path / "dev")
     with h5py.File(got, "r") as f:
         prov = json.loads(f.attrs["provenance"])
         assert prov["loaded_layers"] == 3  # the early exit: layers 3.. of 4 never built
@@ -146,11 +145,10 @@ def test_extract_matches_the_cpu_in_float32(arch, device, dtype, llama_dir, gemm
 
 @pytest.mark.parametrize("device,dtype", CASES)
 def test_activations_match_the_cpu_in_float32(device, dtype, llama_dir, write_params, cache_dir, tmp_path):
-    ref = activations.run(params_for(write_params, llama_dir, "llama", "cpu", "float32"), "tiny",
-                          out=tmp_path / "cpu.h5", timing=tmp_path / "cpu.json")
+    ref = activations.run(params_for(write_params, llama_dir, "llama", "cpu", "float32"), "tiny", root=tmp_path / "cpu")
     params = params_for(write_params, llama_dir, "llama", device, dtype)
     with counting_syncs() as syncs:
-        got = activations.run(params, "tiny", out=tmp_path / "dev.h5", timing=tmp_path / "dev.json")
+        got = activations.run(params, "tiny", root=tmp_path / "dev")
 
     def measured(name):  # the measures and lambda; not the bootstrap intervals and p-values computed from them
         return name.split("/")[0] in ("none", "mless", "mful") and not any(
@@ -251,8 +249,8 @@ def test_partial_load_takes_a_fraction_of_the_cuda_memory(write_params, cache_di
 def test_cuda_requested_without_cuda_is_one_line_before_any_model_is_loaded(llama_dir, write_params, cache_dir,
                                                                             tmp_path):
     params = params_for(write_params, llama_dir, "llama", "cuda", "float32")
-    for run in (lambda: extract.run(params, "tiny", out=tmp_path / "x.h5", timing=tmp_path / "x.json"),
-                lambda: activations.run(params, "tiny", out=tmp_path / "a.h5", timing=tmp_path / "a.json"),
+    for run in (lambda: extract.run(params, "tiny", root=tmp_path),
+                lambda: activations.run(params, "tiny", root=tmp_path),
                 lambda: evaluate.run(params, "tiny", root=tmp_path)):
         with pytest.raises(ConfigError, match=r"params.yaml: runtime.device: 'cuda' requested but torch sees no CUDA"):
             run()

@@ -174,7 +174,7 @@ def test_the_papers_literal_instruction_is_recorded(dry, tmp_path):
     path = root / "params-literal.yaml"  # beside the dry run's prepared models
     path.write_text(yaml.safe_dump(raw))
     p = load_params(path)
-    out = extract.run(p, "qwen2_5-math-7b", out=tmp_path / "attention.h5")
+    out = extract.run(p, "qwen2_5-math-7b", root=tmp_path)
     import h5py
     with h5py.File(out) as f:
         prov = json.loads(f.attrs["provenance"])
@@ -216,7 +216,7 @@ def test_chart_selection_bad_input(dry, tmp_path):
         check_model_facts(p, "qwen2_5-math-7b", facts)
     with pytest.raises(ConfigError, match=r"figures.charts.conditions.heads.qwen2_5-math-7b: \[28\] not among the "
                                           r"extracted heads"):
-        figures.run(p, tmp_path / "figs")
+        figures.run(p, root=tmp_path)
     # the command line: one error line, status 2
     bad = tmp_path / "bad.yaml"
     raw = json.loads(json.dumps(base))

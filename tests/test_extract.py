@@ -63,7 +63,7 @@ def recompute_layer0(model, ids):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_stored_layer0_equals_independent_recomputation(arch, tiny_dirs, write_params, cache_dir, tmp_path):
     params = tiny_params(write_params, tiny_dirs, arch, n_samples=3, showcase=3)
-    out = extract.run(params, "tiny", out=tmp_path / "a.h5")
+    out = extract.run(params, "tiny", root=tmp_path / "a")
     model, tokenizer = models.load(models.setup_for(params, "tiny"))
     with h5py.File(out) as f:
         assert list(f.attrs["layers"]) == [0, 1, 2] and list(f.attrs["heads"]) == [0, 1, 2, 3]
@@ -118,8 +118,8 @@ def test_early_exit_runs_only_the_requested_layers(tiny_dirs, write_params, cach
 
 def test_artifact_layout_alignment_and_determinism(tiny_dirs, write_params, cache_dir, tmp_path):
     params = tiny_params(write_params, tiny_dirs, "gemma3", n_samples=5, showcase=1)
-    a = extract.run(params, "tiny", out=tmp_path / "a.h5")
-    b = extract.run(params, "tiny", out=tmp_path / "b.h5")
+    a = extract.run(params, "tiny", root=tmp_path / "a")
+    b = extract.run(params, "tiny", root=tmp_path / "b")
     assert a.read_bytes() == b.read_bytes()
     with read_h5(a, "attention", ("problems/index", "none/recv_all", "showcase/000/mless")) as f:
         levels = f["problems/level"][:]
@@ -154,7 +154,7 @@ def test_float16_storage(tiny_dirs, write_params, cache_dir, tmp_path):
     params = tiny_params(write_params, tiny_dirs, "llama", n_samples=3)
     raw = params.model_dump()
     raw["extract"]["dtype"] = "float16"
-    half = extract.run(load_params(write_params(raw)), "tiny", out=tmp_path / "h.h5")
+    half = extract.run(load_params(write_params(raw)), "tiny", root=tmp_path / "h")
     with h5py.File(half) as f:
         assert f["mless/recv_all"].dtype == np.float16 and f["mless/recv_all"].compression == "gzip"
 
@@ -167,21 +167,21 @@ def test_float16_storage(tiny_dirs, write_params, cache_dir, tmp_path):
 def test_bad_input_fails_before_work(tiny_dirs, write_params, cache_dir, tmp_path, spec, n, match):
     params = tiny_params(write_params, tiny_dirs, "llama", n_samples=n, **spec)
     with pytest.raises(ConfigError, match=match):
-        extract.run(params, "tiny", out=tmp_path / "x.h5")
-    assert not (tmp_path / "x.h5").exists()
+        extract.run(params, "tiny", root=tmp_path / "x")
+    assert not (tmp_path / "x").exists()  # nothing written, not even a folder
 
 
 def test_subset_larger_than_dataset(tiny_dirs, write_params, cache_dir, tmp_path):
     with pytest.raises(DatasetError, match="asked for 501 problems; the dataset has 500"):
-        extract.run(tiny_params(write_params, tiny_dirs, "llama", n_samples=501), "tiny", out=tmp_path / "x.h5")
+        extract.run(tiny_params(write_params, tiny_dirs, "llama", n_samples=501), "tiny", root=tmp_path / "x")
 
 
 def test_prompt_longer_than_context(write_params, cache_dir, tmp_path):
     short = tiny.build("llama", tmp_path / "short", max_positions=64)
     params = tiny_params(write_params, {"llama": short}, "llama")
     with pytest.raises(ConfigError, match=r"a prompt has \d+ tokens, more than the context of model 'tiny' \(64 positions\)"):
-        extract.run(params, "tiny", out=tmp_path / "x.h5")
-    assert not (tmp_path / "x.h5").exists()
+        extract.run(params, "tiny", root=tmp_path / "x")
+    assert not (tmp_path / "x").exists()  # nothing written, not even a folder
 
 
 def test_cli_one_line_error_and_no_output(tiny_dirs, write_params, tmp_path):
@@ -193,7 +193,7 @@ def test_cli_one_line_error_and_no_output(tiny_dirs, write_params, tmp_path):
 
 
 def test_corrupt_or_truncated_attention_file_is_reported_by_name(tiny_dirs, write_params, cache_dir, tmp_path):
-    good = extract.run(tiny_params(write_params, tiny_dirs, "llama", n_samples=3), "tiny", out=tmp_path / "good.h5")
+    good = extract.run(tiny_params(write_params, tiny_dirs, "llama", n_samples=3), "tiny", root=tmp_path / "good")
     data = good.read_bytes()
     truncated = tmp_path / "truncated.h5"
     truncated.write_bytes(data[: len(data) // 2])

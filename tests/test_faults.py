@@ -261,7 +261,7 @@ def test_read_only_model_cache_and_output_folder_are_one_error_line(small_disk, 
     assert prepare.main(["--model", "tiny", "--params", str(params.file)]) == 0
     capsys.readouterr()
     with pytest.raises(OutputError) as e:
-        prepare.run(params, "tiny", out=small_disk / "artifacts/models/tiny.json")
+        prepare.run(params, "tiny", root=small_disk)
     assert str(e.value) == f"{small_disk / 'artifacts'}: Read-only file system"  # the folder it could not make
 
 

@@ -49,9 +49,9 @@ def test_local_dir_prepare_load_forward(arch, tiny_dirs, write_params, cache_dir
 
 def test_manifest_is_deterministic_and_machine_independent(tiny_dirs, write_params, cache_dir, tmp_path):
     params = params_with(write_params, "tiny", local_spec(tiny_dirs["llama"], "llama"))
-    a, b = tmp_path / "a.json", tmp_path / "b.json"
-    prepare.run(params, "tiny", out=a)
-    prepare.run(params, "tiny", out=b)  # second run uses the memo
+    prepare.run(params, "tiny", root=tmp_path / "a")
+    prepare.run(params, "tiny", root=tmp_path / "b")  # second run uses the memo
+    a, b = (tmp_path / side / "artifacts/models/tiny.json" for side in "ab")
     assert a.read_bytes() == b.read_bytes()
     manifest = json.loads(a.read_text())
     assert str(cache_dir) not in a.read_text()

@@ -1,5 +1,6 @@
 import csv
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,9 +20,17 @@ from tests.test_extract import tiny_params
 def tiny_stats(write_params, tiny_dirs, cache_dir, tmp_path):
     """Extraction (every sample a showcase) and statistics for a tiny gemma3 model."""
     params = tiny_params(write_params, tiny_dirs, "gemma3", n_samples=5, showcase=5)
-    src = extract.run(params, "tiny", out=tmp_path / "artifacts/attention/tiny.h5")
-    out = stats.run(params, "tiny", src=src, out=tmp_path / "artifacts/stats/tiny.h5")
+    src = extract.run(params, "tiny", root=tmp_path)
+    out = stats.run(params, "tiny", root=tmp_path)
     return params, src, out
+
+
+def beside(src: Path, root: Path, data: bytes | None = None) -> Path:
+    """`root`, a project root holding the attention artifact `src` (or `data` in its place) where stats reads it."""
+    copy = root / src.relative_to(src.parents[2])
+    copy.parent.mkdir(parents=True)
+    copy.write_bytes(src.read_bytes() if data is None else data)
+    return root
 
 
 def direct(src, query_set="original", exclude_first=True):
@@ -101,23 +110,22 @@ def test_query_set_all_and_bad_inputs(tiny_stats, write_params, tmp_path):
     raw = params.model_dump()
     raw["stats"]["query_set"] = "all"
     p2 = load_params(write_params(raw))
-    out = stats.run(p2, "tiny", src=src, out=tmp_path / "all.h5")
+    out = stats.run(p2, "tiny", root=beside(src, tmp_path / "all"))
     res, _ = direct(src, "all")
     with read_h5(out, "stats") as f:
         np.testing.assert_allclose(f["mless/original_avg"][()], padded_mean(res["mless"][0]), atol=1e-6)
     raw["stats"]["query_set"] = "everything"
     with pytest.raises(ConfigError, match=r"stats.query_set: Input should be 'original', 'all' or 'last'"):
         load_params(write_params(raw))
-    bad = tmp_path / "bad.h5"
-    bad.write_bytes(src.read_bytes()[:5000])
-    with pytest.raises(ArtifactError, match=r"bad.h5: not a readable HDF5 file"):
-        stats.run(params, "tiny", src=bad, out=tmp_path / "x.h5")
-    assert not (tmp_path / "x.h5").exists()
+    bad = beside(src, tmp_path / "bad", src.read_bytes()[:5000])
+    with pytest.raises(ArtifactError, match=r"bad/artifacts/attention/tiny.h5: not a readable HDF5 file"):
+        stats.run(params, "tiny", root=bad)
+    assert not (bad / "artifacts/stats").exists()
 
 
 def test_stats_are_deterministic(tiny_stats, tmp_path):
     params, src, out = tiny_stats
-    again = stats.run(params, "tiny", src=src, out=tmp_path / "again.h5")
+    again = stats.run(params, "tiny", root=beside(src, tmp_path / "again"))
     assert again.read_bytes() == out.read_bytes()
 
 
@@ -141,7 +149,7 @@ def test_figures_plot_the_statistics_and_are_byte_identical(tiny_stats, write_pa
     raw["sweep"].update(counts=[0, 5, 55], attention_samples=2, n_boot=100)
     raw["likelihood"].update(n_samples=5, solution_tokens=12, n_boot=100)
     params = load_params(write_params(raw))
-    act = activations.run(params, "tiny", out=tmp_path / "artifacts/activations/tiny.h5", timing=tmp_path / "t.json")
+    act = activations.run(params, "tiny")
     sw = sweep.run(params, "tiny")
     lik = likelihood.run(params, "tiny")
     m = metrics_from_records(params.file.parent)
@@ -204,18 +212,18 @@ def test_figures_plot_the_statistics_and_are_byte_identical(tiny_stats, write_pa
     open_at_save, save = [], figures.save
     figures.save = lambda fig, *a: open_at_save.append(len(plt.get_fignums())) or save(fig, *a)
     try:
-        a = figures.run(params, tmp_path / "a")
+        a = figures.run(params, root=tmp_path / "a")
     finally:
         figures.save = save
     # one figure open at a time, none left after the stage: memory flat with the number of models
     assert open_at_save and max(open_at_save) == 1 and plt.get_fignums() == []
-    b = figures.run(params, tmp_path / "b")
+    b = figures.run(params, root=tmp_path / "b")
     # 7 charts, span-sweep and likelihood (no span-accuracy: that sweep is off)
     assert [p.name for p in a] == [p.name for p in b] and len(a) == 2 * 9
     for x, y in zip(a, b):
         assert x.read_bytes() == y.read_bytes(), x.name
     # the accuracy table `dvc plots` draws: one row per model and condition, the metrics' numbers
-    rows = list(csv.DictReader((params.file.parent / "reports/accuracy.csv").open()))
+    rows = list(csv.DictReader((tmp_path / "a/reports/accuracy.csv").open()))
     assert [(r["model"], r["condition"], r["label"]) for r in rows] == [
         ("tiny", c, f"tiny / {c}") for c in ("none", "mless", "mful")]
     for r in rows:
@@ -247,13 +255,13 @@ def test_figures_bad_params(tiny_stats, write_params, tmp_path):
     raw = params.model_dump()
     raw["figures"]["layer"] = 3
     with pytest.raises(ConfigError, match=r"figures.layer: layer 3 was not extracted for tiny"):
-        figures.run(load_params(write_params(raw)), tmp_path / "f")
+        figures.run(load_params(write_params(raw)), root=tmp_path / "f")
     raw["figures"].update(layer=0, heads={"tiny": [9]})
     with pytest.raises(ConfigError, match=r"figures.heads.tiny: \[9\] not among the extracted heads"):
-        figures.run(load_params(write_params(raw)), tmp_path / "f")
+        figures.run(load_params(write_params(raw)), root=tmp_path / "f")
     (params.file.parent / "metrics/accuracy/tiny.json").unlink()
     with pytest.raises(ArtifactError, match=r"tiny.json: missing evaluation metrics"):
-        figures.run(params, tmp_path / "f")
+        figures.run(params, root=tmp_path / "f")
 
 
 def test_label_modes_are_tables_over_the_descriptive_texts():

@@ -29,8 +29,8 @@ def test_the_value_at_count_55_is_the_main_pipelines_statistic_and_count_0_is_no
                                                                                     cache_dir, tmp_path):
     params = sweep_params(write_params, tiny_dirs, arch)
     assert params.prompt.mless.count == 55 and params.stats.n_boot == params.sweep.n_boot
-    att = extract.run(params, "tiny", out=tmp_path / "att.h5", timing=tmp_path / "t1.json")
-    st = stats.run(params, "tiny", src=att, out=tmp_path / "st.h5", tables=tmp_path / "plots", timing=tmp_path / "t2.json")
+    extract.run(params, "tiny", root=tmp_path)
+    st = stats.run(params, "tiny", root=tmp_path)  # reads extract's artifact under the same root
     out = sweep.run(params, "tiny", root=tmp_path)
     with read_h5(st, "stats") as f, read_h5(out, "sweep") as g:
         t = g["token_0"]
