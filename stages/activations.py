@@ -1,4 +1,28 @@
-"""activations@<model>: the activation shift, layer 0's gated-MLP activations under none / mless / mful (and arm).
+"""activations@<model>: the activation shift, layer 0's gated-MLP activations under none / mless / mful (and arm),
+per-sample measures, histograms and paired differences to `none` (DEFINITIONS: each dataset).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from meaningless_tokens import arm, cli, models, progress, store
+from meaningless_tokens.capture import capturing, install_capture
+from meaningless_tokens.config import Params
+from meaningless_tokens.errors import ConfigError, StopForward
+from meaningless_tokens.intervals import bootstrap_mean_ci, wilcoxon_p
+from meaningless_tokens.prompts import PromptBuilder, builder_for, dataset_spec, extraction_problems, put_problems
+from meaningless_tokens.stage import INDEXING, header, stage_context
+from meaningless_tokens.store import put, put_json_attr, write_h5, write_prompt_timing
+
+# what the artifact's `definitions` attribute says, and `--help`: a constant, not the docstring, so that an edit of the
+# docstring leaves the artifact's bytes, and the stages downstream of it, as they are
+DEFINITIONS = """activations@<model>: the activation shift, layer 0's gated-MLP activations under none / mless / mful (and arm).
 
 The paper's mechanism (notes/paper-method.md, section 1): the span scales the first layer's attention on
 original keys by lambda < 1 and adds the span's values, which moves the gate pre-activations
@@ -28,25 +52,6 @@ Full a and z ([layer, token, channel], float16) for the first `activations.showc
 the problem index at step 0) on layer 0's act_fn, registered before the capturing hook, so `a` is the
 ARM-transformed tensor the MLP goes on with; z = gate_proj(x) is none's.
 """
-
-from __future__ import annotations
-
-import sys
-import time
-from dataclasses import dataclass
-from pathlib import Path
-
-import numpy as np
-
-from meaningless_tokens import arm, cli, models, progress, store
-from meaningless_tokens.capture import capturing, install_capture
-from meaningless_tokens.config import Params
-from meaningless_tokens.errors import ConfigError, StopForward
-from meaningless_tokens.intervals import bootstrap_mean_ci, wilcoxon_p
-from meaningless_tokens.prompts import PromptBuilder, builder_for, dataset_spec, extraction_problems, put_problems
-from meaningless_tokens.stage import INDEXING, header, stage_context
-from meaningless_tokens.store import put, put_json_attr, write_h5, write_prompt_timing
-
 
 # the stage's outputs: role -> artifact kind (store.PATHS)
 OUTPUTS = {"out": "activations", "timing": "timing/activations"}
@@ -278,7 +283,7 @@ def write_artifact(out: Path, params: Params, name: str, m: Measured, data_sha: 
     with write_h5(out) as f:
         header(f, OUTPUTS["out"], name, layers=np.array(m.layers, dtype=np.int32), conditions=list(conditions),
                n_samples=len(m.problems), mlp_class=type(m.mlp).__name__, act_fn=type(m.mlp.act_fn).__name__,
-               intermediate_size=int(m.mlp.gate_proj.out_features), indexing=INDEXING, definitions=__doc__)
+               intermediate_size=int(m.mlp.gate_proj.out_features), indexing=INDEXING, definitions=DEFINITIONS)
         put_json_attr(f, "sets", SETS)
         put_json_attr(f, "measures", MEASURES)
         put_json_attr(f, "provenance", prov)
@@ -306,7 +311,7 @@ def write_artifact(out: Path, params: Params, name: str, m: Measured, data_sha: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    return cli.main("activations", __doc__, run, argv)
+    return cli.main("activations", DEFINITIONS, run, argv)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,28 @@
-"""likelihood@<model>: teacher-forced log-probabilities of the reference solution and of the gold answer.
+"""likelihood@<model>: teacher-forced log-probabilities of the reference solution and of the gold answer under each
+condition, and their paired differences to `none` (DEFINITIONS: the sequences, the scoring and each output).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+
+from meaningless_tokens import arm, cli, models, scoring, store
+from meaningless_tokens.config import Params, Prompt
+from meaningless_tokens.errors import ConfigError
+from meaningless_tokens.intervals import bootstrap_mean_ci, wilcoxon_p
+from meaningless_tokens.prompts import Problem, builder_for, load_problems, put_problems, require_field, select_problems
+from meaningless_tokens.scoring import Seq, TeacherForcedArm, check_head, pad_id
+from meaningless_tokens.stage import header, stage_context
+from meaningless_tokens.store import put, put_json_attr, write_csv_atomic, write_h5, write_json_atomic, write_timing
+
+# what the artifact's `definitions` attribute says, and `--help`: a constant, not the docstring, so that an edit of the
+# docstring leaves the artifact's bytes, and the stages downstream of it, as they are
+DEFINITIONS = """likelihood@<model>: teacher-forced log-probabilities of the reference solution and of the gold answer.
 
 A paired, continuous outcome that needs one forward pass per (problem, condition) and no generation. For each
 problem of the subset (likelihood.n_samples, likelihood.seed: seeded and stratified by level as extraction is,
@@ -48,25 +72,6 @@ signed-rank p, the share of problems that improved, and the same per MATH level 
 
 An interrupted run restarts from the beginning (the outputs are written only at the end, atomically).
 """
-
-from __future__ import annotations
-
-import sys
-from dataclasses import dataclass
-from functools import cached_property
-from pathlib import Path
-
-import numpy as np
-
-from meaningless_tokens import arm, cli, models, scoring, store
-from meaningless_tokens.config import Params, Prompt
-from meaningless_tokens.errors import ConfigError
-from meaningless_tokens.intervals import bootstrap_mean_ci, wilcoxon_p
-from meaningless_tokens.prompts import Problem, builder_for, load_problems, put_problems, require_field, select_problems
-from meaningless_tokens.scoring import Seq, TeacherForcedArm, check_head, pad_id
-from meaningless_tokens.stage import header, stage_context
-from meaningless_tokens.store import put, put_json_attr, write_csv_atomic, write_h5, write_json_atomic, write_timing
-
 
 CONTINUATIONS = ("solution", "answer")
 # what each continuation's contrasts compare: the solution's mean log-prob per token (nats/token), the
@@ -242,7 +247,7 @@ def write_artifact(out: Path, params: Params, name: str, chosen: list[Problem], 
     }
     with write_h5(out) as f:
         header(f, OUTPUTS["out"], name, conditions=conditions, continuations=list(CONTINUATIONS), n_samples=len(chosen),
-               definitions=__doc__)
+               definitions=DEFINITIONS)
         put_json_attr(f, "outcomes", {k: f"{OUTCOMES[k]} ({UNITS[k]})" for k in CONTINUATIONS})
         put_json_attr(f, "provenance", prov)
         put_problems(f, chosen)
@@ -300,7 +305,7 @@ def write_table(path: Path, summary: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return cli.main("likelihood", __doc__, run, argv)
+    return cli.main("likelihood", DEFINITIONS, run, argv)
 
 
 if __name__ == "__main__":

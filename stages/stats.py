@@ -1,4 +1,27 @@
-"""stats@<model>: averaged attention statistics from `artifacts/attention/<model>.h5`.
+"""stats@<model>: averaged attention statistics from extract's `artifacts/attention/<model>.h5`, the drops of attention
+on original tokens under each condition against `none`, with paired bootstrap intervals (DEFINITIONS: each dataset).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from meaningless_tokens import cli, store
+from meaningless_tokens.attention import PROMPT_CONDITIONS, QUERY_VECTOR, VECTORS, sample_stats
+from meaningless_tokens.config import Params
+from meaningless_tokens.errors import ArtifactError
+from meaningless_tokens.intervals import bootstrap_mean_ci, bootstrap_ratio_ci
+from meaningless_tokens.stage import INDEXING, StageContext, header, stage_context
+from meaningless_tokens.store import provenance, put, put_json_attr, write_csv_atomic, write_h5, write_timing
+
+# what the artifact's `definitions` attribute says, and `--help`: a constant, not the docstring, so that an edit of the
+# docstring leaves the artifact's bytes, and the stages downstream of it, as they are
+DEFINITIONS = """stats@<model>: averaged attention statistics from `artifacts/attention/<model>.h5`.
 
 Definitions (j: original token index, i.e. position in the `none` prompt; pos(j): its position in
 a condition's prompt; T: that prompt's length; N: the number of original tokens):
@@ -32,24 +55,6 @@ first analysed layer, columns position, none, mless, mful (`nan` where a conditi
 prompts are shorter: plots leave those points out), layer, head (0-based), and the run's sidecar
 `metrics/timing/stats-<model>.json` (seconds, git commit of the code).
 """
-
-from __future__ import annotations
-
-import json
-import sys
-from dataclasses import dataclass
-from pathlib import Path
-
-import numpy as np
-
-from meaningless_tokens import cli, store
-from meaningless_tokens.attention import PROMPT_CONDITIONS, QUERY_VECTOR, VECTORS, sample_stats
-from meaningless_tokens.config import Params
-from meaningless_tokens.errors import ArtifactError
-from meaningless_tokens.intervals import bootstrap_mean_ci, bootstrap_ratio_ci
-from meaningless_tokens.stage import INDEXING, StageContext, header, stage_context
-from meaningless_tokens.store import provenance, put, put_json_attr, write_csv_atomic, write_h5, write_timing
-
 
 # the stage's outputs, and its input (src: extract's artifact) relocated with them: role -> artifact kind (store.PATHS)
 OUTPUTS = {"src": "attention", "out": "stats", "original": "plots/original", "full": "plots/full",
@@ -134,7 +139,7 @@ def load_attention(ctx: StageContext, query_set: str) -> Attention:
 
 def averages(att: Attention, cfg) -> dict[str, dict[str, np.ndarray]]:
     """Per condition: the averaged attention vectors, the span's mass, and against `none` the drops with their
-    seeded bootstrap intervals (the module's definitions)."""
+    seeded bootstrap intervals (DEFINITIONS)."""
     first = 1 if cfg.exclude_first else 0
     per, conditions = att.per, att.conditions
     results: dict[str, dict[str, np.ndarray]] = {}
@@ -166,7 +171,7 @@ def write_artifact(out: Path, params: Params, name: str, att: Attention, results
     with write_h5(out) as f:
         header(f, OUTPUTS["out"], name, layers=att.layers, heads=att.heads, conditions=att.conditions,
                query_set=cfg.query_set, exclude_first=cfg.exclude_first, n_samples=len(att.n_orig), indexing=INDEXING,
-               definitions=__doc__)
+               definitions=DEFINITIONS)
         put_json_attr(f, "provenance", {**provenance("stats"), "source": str(store.path(OUTPUTS["src"], name)),
                                         "extract_provenance": att.provenance,
                                         "params": store.stage_params(params, "stats", name)})
@@ -180,7 +185,7 @@ def write_artifact(out: Path, params: Params, name: str, att: Attention, results
 
 
 def layer_drops(orig_mean: dict[str, np.ndarray], c: str, seed: int, n_boot: int) -> dict[str, np.ndarray]:
-    """The verdict's per-layer numbers for condition `c` (see the module's definitions), each with a paired
+    """The verdict's per-layer numbers for condition `c` (see DEFINITIONS), each with a paired
     bootstrap interval that resamples problems jointly for every condition."""
     base = orig_mean["none"].mean(axis=2)  # [S, L]: heads averaged per problem
     arms = {k: orig_mean[k].mean(axis=2) for k in ("none", c, "mful") if k in orig_mean}
@@ -227,7 +232,7 @@ def write_plot_table(path: Path, kind: str, results: dict, layers) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return cli.main("stats", __doc__, run, argv)
+    return cli.main("stats", DEFINITIONS, run, argv)
 
 
 if __name__ == "__main__":

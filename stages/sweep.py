@@ -1,4 +1,31 @@
-"""sweep@<model>: the effect against the span's length and character (the paper's dose-response).
+"""sweep@<model>: the effect against the span's length and character (the paper's dose-response): attention, and
+optionally accuracy and likelihood, at every (token, count) (DEFINITIONS: each dataset).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from meaningless_tokens import cli, models, progress, scoring, store
+from meaningless_tokens.attention import QUERY_VECTOR, reduce, sample_stats
+from meaningless_tokens.capture import attention, compare
+from meaningless_tokens.config import Params, Prompt
+from meaningless_tokens.engines import Item, Journal, check_engine, journal_key, make_batches, open_engine, run_journaled
+from meaningless_tokens.errors import CaptureError, ConfigError, PromptError
+from meaningless_tokens.intervals import bootstrap_mean_ci, bootstrap_ratio_ci, paired, wilcoxon_p
+from meaningless_tokens.prompts import PromptBuilder, check_context, dataset_spec, load_problems, put_problems, select_problems
+from meaningless_tokens.stage import INDEXING, header, stage_context
+from meaningless_tokens.store import (put, put_json_attr, write_csv_atomic, write_h5, write_json_atomic,
+                                      write_timing)
+
+# what the artifact's `definitions` attribute says, and `--help`: a constant, not the docstring, so that an edit of the
+# docstring leaves the artifact's bytes, and the stages downstream of it, as they are
+DEFINITIONS = """sweep@<model>: the effect against the span's length and character (the paper's dose-response).
 
 For every span token of `sweep.tokens` and count of `sweep.counts` (the paper's 0, 10, 25, 40, 55, 70)
 the `mless` prompt is rebuilt with that span (meaningless_tokens/prompts.py; count 0 is the `none` prompt) and,
@@ -30,28 +57,6 @@ Outputs: artifacts/sweep/<model>.h5, metrics/sweep/<model>.json (the summary `dv
 `dvc exp show` read), artifacts/plots/sweep/<model>.csv (for `dvc plots`), and the run's sidecar
 metrics/timing/sweep-<model>.json.
 """
-
-from __future__ import annotations
-
-import sys
-import time
-from dataclasses import dataclass, field
-from pathlib import Path
-
-import numpy as np
-
-from meaningless_tokens import cli, models, progress, scoring, store
-from meaningless_tokens.attention import QUERY_VECTOR, reduce, sample_stats
-from meaningless_tokens.capture import attention, compare
-from meaningless_tokens.config import Params, Prompt
-from meaningless_tokens.engines import Item, Journal, check_engine, journal_key, make_batches, open_engine, run_journaled
-from meaningless_tokens.errors import CaptureError, ConfigError, PromptError
-from meaningless_tokens.intervals import bootstrap_mean_ci, bootstrap_ratio_ci, paired, wilcoxon_p
-from meaningless_tokens.prompts import PromptBuilder, check_context, dataset_spec, load_problems, put_problems, select_problems
-from meaningless_tokens.stage import INDEXING, header, stage_context
-from meaningless_tokens.store import (put, put_json_attr, write_csv_atomic, write_h5, write_json_atomic,
-                                      write_timing)
-
 
 JOURNAL_VERSION = 1
 
@@ -331,7 +336,7 @@ def measure_likelihood(params: Params, whole: models.ModelSetup, problems) -> Li
 
 def write_artifact(out: Path, params: Params, name: str, att: AttentionSweep, acc: AccuracySweep,
                    lik: LikelihoodSweep, data_sha: str) -> None:
-    """artifacts/sweep/<model>.h5: the layout the module docstring defines, its provenance at the root."""
+    """artifacts/sweep/<model>.h5: the layout DEFINITIONS describes, its provenance at the root."""
     cfg, bs, per, summary, tokenization = params.sweep, att.builders, att.per, att.summary, att.tokenization
     prov = {
         **store.model_provenance("sweep", params, name, att.manifest),
@@ -349,7 +354,7 @@ def write_artifact(out: Path, params: Params, name: str, att: AttentionSweep, ac
         header(f, OUTPUTS["out"], name, layer=cfg.layer, heads=np.array(att.heads, dtype=np.int32),
                counts=np.array(cfg.counts, dtype=np.int32), tokens=list(cfg.tokens), reference_count=ref,
                n_samples=len(att.problems), accuracy_samples=len(acc.problems), likelihood_samples=len(lik.problems),
-               indexing=INDEXING, definitions=__doc__)
+               indexing=INDEXING, definitions=DEFINITIONS)
         put_json_attr(f, "provenance", prov)
         put_problems(f, att.problems)
         if acc.problems:
@@ -440,7 +445,7 @@ def write_table(path: Path, params: Params, summary: dict, tokenization: dict, a
 
 
 def main(argv: list[str] | None = None) -> int:
-    return cli.main("sweep", __doc__, run, argv)
+    return cli.main("sweep", DEFINITIONS, run, argv)
 
 
 if __name__ == "__main__":
