@@ -11,7 +11,7 @@ import argparse
 import sys
 from typing import Callable
 
-from meaningless_tokens.config import PARAMS_FILE, load_params
+from meaningless_tokens.config import PARAMS_FILE, check_spelled_out, load_params
 from meaningless_tokens.errors import StageError
 from meaningless_tokens.store import os_error_line
 
@@ -30,6 +30,8 @@ def main(stage: str, doc: str | None, run: Callable, argv: list[str] | None = No
     args = ap.parse_args(argv)
     try:
         params = load_params(args.params)
+        # as `config check` does, for the models this command runs: every key dvc.yaml lists is spelled out
+        check_spelled_out(params, (args.model or None) if many else [args.model] if per_model else [])
         if many:
             for name in args.model or list(params.models):
                 run(params, name)

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from meaningless_tokens import cli
-from meaningless_tokens.config import Params, check_spelled_out
+from meaningless_tokens.config import Params
 from meaningless_tokens.models import PreparedModel
 from meaningless_tokens.stage import stage_context
 from meaningless_tokens.store import environment, write_json_atomic, write_timing
@@ -39,14 +39,8 @@ def run(params: Params, name: str, root: Path | None = None) -> PreparedModel:
     return prepared
 
 
-def checked_run(params: Params, name: str) -> PreparedModel:
-    """As DVC runs it: first the entry's keys (dvc.yaml lists it whole here, each key one by one later)."""
-    check_spelled_out(params, [name])
-    return run(params, name)
-
-
 def main(argv: list[str] | None = None) -> int:
-    return cli.main("prepare", __doc__, checked_run, argv, many=True)
+    return cli.main("prepare", __doc__, run, argv, many=True)
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ def write_params(tmp_path):
         for stage in ("evaluate", "likelihood"):
             chosen = raw.get(stage, {}).get("models")
             if chosen and not set(chosen) <= set(raw.get("models", {})):  # tiny models replaced the listed ones
-                raw[stage]["models"] = None  # null: every model
+                raw[stage]["models"] = list(raw.get("models", {}))  # every model
         path = tmp_path / "params.yaml"
         path.write_text(yaml.safe_dump(raw, sort_keys=False))
         return path

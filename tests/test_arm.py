@@ -294,7 +294,7 @@ def test_paper_defaults_by_repo_and_family():
         "l": {"display_name": "l", "source": {"kind": "hf", "repo_id": "meta-llama/Llama-3.1-8B-Instruct"}},
         "g": {"display_name": "g", "source": {"kind": "hf", "repo_id": "google/gemma-3-4b-it"}},
         "o": {"display_name": "o", "source": {"kind": "local_dir", "path": "x"}, "arm": {"c": 0.2}}}
-    raw["evaluate"]["models"] = raw["likelihood"]["models"] = None  # every model
+    raw["evaluate"]["models"] = raw["likelihood"]["models"] = list(raw["models"])  # every model
     params = Params.model_validate(raw)
     q, l, g, o = (arm_settings(params, n, t) for n, t in (("q", "qwen2"), ("l", "llama"), ("g", "gemma3_text"),
                                                            ("o", "mistral")))

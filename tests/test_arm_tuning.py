@@ -95,8 +95,9 @@ def test_bad_input_is_refused_naming_the_key(tiny_dirs, write_params, cache_dir,
         with pytest.raises(ConfigError, match=rf"arm_tuning\.grid.*{why}"):
             load_params(write_params(raw))
     raw = params.model_dump()
+    raw["models"]["other"] = raw["models"]["tiny"]
     raw["arm_tuning"]["models"] = ["tiny"]
-    raw["likelihood"]["models"] = []
+    raw["likelihood"]["models"] = ["other"]
     with pytest.raises(ConfigError, match=r"arm_tuning\.models: \['tiny'\] not in likelihood\.models"):
         load_params(write_params(raw))
     assert not (tmp_path / "artifacts").exists()

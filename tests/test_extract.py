@@ -17,7 +17,7 @@ from meaningless_tokens.errors import ArtifactError, ConfigError, DatasetError
 from meaningless_tokens.prompts import PromptBuilder, load_math500
 from meaningless_tokens.store import read_h5
 from tests import tiny
-from tests.conftest import ROOT
+from tests.conftest import ROOT, spelled_out
 
 ARCHS = ["llama", "qwen2", "gemma3"]
 
@@ -25,9 +25,9 @@ ARCHS = ["llama", "qwen2", "gemma3"]
 def tiny_params(write_params, tiny_dirs, arch, n_samples=4, showcase=1, **spec):
     raw = load_params(write_params()).model_dump()
     raw["extract"].update(n_samples=n_samples, showcase=showcase)
-    raw["models"] = {"tiny": {"display_name": f"Tiny {arch}", "family": arch,
-                              "source": {"kind": "local_dir", "path": str(tiny_dirs[arch])},
-                              "layers": [0, 1, 2], "heads": "all", **spec}}
+    raw["models"] = {"tiny": spelled_out({"display_name": f"Tiny {arch}", "family": arch,
+                                          "source": {"kind": "local_dir", "path": str(tiny_dirs[arch])},
+                                          "layers": [0, 1, 2], "heads": "all", **spec})}
     return load_params(write_params(raw))
 
 

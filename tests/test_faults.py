@@ -15,7 +15,7 @@ import pytest
 from meaningless_tokens import engines
 from meaningless_tokens.config import load_params
 from stages import evaluate
-from tests.conftest import ROOT
+from tests.conftest import ROOT, spelled_out
 from tests.test_evaluate import tiny_eval_params
 
 
@@ -311,8 +311,8 @@ def test_weights_overwritten_in_place_are_rehashed_and_their_nan_refused(tiny_di
     model_dir = tmp_path / "model"
     shutil.copytree(tiny_dirs["llama"], model_dir)
     raw = load_params(write_params()).model_dump()
-    raw["models"] = {"tiny": {"display_name": "Tiny llama", "family": "llama", "layers": [0, 1], "heads": "all",
-                              "source": {"kind": "local_dir", "path": str(model_dir)}}}
+    raw["models"] = {"tiny": spelled_out({"display_name": "Tiny llama", "family": "llama", "layers": [0, 1],
+                                          "heads": "all", "source": {"kind": "local_dir", "path": str(model_dir)}})}
     params = load_params(write_params(raw))
     before = models.prepare(params, "tiny").weights_sha256
     weights = model_dir / "model.safetensors"

@@ -334,7 +334,7 @@ def test_cli_refuses_an_unsupported_model_before_work(write_params, tmp_path):
     import transformers as t
 
     path = save_random(tmp_path / "xglm", t.XGLMConfig(vocab_size=64, d_model=32, num_layers=2, attention_heads=2, ffn_dim=32))
-    params = write_params(models={"odd": {**local_spec(path, None), "layers": [0]}})
+    params = write_params(models={"odd": spelled_out({**local_spec(path, None), "layers": [0]})})
     out = tmp_path / "artifacts"
     proc = subprocess.run([sys.executable, "-m", "stages.extract", "--model", "odd", "--params", str(params)],
                           cwd=ROOT, capture_output=True, text=True, env={**os.environ, "MLESS_CACHE": str(tmp_path / "c")})
