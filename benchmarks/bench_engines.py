@@ -32,7 +32,7 @@ def main() -> None:
     from meaningless_tokens import models, vllm_engine
     from meaningless_tokens.engines import Item, make_batches, open_engine
     from meaningless_tokens.grading import grade
-    from meaningless_tokens.prompts import builder_for, load_math500, select_problems
+    from meaningless_tokens.prompts import builder_for, dataset_spec, load_math500, select_problems
 
     if vllm_engine.installed() is None:
         sys.exit(f"error: vLLM is not installed in {sys.executable}; {vllm_engine.INSTALL_HINT}")
@@ -45,7 +45,7 @@ def main() -> None:
     names = args.models or list(base.models)
     print(f"{common.machine(os.cpu_count())}; {'=='.join(vllm_engine.installed())}")
     others = common.OtherLoad()
-    problems, _ = load_math500(base)
+    problems, _ = load_math500(dataset_spec(base.dataset, base.file))
     chosen = select_problems(problems, cfg.n_samples, cfg.seed)
     gold = {p.index: p.answer for p in chosen}
     rows, ratios, compared = [], {}, []

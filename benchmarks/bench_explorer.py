@@ -33,7 +33,7 @@ def showcase_attention(params, name: str, n_tokens: int | None = None):
     """{condition: (ids, PromptIds, probs [L, H, T, T])} per showcase prompt, and the tokenizer."""
     from meaningless_tokens import capture, models
     from meaningless_tokens.config import model_spec
-    from meaningless_tokens.prompts import Problem, builder_for, load_math500, select_problems
+    from meaningless_tokens.prompts import Problem, builder_for, dataset_spec, load_math500, select_problems
 
     spec = model_spec(params, name)
     setup = models.setup_for(params, name)
@@ -43,7 +43,7 @@ def showcase_attention(params, name: str, n_tokens: int | None = None):
     model, tok = models.load(setup, layers=layers)
     capture.install_capture(model)
     builder = builder_for(params.prompt, setup, tok)
-    problems, _ = load_math500(params)
+    problems, _ = load_math500(dataset_spec(params.dataset, params.file))
     if n_tokens is None:
         chosen = select_problems(problems, params.extract.n_samples, params.extract.seed)[: params.extract.showcase]
     else:  # one problem statement long enough that the mless prompt has n_tokens tokens

@@ -36,9 +36,9 @@ TAG = "@@"  # marks protocol lines on a worker's stdout (libraries may print the
 
 def prompt_ids(params, setup, tokenizer, n):
     """Token ids of every condition of the first n problems of the extraction subset."""
-    from meaningless_tokens.prompts import builder_for, load_math500, select_problems
+    from meaningless_tokens.prompts import builder_for, dataset_spec, load_math500, select_problems
 
-    problems, _ = load_math500(params)
+    problems, _ = load_math500(dataset_spec(params.dataset, params.file))
     chosen = select_problems(problems, params.extract.n_samples, params.extract.seed)[:n]
     builder = builder_for(params.prompt, setup, tokenizer)
     return [pr[c].input_ids for pr in map(builder.build, chosen) for c in params.prompt.conditions]

@@ -50,7 +50,7 @@ def main() -> None:
         top = max(peaks)
         print(f"largest peak: {top[0]:.0f} MB ({top[1]}); target <= {TARGET_PEAK_MB} MB: "
               f"{'met' if top[0] <= TARGET_PEAK_MB else 'not met'}")
-    cache = models.cache_root(params)
+    cache = models.cache_root(params.runtime, params.file)
     entries = []
     for sub in sorted(p for p in cache.iterdir() if p.is_dir()) if cache.is_dir() else []:
         kids = sorted(sub.iterdir()) if sub.name == "converted" else [sub]

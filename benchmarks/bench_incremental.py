@@ -68,7 +68,7 @@ def main() -> None:
     unknown = sorted(set(keep + [args.change_model]) - set(params.models))
     if unknown or args.change_model not in keep:
         raise SystemExit(f"unknown models {unknown} or --change-model not among --models; configured: {list(params.models)}")
-    cache = models.cache_root(params)
+    cache = models.cache_root(params.runtime, params.file)
     for name in keep:  # untimed: the benchmark measures the pipeline with a warm model cache
         models.prepare(params, name)
     print(f"machine: {os.cpu_count()} CPU cores, float32; load average {os.getloadavg()[0]:.2f} at start; "

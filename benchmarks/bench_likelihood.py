@@ -70,7 +70,7 @@ def setup(args):
     from meaningless_tokens import models, scoring
     from stages import likelihood
     from meaningless_tokens.config import load_params
-    from meaningless_tokens.prompts import builder_for, load_math500, select_problems
+    from meaningless_tokens.prompts import builder_for, dataset_spec, load_math500, select_problems
 
     params = common.load_params()
     raw = params.model_dump()
@@ -88,7 +88,7 @@ def setup(args):
         os.unlink(f.name)
     model_setup = models.setup_for(params, name)
     model, tok, attn = scoring.load(model_setup)
-    problems, _ = load_math500(params)
+    problems, _ = load_math500(dataset_spec(params.dataset, params.file))
     chosen = select_problems(problems, args.n, params.likelihood.seed)
     seqs = likelihood.build_sequences(params, name, builder_for(likelihood.scoring_prompt(params), model_setup, tok),
                                       chosen, None)

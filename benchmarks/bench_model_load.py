@@ -102,7 +102,7 @@ def main() -> None:
     print(common.machine(args.threads))
     others = common.OtherLoad()
     started = time.perf_counter()
-    warm = models.cache_root(params)
+    warm = models.cache_root(params.runtime, params.file)
     model_type = models.prepare(params, args.model).facts["model_type"]  # untimed: makes sure the GGUF and its conversion are in the warm cache
     gguf = (warm / "gguf" / f"{spec.source.sha256}.gguf").resolve()
     runs = {a: [] for a in ARMS}

@@ -198,7 +198,7 @@ def main() -> None:
     checkpoints = [(args.model, prepared.path)]
     if not args.skip_generated:
         t0 = time.perf_counter()
-        folder = write_generated(models.cache_root(params) / "bench" / "llama32-h2048")
+        folder = write_generated(models.cache_root(params.runtime, params.file) / "bench" / "llama32-h2048")
         size = sum(p.stat().st_size for p in folder.glob("*.safetensors"))
         print(f"generated 32-layer checkpoint: {folder} ({size / 2**30:.2f} GiB bfloat16 in "
               f"{len(list(folder.glob('*.safetensors')))} shards; ready in {time.perf_counter() - t0:.0f} s)")

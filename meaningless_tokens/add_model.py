@@ -186,7 +186,7 @@ def estimate(root: Path, params: Params, parameters: int, outcomes: bool, likeli
         if manifest.is_file():
             timing = root / "metrics" / "timing" / f"prepare-{n}.json"
             folder = json.loads(timing.read_text()).get("folder") if timing.is_file() else None
-            path = cache_root(params) / "converted" / folder if folder else None
+            path = cache_root(params.runtime, params.file) / "converted" / folder if folder else None
             if path is not None and path.is_dir():
                 sizes[n] = parameter_count(path)
     for stage in TIMED:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Iterator
 
 from meaningless_tokens import arm, models, progress, sampling, vllm_engine
-from meaningless_tokens.config import CONDITIONS, Evaluate, Params
+from meaningless_tokens.config import CONDITIONS, Evaluate, Runtime
 from meaningless_tokens.errors import ArtifactError, ConfigError
 from meaningless_tokens.grading import grade, has_complete_box
 from meaningless_tokens.store import fs_error
@@ -348,11 +348,13 @@ def _common_settings(cfg: Evaluate, setup: models.ModelSetup, eos: list[int], de
             "eos_token_ids": eos, "device": device, "dtype": setup.dtype}
 
 
-def check_engine(params: Params) -> None:
+def check_engine(cfg: Evaluate, conditions: list[str], runtime: Runtime, params_file: Path) -> None:
     """The engine's own bad input (vLLM missing, more devices than there are, arm on vLLM), before any work
-    (before the model is prepared: a stage checks this first)."""
-    if params.evaluate.engine == "vllm":
-        vllm_engine.check(params.evaluate, params.prompt.conditions, models.torch_device(params), params.file)
+    (before the model is prepared: a stage checks this first). `cfg`: params' evaluate, `conditions`:
+    prompt.conditions; `runtime`'s device is resolved here only for vLLM (else the stage resolves it when it
+    prepares the model)."""
+    if cfg.engine == "vllm":
+        vllm_engine.check(cfg, conditions, models.torch_device(runtime, params_file), params_file)
 
 
 def open_engine(cfg: Evaluate, conditions: list[str], setup: models.ModelSetup,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from meaningless_tokens.config import FIELDS, ROOT, DatasetFields, Params, Prompt, resolve_path
+from meaningless_tokens.config import FIELDS, ROOT, Dataset, DatasetFields, Extract, Prompt, resolve_path
 from meaningless_tokens.errors import ConfigError, DatasetError, PromptError, StageError
 from meaningless_tokens.store import put
 
@@ -58,6 +58,8 @@ class DatasetSpec:
     format: str
     fields: DatasetFields
     filter: dict | None
+    params_file: Path   # the params file it came from: errors name it (not in describe())
+    sha256_key: str     # the params key the expected sha256 comes from, for the mismatch's message
 
     @property
     def label(self) -> str:
@@ -70,23 +72,26 @@ class DatasetSpec:
         return name
 
     def describe(self) -> dict:
+        """The artifacts' `dataset_file`: the file and how it is read (not where the params came from)."""
         return {"benchmark": self.benchmark, "label": self.label, "path": self.path.name, "sha256": self.sha256, "format": self.format,
                 "fields": self.fields.model_dump(), "filter": self.filter}
 
 
-def dataset_spec(params: Params) -> DatasetSpec:
-    cfg = params.dataset
+def dataset_spec(cfg: Dataset, params_file: Path) -> DatasetSpec:
+    """`cfg` (the params' `dataset`) with the benchmark's defaults filled in; relative paths are relative to
+    `params_file`'s folder, which errors name."""
     path, sha, fields = VENDORED.get(cfg.benchmark, (None, None, None))
     # the vendored files ship with the code: relative to the project root, not to the params file
-    path = params.project_path(cfg.path) if cfg.path else ROOT / path
+    path = resolve_path(params_file, cfg.path) if cfg.path else ROOT / path
     fmt = cfg.format
     if fmt == "auto":
         fmt = {".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet", ".csv": "csv"}.get(path.suffix.lower())
         if fmt is None:
-            raise ConfigError(f"{params.file}: dataset.format: cannot tell the format of {path} from its extension; "
+            raise ConfigError(f"{params_file}: dataset.format: cannot tell the format of {path} from its extension; "
                               "set jsonl, parquet or csv")
     return DatasetSpec(cfg.benchmark, path, cfg.sha256 or sha, fmt, cfg.fields or fields,
-                       cfg.filter.model_dump() if cfg.filter else None)
+                       cfg.filter.model_dump() if cfg.filter else None, params_file,
+                       "dataset.sha256" if cfg.sha256 else f"dataset.benchmark: {cfg.benchmark}")
 
 
 def _columns(data: bytes, fmt: str, path: Path) -> tuple[list[str], list[dict]]:
@@ -122,20 +127,18 @@ def _text(v) -> str:
     return v if isinstance(v, str) else json.dumps(v) if isinstance(v, (list, dict)) else str(v)
 
 
-def load_problems(params: Params) -> tuple[list[Problem], str]:
+def load_problems(spec: DatasetSpec) -> tuple[list[Problem], str]:
     """The dataset's problems (after `dataset.filter`) and the file's sha256, refusing a file whose sha256
     differs from the expected one; a missing file or column is one line naming the key and the file."""
-    spec = dataset_spec(params)
-    path, f = spec.path, params.file
+    path, f = spec.path, spec.params_file
     try:
         data = path.read_bytes()
     except (FileNotFoundError, IsADirectoryError):
         raise DatasetError(f"{path}: dataset file not found ({f}: dataset.path)") from None
     digest = hashlib.sha256(data).hexdigest()
     if digest != spec.sha256:
-        key = "dataset.sha256" if params.dataset.sha256 else f"dataset.benchmark: {spec.benchmark}"
-        raise DatasetError(f"{path}: sha256 {digest} != expected {spec.sha256} ({f}: {key}); a vendored benchmark "
-                           f"must be byte-identical to its canonical copy (see data/*/SOURCE.md)")
+        raise DatasetError(f"{path}: sha256 {digest} != expected {spec.sha256} ({f}: {spec.sha256_key}); a vendored "
+                           f"benchmark must be byte-identical to its canonical copy (see data/*/SOURCE.md)")
     columns, rows = _columns(data, spec.format, path)
     mapping = spec.fields.model_dump()
     for key, col in [*mapping.items(), *([("filter.field", spec.filter["field"])] if spec.filter else [])]:
@@ -173,14 +176,13 @@ def load_problems(params: Params) -> tuple[list[Problem], str]:
 load_math500 = load_problems  # the name every stage used while MATH-500 was the only benchmark
 
 
-def require_field(params: Params, problems: list[Problem], field: str, stage: str) -> None:
+def require_field(spec: DatasetSpec, problems: list[Problem], field: str, stage: str) -> None:
     """One line naming the key and the file when a stage needs a field (solution, level, subject) the
     dataset lacks."""
     missing = next((p for p in problems if getattr(p, field) is None), None)
     if missing is not None:
-        spec = dataset_spec(params)
         raise DatasetError(f"{spec.path}: row {missing.index + 1} has no '{field}': {stage} needs it "
-                           f"({params.file}: dataset.fields.{field})")
+                           f"({spec.params_file}: dataset.fields.{field})")
 
 
 def select_problems(problems: list[Problem], n: int | None, seed: int, key: str = "n_samples") -> list[Problem]:
@@ -205,13 +207,13 @@ def select_problems(problems: list[Problem], n: int | None, seed: int, key: str 
 
 
 
-def extraction_problems(params: Params) -> tuple[list[Problem], str]:
-    """The extraction's subset (extract.n_samples, extract.seed) and the dataset's sha256: what extract and
-    activations both run on, the same problems in the same order."""
-    problems, data_sha = load_problems(params)
-    chosen = select_problems(problems, params.extract.n_samples, params.extract.seed, "extract.n_samples")
+def extraction_problems(spec: DatasetSpec, cfg: Extract) -> tuple[list[Problem], str]:
+    """The extraction's subset (cfg: the params' `extract`, its n_samples and seed) and the dataset's sha256: what
+    extract and activations both run on, the same problems in the same order."""
+    problems, data_sha = load_problems(spec)
+    chosen = select_problems(problems, cfg.n_samples, cfg.seed, "extract.n_samples")
     if not chosen:
-        raise ConfigError(f"{params.file}: extract.n_samples: the subset is empty")
+        raise ConfigError(f"{spec.params_file}: extract.n_samples: the subset is empty")
     return chosen, data_sha
 
 # ---- prompt conditions ------------------------------------------------------------------------

@@ -22,9 +22,9 @@ from pathlib import Path
 import numpy as np
 
 from meaningless_tokens import arm, models, progress
-from meaningless_tokens.config import ANSWER_MARK, Likelihood, Params
+from meaningless_tokens.config import ANSWER_MARK, Likelihood
 from meaningless_tokens.errors import DatasetError
-from meaningless_tokens.prompts import Problem, dataset_spec
+from meaningless_tokens.prompts import Problem
 
 
 HEAD_CHUNK = 1 << 23  # logits per chunk of the LM head (1024 positions x 8192 words: 32 MiB in float32)
@@ -49,17 +49,13 @@ class Continuations:
     """The context and scored token ids of each continuation of a problem, tokenized as separate segments."""
 
     def __init__(self, cfg: Likelihood, builder, dataset: Path):
+        """`cfg`: params' likelihood (its separator, answer frame and solution_tokens); `builder`: the prompts'."""
         self.builder, self.cfg = builder, cfg
         self.dataset = dataset  # the dataset file, named when a continuation is empty
         sep = cfg.separator if builder.template == "raw" else ""
         self.sep = builder.encode(sep) if sep else []
         head, self.tail = cfg.answer_frame.split(ANSWER_MARK)
         self.head = builder.encode(head) if head else []
-
-    @classmethod
-    def of(cls, params: Params, builder) -> Continuations:
-        """The continuations params' `likelihood` section defines, on params' dataset."""
-        return cls(params.likelihood, builder, dataset_spec(params).path)
 
     def build(self, problem: Problem) -> dict[str, tuple[list[int], list[int]]]:
         """{continuation: (context ids, scored ids)}."""

@@ -204,7 +204,7 @@ class Measured:
 def run(params: Params, name: str, root: Path | None = None) -> Path:
     ctx = stage_context(params, "activations", name, root, **OUTPUTS)
     params, out = ctx.params, ctx.where["out"]
-    chosen, data_sha = extraction_problems(params)
+    chosen, data_sha = extraction_problems(dataset_spec(params.dataset, params.file), params.extract)
     m = measure(params, ctx.setup(layers=params.activations.layers), chosen)
     write_artifact(out, params, name, m, data_sha)
     n_prompts = len(m.problems) * len(m.conditions)
@@ -278,7 +278,7 @@ def write_artifact(out: Path, params: Params, name: str, m: Measured, data_sha: 
         **m.builder.describe(),
         **({"arm": {**arm_settings.describe(), "differences_from_paper": arm.DIFFERENCES}} if arm_settings else {}),
         "dataset_sha256": data_sha,
-        "dataset_file": dataset_spec(params).describe(),
+        "dataset_file": dataset_spec(params.dataset, params.file).describe(),
     }
     with write_h5(out) as f:
         header(f, OUTPUTS["out"], name, layers=np.array(m.layers, dtype=np.int32), conditions=list(conditions),

@@ -44,7 +44,8 @@ from meaningless_tokens import arm, cli, progress, scoring, store
 from meaningless_tokens.config import Params
 from meaningless_tokens.errors import ConfigError
 from meaningless_tokens.intervals import bootstrap_mean_ci
-from meaningless_tokens.prompts import Problem, builder_for, load_problems, put_problems, require_field, select_problems
+from meaningless_tokens.prompts import (Problem, builder_for, dataset_spec, load_problems, put_problems, require_field,
+                                        select_problems)
 from meaningless_tokens.scoring import Seq, TeacherForcedArm, pad_id
 from meaningless_tokens.stage import header, stage_context
 from meaningless_tokens.store import put, put_json_attr, write_h5, write_json_atomic, write_timing
@@ -58,7 +59,8 @@ SETS = ("tuning", "tested")
 def problem_sets(params: Params) -> tuple[list[Problem], list[Problem], str]:
     """(tuning problems, tested problems, dataset sha256): the tested ones are likelihood's subset, the tuning
     ones a seeded, level-stratified subset of the rest."""
-    problems, data_sha = load_problems(params)
+    spec = dataset_spec(params.dataset, params.file)
+    problems, data_sha = load_problems(spec)
     lk, cfg = params.likelihood, params.arm_tuning
     tested = select_problems(problems, lk.n_samples, lk.seed, "likelihood.n_samples")
     taken = {p.index for p in tested}
@@ -67,13 +69,13 @@ def problem_sets(params: Params) -> tuple[list[Problem], list[Problem], str]:
         raise ConfigError(f"{params.file}: arm_tuning.n_samples: {cfg.n_samples} tuning problems asked for, but only "
                           f"{len(rest)} lie outside likelihood's {len(tested)} (likelihood.n_samples); lower one of them")
     tuning = select_problems(rest, cfg.n_samples, cfg.seed, "arm_tuning.n_samples")
-    require_field(params, tuning + tested, "solution", "the ARM tuning stage (the solution's likelihood)")
+    require_field(spec, tuning + tested, "solution", "the ARM tuning stage (the solution's likelihood)")
     return tuning, tested, data_sha
 
 
 def solution_sequences(params: Params, builder, problems: list[Problem]) -> tuple[list[Seq], list[Seq]]:
     """(none sequences, arm sequences): each problem's none prompt with likelihood's `solution` continuation."""
-    conts = scoring.Continuations.of(params, builder)
+    conts = scoring.Continuations(params.likelihood, builder, dataset_spec(params.dataset, params.file).path)
     none, arms = [], []
     for p in problems:
         ids = builder.build(p)["none"].input_ids

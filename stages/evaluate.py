@@ -92,9 +92,9 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
     ctx = stage_context(params, "evaluate", name, root, **OUTPUTS)
     params, where = ctx.params, ctx.where
     cfg, conditions = params.evaluate, params.prompt.conditions
-    problems, data_sha = load_problems(params)
+    problems, data_sha = load_problems(dataset_spec(params.dataset, params.file))
     chosen = select_problems(problems, cfg.n_samples, cfg.seed, "evaluate.n_samples")
-    check_engine(params)
+    check_engine(cfg, conditions, params.runtime, params.file)
     if cfg.shard is not None and os.environ.get("DVC_STAGE"):
         raise ConfigError(f"{params.file}: evaluate.shard: a shard writes a part, not the stage's outputs: run each "
                           f"with `python -m stages.evaluate --model {name} --shard I/N`, then `dvc repro` with "
@@ -172,7 +172,7 @@ def run_shard(plan: Plan, journal: Path, gold: dict, shard: Shard, conditions: l
 def measure(params: Params, by_cond: dict, samples: dict | None) -> dict:
     """metrics/accuracy/<model>.json: accuracy and paired differences per condition (and the sampled outputs')."""
     conditions, seed = params.prompt.conditions, params.evaluate.seed
-    metrics = {"dataset": dataset_spec(params).label, **summarize(by_cond, seed)}
+    metrics = {"dataset": dataset_spec(params.dataset, params.file).label, **summarize(by_cond, seed)}
     if samples:
         metrics["sampling"] = sampling.summarize(
             {c: [[r.output for r in row] for row in samples[c]] for c in conditions},
@@ -196,7 +196,7 @@ def write_artifact(out: Path, params: Params, plan: Plan, chosen: list, by_cond:
         "grader": {"library": "math-verify", "paper_rule": grading.PAPER_RULE + " Applied to prompt + output, "
                    "as the paper's greedy runs do."},
         "dataset_sha256": data_sha,
-        "dataset_file": dataset_spec(params).describe(),
+        "dataset_file": dataset_spec(params.dataset, params.file).describe(),
     }
     with write_h5(out) as f:
         header(f, OUTPUTS["out"], name, conditions=list(conditions))

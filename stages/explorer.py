@@ -86,7 +86,7 @@ class Tokens:
     (`models.token_decoder`), checked against the vocabulary size the extraction recorded."""
 
     def __init__(self, params: Params, name: str, vocab_size: int):
-        self.decode, size, where = models.token_decoder(params, name, vocab_size)
+        self.decode, size, where = models.token_decoder(models.ModelEntry.of(params, name), vocab_size)
         if size != vocab_size:
             raise ArtifactError(f"{store.path('attention', name)}: provenance tokenizer.vocab_size {vocab_size} != "
                                 f"the tokenizer's {size} in {where} (rerun: dvc repro extract@{name})")

@@ -60,7 +60,7 @@ class Capture:
 def run(params: Params, name: str, root: Path | None = None) -> Path:
     ctx = stage_context(params, "extract", name, root, **OUTPUTS)
     params, out = ctx.params, ctx.where["out"]
-    chosen, data_sha = extraction_problems(params)
+    chosen, data_sha = extraction_problems(dataset_spec(params.dataset, params.file), params.extract)
     setup = ctx.setup(layers=params.models[name].layers)
     cap = capture(params, setup, chosen)
     write_artifact(out, params, setup, cap, data_sha)
@@ -121,7 +121,7 @@ def write_artifact(out: Path, params: Params, setup: models.ModelSetup, cap: Cap
         "loaded_layers": cap.loaded_layers,
         **cap.builder.describe(),
         "dataset_sha256": data_sha,
-        "dataset_file": dataset_spec(params).describe(),
+        "dataset_file": dataset_spec(params.dataset, params.file).describe(),
     }
     skipped = {"skipped_conditions": cap.skipped,
                "skipped_note": ("arm: the none prompt with layer 0's MLP edited; layer 0's attention runs before that "

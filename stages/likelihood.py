@@ -15,7 +15,8 @@ from meaningless_tokens import arm, cli, models, scoring, store
 from meaningless_tokens.config import Params, Prompt
 from meaningless_tokens.errors import ConfigError
 from meaningless_tokens.intervals import bootstrap_mean_ci, wilcoxon_p
-from meaningless_tokens.prompts import Problem, builder_for, load_problems, put_problems, require_field, select_problems
+from meaningless_tokens.prompts import (Problem, builder_for, dataset_spec, load_problems, put_problems, require_field,
+                                        select_problems)
 from meaningless_tokens.scoring import Seq, TeacherForcedArm, check_head, pad_id
 from meaningless_tokens.stage import header, stage_context
 from meaningless_tokens.store import put, put_json_attr, write_csv_atomic, write_h5, write_json_atomic, write_timing
@@ -93,7 +94,7 @@ def scoring_prompt(params: Params) -> Prompt:
 
 def build_sequences(params: Params, name: str, builder, chosen: list[Problem], context: int | None) -> list[Seq]:
     """Every (problem, condition, continuation) sequence, alignment asserted, refusing one longer than the context."""
-    conts = scoring.Continuations.of(params, builder)
+    conts = scoring.Continuations(params.likelihood, builder, dataset_spec(params.dataset, params.file).path)
     seqs = []
     for p in chosen:
         prompts = builder.build(p)
@@ -180,9 +181,10 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
     ctx = stage_context(params, "likelihood", name, root, **OUTPUTS)
     params, where = ctx.params, ctx.where
     cfg = params.likelihood
-    problems, data_sha = load_problems(params)
+    spec = dataset_spec(params.dataset, params.file)
+    problems, data_sha = load_problems(spec)
     chosen = select_problems(problems, cfg.n_samples, cfg.seed, "likelihood.n_samples")
-    require_field(params, chosen, "solution", "the likelihood stage (its `solution` continuation)")
+    require_field(spec, chosen, "solution", "the likelihood stage (its `solution` continuation)")
     if name not in params.scored:
         raise ConfigError(f"{params.file}: likelihood.models: model '{name}' is not among the models scored "
                           f"{params.scored}; add it there to score it")
@@ -215,7 +217,7 @@ def measure(params: Params, setup: models.ModelSetup, chosen: list[Problem]) -> 
     logprobs, how, seconds = scoring.score_shown(model, seqs, cfg.batch_tokens, pad, hook, f"likelihood {name}", name)
     if hook is not None:
         hook.remove()
-    conts = scoring.Continuations.of(params, builder)
+    conts = scoring.Continuations(params.likelihood, builder, dataset_spec(params.dataset, params.file).path)
     how = {"attn_implementation": attn, "batch_tokens": cfg.batch_tokens, "pad_token_id": pad, **how,
            "head_check_max_abs_diff": head_check, "separator_ids": conts.sep, "frame_head_ids": conts.head,
            "frame_tail": conts.tail}

@@ -40,13 +40,12 @@ VERDICT = store.path("verdict")           # git-tracked (cache: false): docs/res
 RESULTS = store.path("results.md")
 RESULT_FIGURES = store.path("results")    # small PNG copies of the key charts, beside docs/results.md
 KEY_CHARTS = ("cross-model", "accuracy", "likelihood")
-CPU_KEYS = ("device", "cpu_model", "cpu_capability", "threads")  # in newer run sidecars (metrics/timing/*.json)
 
 # ---- examples and provenance -------------------------------------------------------------------------
 
 def example(params: Params, root: Path, name: str, disp: str, limit: int = 700) -> dict:
     """One problem where the conditions' grades differ (else the first), with each condition's output."""
-    from meaningless_tokens.prompts import load_problems
+    from meaningless_tokens.prompts import dataset_spec, load_problems
 
     path = root / store.path("eval", name)
     with read_h5(path, "eval", ("problems/index", "problems/answer")) as f:
@@ -65,7 +64,7 @@ def example(params: Params, root: Path, name: str, disp: str, limit: int = 700) 
                          "n_tokens": int(f[c]["n_tokens"][k]), "stop": (f[c]["stop"][k]).decode()
                          if isinstance(f[c]["stop"][k], bytes) else str(f[c]["stop"][k]),
                          "output": out if len(out) <= limit else out[:limit] + " […]"})
-    problems, _ = load_problems(params)
+    problems, _ = load_problems(dataset_spec(params.dataset, params.file))
     problem = next(p for p in problems if p.index == int(index[k]))  # index: the file's row (a filter skips rows)
     about = ", ".join(([problem.subject] if problem.subject else []) +
                       ([f"level {problem.level}"] if problem.level is not None else []))
@@ -92,7 +91,7 @@ def provenance_rows(src: Sources, root: Path, name: str, disp: str, evaluated: b
             timing[stage] = src.js(f, key, fmt=".0f") if sidecar else None
         commits[stage] = str(sidecar.get("git_commit", "?")) + ("-dirty" if sidecar.get("git_dirty") else "")
         if stage == "extract":  # the machine it ran on, where the sidecar records it
-            machine = ", ".join(f"{k.replace('_', ' ')} {sidecar[k]}" for k in CPU_KEYS if sidecar.get(k) is not None)
+            machine = ", ".join(f"{k.replace('_', ' ')} {sidecar[k]}" for k in store.MACHINE_FACTS if sidecar.get(k) is not None)
     return {
         "model": disp, "name": name,
         "source": source.get("kind", "?") + ": " + ", ".join(

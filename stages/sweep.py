@@ -207,7 +207,8 @@ def likelihood_sweep(params: Params, setup: models.ModelSetup, problems) -> dict
     model, tokenizer, _ = scoring.load(setup)
     bs = builders(params, setup, tokenizer)
     prompts = _build(bs, params, name, problems)
-    conts = scoring.Continuations.of(params, next(iter(bs.values())))
+    conts = scoring.Continuations(params.likelihood, next(iter(bs.values())),
+                                  dataset_spec(params.dataset, params.file).path)
     keys = ["none"] + [k for k in prompts if k != "none" and k[1] > 0]
     seqs, at = [], {}
     for key in keys:
@@ -257,10 +258,11 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
     ctx = stage_context(params, "sweep", name, root, **OUTPUTS)
     params, where = ctx.params, ctx.where
     cfg = params.sweep
-    problems, data_sha = load_problems(params)
+    problems, data_sha = load_problems(dataset_spec(params.dataset, params.file))
     att = measure_attention(params, ctx.setup(layers=[cfg.layer]), problems)
     if cfg.accuracy_samples:
-        check_engine(params)  # before the whole model is prepared
+        # before the whole model is prepared; CONDITIONS: the prompts the sweep generates (the engine's too)
+        check_engine(params.evaluate, CONDITIONS, params.runtime, params.file)
     # generation and scoring run the whole model: a GGUF source is converted in full (once) for them
     whole = ctx.setup() if cfg.accuracy_samples or cfg.likelihood_samples else None
     acc = measure_accuracy(params, whole, problems, where) if cfg.accuracy_samples else AccuracySweep()
@@ -347,7 +349,7 @@ def write_artifact(out: Path, params: Params, name: str, att: AttentionSweep, ac
                    **({"likelihood": None} if not cfg.likelihood_samples else {})},
         "generation": acc.settings,
         "dataset_sha256": data_sha,
-        "dataset_file": dataset_spec(params).describe(),
+        "dataset_file": dataset_spec(params.dataset, params.file).describe(),
     }
     ref = cfg.reference_count
     with write_h5(out) as f:

@@ -9,7 +9,7 @@ from meaningless_tokens import models
 from stages import activations
 from meaningless_tokens.config import load_params
 from meaningless_tokens.errors import ConfigError
-from meaningless_tokens.prompts import builder_for, load_math500, select_problems
+from meaningless_tokens.prompts import builder_for, dataset_spec, load_math500, select_problems
 from meaningless_tokens.store import read_h5
 from tests.test_extract import ARCHS, tiny_params
 
@@ -45,7 +45,7 @@ def test_stored_activations_equal_a_plain_forward_with_a_hook(arch, tiny_dirs, w
     setup = models.setup_for(params, "tiny")
 
     model, tok = models.load(setup)  # eager attention, the whole model, no capture function
-    problems, _ = load_math500(params)
+    problems, _ = load_math500(dataset_spec(params.dataset, params.file))
     chosen = select_problems(problems, params.extract.n_samples, params.extract.seed)
     builder = builder_for(params.prompt, setup, tok)
     insertion = len(builder.prefix) + len(builder.instruction)

@@ -12,7 +12,7 @@ from meaningless_tokens import arm, engines, models
 from stages import activations, evaluate
 from meaningless_tokens.config import load_params
 from meaningless_tokens.errors import ConfigError
-from meaningless_tokens.prompts import builder_for, load_math500
+from meaningless_tokens.prompts import builder_for, dataset_spec, load_math500
 from meaningless_tokens.store import read_h5
 
 SEED = 1234
@@ -183,7 +183,7 @@ def test_pool_row_generates_the_same_tokens_alone_and_in_a_batch_of_8(arch, tiny
     model, tokenizer, hook, eos, setup = loaded(params)
     assert hook.settings.variant == ("gemma" if arch == "gemma3" else "llama")
     builder = builder_for(params.prompt, setup, tokenizer)
-    problems, _ = load_math500(params)
+    problems, _ = load_math500(dataset_spec(params.dataset, params.file))
     built = [builder.build(p) for p in problems[:6]]
     # 4 arm rows among none / mless / mful rows of other lengths (left padding differs per row)
     batch = [engines.Item(p.index, "arm", b["arm"].input_ids) for p, b in zip(problems[:4], built)]
@@ -202,7 +202,7 @@ def test_identity_hook_generates_exactly_the_none_tokens(tiny_dirs, write_params
     params = arm_params(write_params, tiny_dirs, "llama")
     model, tokenizer, hook, eos, setup = loaded(params, identity=True)
     builder = builder_for(params.prompt, setup, tokenizer)
-    problems, _ = load_math500(params)
+    problems, _ = load_math500(dataset_spec(params.dataset, params.file))
     prompts = [builder.build(p) for p in problems[:4]]
     none = [engines.Item(p.index, "none", b["none"].input_ids) for p, b in zip(problems, prompts)]
     arms = [engines.Item(p.index, "arm", b["arm"].input_ids) for p, b in zip(problems, prompts)]
@@ -247,7 +247,7 @@ def test_activations_store_the_arm_transformed_histogram_from_the_same_hook(tiny
     setup = models.setup_for(params, "tiny")
     model, tokenizer = models.load(setup, layers=[0])
     install_capture(model)
-    problem = next(p for p in load_math500(params)[0] if p.index == index)
+    problem = next(p for p in load_math500(dataset_spec(params.dataset, params.file))[0] if p.index == index)
     ids = builder_for(params.prompt, setup, tokenizer).build(problem)["none"].input_ids
     none_a = torch.from_numpy(activations.forward(model, activations.gated_mlps(model, setup, [0]), [0], ids)[1][0])
     s = arm.settings_for(params.arm, params.dataset.benchmark, setup)  # the tiny qwen2

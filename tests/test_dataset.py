@@ -9,7 +9,7 @@ from meaningless_tokens.prompts import dataset_spec, load_math500, load_problems
 
 def test_vendored_math500_loads_and_matches_its_sha256(write_params):
     params = load_params(write_params())
-    problems, digest = load_math500(params)
+    problems, digest = load_math500(dataset_spec(params.dataset, params.file))
     assert digest == "35dc41080a3680858b27fa7e0533d2d547825316fc5dafe5d316f4ccc5a06132"
     assert len(problems) == 500
     assert len({p.unique_id for p in problems}) == 500
@@ -20,31 +20,34 @@ def test_vendored_math500_loads_and_matches_its_sha256(write_params):
 def test_altered_dataset_is_refused_by_name(tmp_path, write_params):
     params = load_params(write_params())
     copy = tmp_path / "test.jsonl"
-    shutil.copyfile(dataset_spec(params).path, copy)
+    shutil.copyfile(dataset_spec(params.dataset, params.file).path, copy)
     with open(copy, "a") as f:
         f.write("\n")
     raw = params.model_dump()
     raw["dataset"]["path"] = str(copy)
     params = load_params(write_params(raw))
     with pytest.raises(DatasetError, match=rf"{copy}: sha256 [0-9a-f]{{64}} != expected 35dc41"):
-        load_math500(params)
+        load_math500(dataset_spec(params.dataset, params.file))
 
 
 def test_missing_dataset_names_the_key(write_params, tmp_path):
     raw = load_params(write_params()).model_dump()
     raw["dataset"]["path"] = str(tmp_path / "gone.jsonl")
     with pytest.raises(DatasetError, match="dataset file not found .*dataset.path"):
-        load_math500(load_params(write_params(raw)))
+        params = load_params(write_params(raw))
+        load_math500(dataset_spec(params.dataset, params.file))
 
 
 AIME25 = "dee94372847a43a5eb6b0a439047efa82f3804db221a55dc640053425315dd4b"
 
 
 def _with(write_params, **dataset):
+    """The dataset spec of a params file whose `dataset` section is `dataset` over the defaults."""
     raw = load_params(write_params()).model_dump()
     raw["dataset"] = {"benchmark": "math500", "path": None, "sha256": None, "format": "auto", "fields": None,
                       "filter": None, **dataset}
-    return load_params(write_params(raw))
+    params = load_params(write_params(raw))
+    return dataset_spec(params.dataset, params.file)
 
 
 def test_vendored_aime_files_load_with_their_fields(write_params):
@@ -72,9 +75,9 @@ def test_a_local_csv_with_a_field_mapping_and_a_filter(write_params, tmp_path):
     f = tmp_path / "mine.csv"
     f.write_text("q,a,year\nWhat is 1+1?,2,2024\nWhat is 2+2?,004,2023\n", encoding="utf-8")
     sha = hashlib.sha256(f.read_bytes()).hexdigest()
-    params = _with(write_params, benchmark="other", path=str(f), sha256=sha, fields={"problem": "q", "answer": "a"},
-                   filter={"field": "year", "equals": "2023"})
-    problems, _ = load_problems(params)
+    spec = _with(write_params, benchmark="other", path=str(f), sha256=sha, fields={"problem": "q", "answer": "a"},
+                 filter={"field": "year", "equals": "2023"})
+    problems, _ = load_problems(spec)
     assert [(p.index, p.problem, p.answer) for p in problems] == [(1, "What is 2+2?", "004")]  # "004" stays a string
 
 
@@ -82,7 +85,7 @@ def test_bad_field_mapping_or_file_names_the_key_and_the_file(write_params, tmp_
     # AIME 2025's file has `question`, not `problem`
     bad = _with(write_params, benchmark="other", path=str(tmp_path / "x.jsonl"), sha256=AIME25,
                 fields={"problem": "problem", "answer": "answer"})
-    shutil.copyfile(dataset_spec(_with(write_params, benchmark="aime2025")).path, tmp_path / "x.jsonl")
+    shutil.copyfile(_with(write_params, benchmark="aime2025").path, tmp_path / "x.jsonl")
     with pytest.raises(DatasetError, match=r"x.jsonl: no column 'problem' \(.*params.yaml: dataset.fields.problem\); "
                                             r"the file's columns: \['question', 'answer'\]"):
         load_problems(bad)

@@ -15,7 +15,7 @@ from meaningless_tokens.config import load_params
 from meaningless_tokens.errors import ArtifactError, ConfigError
 from meaningless_tokens.grading import grade, has_complete_box
 from meaningless_tokens.intervals import bootstrap_mean_ci, mcnemar_exact
-from meaningless_tokens.prompts import builder_for, load_math500, select_problems
+from meaningless_tokens.prompts import builder_for, dataset_spec, load_math500, select_problems
 from meaningless_tokens.store import read_h5
 from tests.conftest import ROOT, spelled_out
 
@@ -24,7 +24,8 @@ from tests.conftest import ROOT, spelled_out
 # ---- grading ----------------------------------------------------------------------------------
 
 def test_every_gold_solution_is_graded_correct_against_its_answer(write_params):
-    problems, _ = load_math500(load_params(write_params()))
+    params = load_params(write_params())
+    problems, _ = load_math500(dataset_spec(params.dataset, params.file))
     wrong = [(p.index, p.answer, g.extracted) for p in problems
              if not (g := grade(p.solution, p.answer, "")).correct]
     assert wrong == [], f"math-verify rejects these gold solutions: {wrong}"
@@ -70,7 +71,7 @@ def test_evaluate_writes_graded_records_metrics_and_is_deterministic(arch, tiny_
     params = tiny_eval_params(write_params, tiny_dirs, arch)
     out = evaluate.run(params, "tiny", root=tmp_path / "a")
     data, metrics = read_eval(out)
-    problems, _ = load_math500(params)
+    problems, _ = load_math500(dataset_spec(params.dataset, params.file))
     assert list(data["problems/index"]) == [p.index for p in select_problems(problems, 4, 0)]
     assert all(0 < n <= 12 for n in data["mful/n_tokens"])
     assert set(s.decode() for s in data["none/stop"]) <= {"eos", "boxed", "length"}
@@ -99,7 +100,7 @@ def test_static_cache_and_sdpa_generate_what_eager_with_a_dynamic_cache_does(arc
     plain, _ = models.load(setup, attn_implementation="eager")
     assert fast.config._attn_implementation == "sdpa"
     builder = builder_for(params.prompt, setup, tokenizer)
-    problems, _ = load_math500(params)
+    problems, _ = load_math500(dataset_spec(params.dataset, params.file))
     items = [engines.Item(p.index, c, ids.input_ids) for p in problems[:3] for c, ids in builder.build(p).items()]
     assert len({len(it.input_ids) for it in items}) > 1 and min(len(it.input_ids) for it in items) > 24
     eos = engines.stop_ids(fast.generation_config, tokenizer)
@@ -117,7 +118,7 @@ def test_batches_are_sorted_by_length_and_fixed(tiny_dirs, write_params, cache_d
     setup = models.setup_for(params, "tiny")
     _, tokenizer = models.load(setup)
     builder = builder_for(params.prompt, setup, tokenizer)
-    problems, _ = load_math500(params)
+    problems, _ = load_math500(dataset_spec(params.dataset, params.file))
     items = [engines.Item(p.index, c, ids.input_ids) for p in problems[:10] for c, ids in builder.build(p).items()]
     batches = engines.make_batches(items, 4)
     lengths = [len(it.input_ids) for b in batches for it in b]
@@ -317,7 +318,7 @@ def test_batched_and_one_at_a_time_greedy_agree_on_a_shipped_model(write_params)
     setup = models.setup_for(params, "smollm2-135m")
     model, tokenizer = models.load(setup, attn_implementation=engines.ATTENTION)
     builder = builder_for(params.prompt, setup, tokenizer)
-    problems, _ = load_math500(params)
+    problems, _ = load_math500(dataset_spec(params.dataset, params.file))
     chosen = select_problems(problems, 6, 0)
     items = [engines.Item(p.index, "mless", builder.build(p)["mless"].input_ids) for p in chosen]
     eos = engines.stop_ids(model.generation_config, tokenizer)

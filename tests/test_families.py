@@ -19,7 +19,7 @@ from meaningless_tokens import capture
 from meaningless_tokens import models
 from stages import evaluate
 from meaningless_tokens.config import load_params
-from meaningless_tokens.prompts import PromptBuilder, load_math500
+from meaningless_tokens.prompts import PromptBuilder, dataset_spec, load_math500
 from tests import tiny
 
 EXTRA = [f for f in tiny.FAMILIES if f not in tiny.ARCHS]
@@ -120,7 +120,7 @@ def test_family_probe_recomputation_and_partial_load(family, family_dirs, write_
         assert probe["layers"] == [0, 1 if family == "gemma2" else 2]
 
     full, tokenizer = models.load(setup)
-    problems, _ = load_math500(params)
+    problems, _ = load_math500(dataset_spec(params.dataset, params.file))
     ids = PromptBuilder(params.prompt, tokenizer, "raw", params.file).build(problems[3])["mless"].input_ids
     assert len(ids) > tiny.WINDOW
     expected, allowed = recompute_layer0(full, ids)

@@ -14,7 +14,7 @@ from stages import likelihood
 from meaningless_tokens.config import load_params
 from meaningless_tokens.errors import ConfigError, DatasetError
 from meaningless_tokens.intervals import bootstrap_mean_ci, wilcoxon_p
-from meaningless_tokens.prompts import builder_for, load_math500, select_problems
+from meaningless_tokens.prompts import builder_for, dataset_spec, load_math500, select_problems
 from meaningless_tokens.store import read_h5
 from tests.conftest import ROOT
 from tests import tiny
@@ -45,7 +45,7 @@ def test_stored_logprobs_equal_a_plain_forward_with_log_softmax(arch, tiny_dirs,
     out = likelihood.run(params, "tiny", root=tmp_path)
     setup = models.setup_for(params, "tiny")
     model, tok = models.load(setup)  # eager attention, the whole model
-    problems, _ = load_math500(params)
+    problems, _ = load_math500(dataset_spec(params.dataset, params.file))
     chosen = select_problems(problems, 3, 0)
     builder = builder_for(likelihood.scoring_prompt(params), setup, tok)
     frame_head, tail = params.likelihood.answer_frame.split("<answer>")
@@ -110,7 +110,7 @@ def test_arm_in_teacher_forcing_equals_decoding_with_the_evaluation_hook(apply, 
     settings = arm.settings_for(params.arm, params.dataset.benchmark, setup)
     builder = builder_for(likelihood.scoring_prompt(params), setup, tok)
     sep = builder.encode(params.likelihood.separator)
-    problems, _ = load_math500(params)
+    problems, _ = load_math500(dataset_spec(params.dataset, params.file))
     with read_h5(out, "likelihood") as f:
         for p in select_problems(problems, 2, 0):
             prompt = list(builder.build(p)["none"].input_ids)
@@ -200,7 +200,8 @@ def test_a_row_without_the_key_is_named_with_file_and_line(key, write_params, tm
     params = load_params(write_params(raw))
     with pytest.raises(DatasetError, match=rf"test\.jsonl: row 7 has no '{key}'"):
         # the answer is required of every benchmark; the solution only by the stages that read it (this one)
-        prompts.require_field(params, prompts.load_problems(params)[0], key, "the likelihood stage")
+        spec = prompts.dataset_spec(params.dataset, params.file)
+        prompts.require_field(spec, prompts.load_problems(spec)[0], key, "the likelihood stage")
 
 
 @pytest.mark.parametrize("family", tiny.FAMILIES)
@@ -214,7 +215,7 @@ def test_packed_problems_give_the_per_sequence_sums(family, family_dirs, write_p
                        "solution_tokens": 30, "batch_tokens": 900}}))
     setup = models.setup_for(params, "tiny")
     model, tok, _ = scoring.load(setup)
-    problems, _ = load_math500(params)
+    problems, _ = load_math500(dataset_spec(params.dataset, params.file))
     chosen = select_problems(problems, 4, 0)
     seqs = likelihood.build_sequences(params, "tiny", builder_for(likelihood.scoring_prompt(params), setup, tok),
                                       chosen, None)
@@ -241,7 +242,7 @@ def family_sequences(write_params, path, conditions: list[str], **lik):
                        "solution_tokens": 30, **lik}}))
     setup = models.setup_for(params, "tiny")
     model, tok, _ = scoring.load(setup)
-    chosen = select_problems(load_math500(params)[0], 3, 0)
+    chosen = select_problems(load_math500(dataset_spec(params.dataset, params.file))[0], 3, 0)
     seqs = likelihood.build_sequences(params, "tiny", builder_for(likelihood.scoring_prompt(params), setup, tok),
                                       chosen, None)
     return params, setup, model, seqs, scoring.pad_id(tok)

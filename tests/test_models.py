@@ -451,7 +451,7 @@ def test_the_gguf_tokenizer_adds_the_special_tokens_its_file_declares(write_para
 
     params = load_params(write_params())
     full = models.prepare(params, "gemma3-270m")
-    gguf_path = models.cache_root(params) / "gguf" / f"{full.source['gguf_sha256']}.gguf"
+    gguf_path = models.cache_root(params.runtime, params.file) / "gguf" / f"{full.source['gguf_sha256']}.gguf"
     assert conversion.gguf_header(gguf_path)[2] == {"add_bos_token": True, "add_eos_token": False}
     os.symlink(gguf_path, tmp_path / "model.gguf")
     with conversion.gguf_reader():
@@ -470,7 +470,7 @@ def test_layer_only_conversion_holds_exactly_the_full_conversions_tensors(name, 
 
     params = load_params(write_params())
     full = models.prepare(params, name)  # the whole model, in the default cache (downloaded on first use)
-    gguf_path = models.cache_root(params) / "gguf" / f"{full.source['gguf_sha256']}.gguf"
+    gguf_path = models.cache_root(params.runtime, params.file) / "gguf" / f"{full.source['gguf_sha256']}.gguf"
     monkeypatch.setenv("MLESS_CACHE", str(tmp_path))
     (tmp_path / "gguf").mkdir()
     os.symlink(gguf_path, tmp_path / "gguf" / gguf_path.name)

@@ -12,7 +12,7 @@ from meaningless_tokens import engines
 from meaningless_tokens import models, sampling
 from stages import evaluate
 from meaningless_tokens.config import load_params
-from meaningless_tokens.prompts import builder_for, load_problems
+from meaningless_tokens.prompts import builder_for, dataset_spec, load_problems
 from meaningless_tokens.store import read_h5
 
 
@@ -77,7 +77,7 @@ def test_sampled_outputs_are_the_same_alone_and_inside_a_batch(tiny_dirs, write_
     assert engine.sampling["origin"] == {"temperature": "params", "top_p": "transformers default",
                                                      "top_k": "params"}
     builder = builder_for(params.prompt, setup, engine.tokenizer)
-    problems, _ = load_problems(params)
+    problems, _ = load_problems(dataset_spec(params.dataset, params.file))
     built = [builder.build(p) for p in problems[:2]]
     # samples of two problems and two conditions (prompts of other lengths: left padding differs) and a greedy row
     batch = [engines.Item(p.index, c, b[c].input_ids, j) for p, b in zip(problems, built) for c in ("none", "mless")

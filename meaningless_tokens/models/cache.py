@@ -18,8 +18,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from meaningless_tokens.config import Params
-from meaningless_tokens.errors import ModelSourceError, StageError
+from meaningless_tokens.config import Runtime, resolve_path
+from meaningless_tokens.errors import ModelSourceError
 from meaningless_tokens.store import write_json_atomic
 
 CONVERSION_VERSION = 1  # bump when the GGUF -> safetensors conversion changes its output
@@ -35,12 +35,13 @@ def converter() -> str:
     return version("transformers")
 
 
-def cache_root(params: Params) -> Path:
+def cache_root(runtime: Runtime, params_file: Path) -> Path:
+    """The cache's root: $MLESS_CACHE, else runtime.cache_dir (relative to the params file), else the user's cache."""
     env = os.environ.get("MLESS_CACHE")
     if env:
         return Path(env).expanduser()
-    if params.runtime.cache_dir:
-        return params.project_path(params.runtime.cache_dir)
+    if runtime.cache_dir:
+        return resolve_path(params_file, runtime.cache_dir)
     base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
     return base / "meaningless-tokens"
 

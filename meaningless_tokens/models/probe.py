@@ -11,9 +11,9 @@ import hashlib
 import json
 from pathlib import Path
 
-from meaningless_tokens.config import Params
-from meaningless_tokens.errors import ModelSourceError, StageError, UnsupportedModel
+from meaningless_tokens.errors import ModelSourceError, UnsupportedModel
 from meaningless_tokens.models.cache import sha256_file
+from meaningless_tokens.models.entry import ModelEntry
 from meaningless_tokens.models.partial import from_pretrained
 from meaningless_tokens.store import write_json_atomic
 
@@ -37,24 +37,25 @@ def _architecture(model_dir: Path, trust_remote_code: bool) -> tuple[str | None,
     return None, {"vocab_size": text.vocab_size, "layer_types": list(getattr(text, "layer_types", None) or [])}
 
 
-def _refusal(params: Params, name: str, model_type: str, reason: str) -> UnsupportedModel:
-    return UnsupportedModel(f"{params.file}: models.{name}: model_type '{model_type}' is not supported: {reason}")
+def _refusal(entry: ModelEntry, model_type: str, reason: str) -> UnsupportedModel:
+    return UnsupportedModel(f"{entry.where}: model_type '{model_type}' is not supported: {reason}")
 
 
-def check_architecture(params: Params, name: str, model_dir: Path, trust_remote_code: bool) -> None:
+def check_architecture(entry: ModelEntry, model_dir: Path) -> None:
     """Refuse, from its config alone, a model that is not a decoder-only causal LM (cheap; before
     anything reads its weights)."""
     from transformers import AutoConfig
 
+    trust_remote_code = entry.spec.trust_remote_code
     try:
         config = AutoConfig.from_pretrained(model_dir, trust_remote_code=trust_remote_code, local_files_only=True)
     except Exception as e:  # noqa: BLE001 - unknown model_type, remote code not trusted, bad json
         model_type = json.loads((model_dir / "config.json").read_text()).get("model_type", "?")
-        raise _refusal(params, name, model_type, f"transformers cannot read its config: "
+        raise _refusal(entry, model_type, f"transformers cannot read its config: "
                        f"{' '.join(str(e).split())[:300]}") from None
     reason, _ = _architecture(model_dir, trust_remote_code)
     if reason:
-        raise _refusal(params, name, config.model_type, reason)
+        raise _refusal(entry, config.model_type, reason)
 
 
 def probe_tolerance(dtype: str) -> float:
@@ -63,7 +64,7 @@ def probe_tolerance(dtype: str) -> float:
     return TOLERANCE if dtype == "float32" else 1e-2  # half-precision eager probabilities are rounded
 
 
-def run_probe(params: Params, name: str, model_dir: Path, facts: dict, trust_remote_code: bool) -> dict:
+def run_probe(entry: ModelEntry, model_dir: Path, facts: dict) -> dict:
     """Load layer 0 .. the first layer of each layer type (float32, CPU) and check on a fixed
     prompt that the capture equals the model's own eager output_attentions (to 1e-6), is causal and
     its rows sum to 1. Raises UnsupportedModel naming model, model_type and reason."""
@@ -71,8 +72,10 @@ def run_probe(params: Params, name: str, model_dir: Path, facts: dict, trust_rem
 
     from meaningless_tokens import capture
 
+    name, trust_remote_code = entry.name, entry.spec.trust_remote_code
+
     def refuse(reason: str):
-        return _refusal(params, name, facts["model_type"], reason)
+        return _refusal(entry, facts["model_type"], reason)
 
     reason, arch = _architecture(model_dir, trust_remote_code)
     if reason:
@@ -104,8 +107,7 @@ def run_probe(params: Params, name: str, model_dir: Path, facts: dict, trust_rem
             "transformers": transformers.__version__, **result}
 
 
-def probe(params: Params, name: str, model_dir: Path, weights_sha256: str, facts: dict, trust_remote_code: bool,
-          cache: Path) -> dict:
+def probe(entry: ModelEntry, model_dir: Path, weights_sha256: str, facts: dict, cache: Path) -> dict:
     """The probe's result, memoized per weights, config, library versions and probe version."""
     import torch
     import transformers
@@ -114,10 +116,10 @@ def probe(params: Params, name: str, model_dir: Path, weights_sha256: str, facts
 
     config_sha = sha256_file(model_dir / "config.json")
     key = hashlib.sha256(json.dumps([weights_sha256, config_sha, transformers.__version__, torch.__version__,
-                                     trust_remote_code, PROBE_VERSION]).encode()).hexdigest()
+                                     entry.spec.trust_remote_code, PROBE_VERSION]).encode()).hexdigest()
     memo = cache / "probes" / f"{key}.json"
     if memo.is_file():
         return json.loads(memo.read_text())
-    result = run_probe(params, name, model_dir, facts, trust_remote_code)
+    result = run_probe(entry, model_dir, facts)
     write_json_atomic(memo, result)
     return result

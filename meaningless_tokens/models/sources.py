@@ -18,23 +18,23 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from meaningless_tokens.config import Params
 from meaningless_tokens.errors import ModelSourceError
+from meaningless_tokens.models.entry import ModelEntry
 
 HUB_PATTERNS = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "tokenizer*"]
 
 
-def local_dir(params: Params, name: str, source) -> Path:
+def local_dir(entry: ModelEntry) -> Path:
     """The folder of a `local_dir` source, which must exist."""
-    path = params.project_path(source.path)
+    path, name = entry.path(entry.spec.source.path), entry.name
     if not path.is_dir():
         raise ModelSourceError(f"model '{name}': folder {path} not found (models.{name}.source.path)")
     return path
 
 
-def gguf_file(params: Params, name: str, source) -> Path:
+def gguf_file(entry: ModelEntry) -> Path:
     """The GGUF of a `gguf_file` source, which must exist."""
-    path = params.project_path(source.path)
+    path, name = entry.path(entry.spec.source.path), entry.name
     if not path.is_file():
         raise ModelSourceError(f"model '{name}': GGUF file {path} not found (models.{name}.source.path)")
     return path

@@ -13,7 +13,7 @@ from meaningless_tokens.store.files import (atomic_path, fs_error, glob_escape, 
 from meaningless_tokens.store.hdf5 import FORMAT_VERSION, KIND_STAGE, check_finite, put, put_json_attr, read_h5, write_h5
 from meaningless_tokens.store.paths import FIGURES_DIR, PATHS, STAGES, outputs, path
 from meaningless_tokens.store.provenance import (ENV_RECORD, environment, machine, model_provenance, provenance,
-                                                 RUN_FACTS, run_info, write_prompt_timing, write_timing)
+                                                 MACHINE_FACTS, RUN_FACTS, run_info, write_prompt_timing, write_timing)
 from meaningless_tokens.store.stages import CODE_DIRS, CODE_PATHS, DVC_YAML, ROOT, code_hashes, dvc_stage
 from meaningless_tokens.store.view import UNTRACKED, params_keys, params_view, stage_params
 
@@ -22,7 +22,7 @@ __all__ = [
     "FORMAT_VERSION", "KIND_STAGE", "check_finite", "put", "put_json_attr", "read_h5", "write_h5",
     "FIGURES_DIR", "PATHS", "STAGES", "outputs", "path",
     "ENV_RECORD", "environment", "machine", "model_provenance", "provenance", "run_info", "write_prompt_timing",
-    "RUN_FACTS", "write_timing",
+    "MACHINE_FACTS", "RUN_FACTS", "write_timing",
     "CODE_DIRS", "CODE_PATHS", "DVC_YAML", "ROOT", "code_hashes", "dvc_stage",
     "UNTRACKED", "params_keys", "params_view", "stage_params",
 ]

@@ -58,9 +58,10 @@ def model_provenance(stage: str, params, name: str, manifest: dict, unused: tupl
     return {**provenance(stage), "model": {"name": name, **manifest}, "params": stage_params(params, stage, name, unused)}
 
 
-# The sidecar's keys that say which code and machine ran (run_info, machine): what `python -m meaningless_tokens.verify`
-# prints for both sides when an output is not identical.
-RUN_FACTS = ("cpu_model", "cpu_capability", "threads", "device", "git_commit")
+# The sidecar's keys that say which machine ran (machine(); the report prints them) and which code (run_info): what
+# `python -m meaningless_tokens.verify` prints for both sides when an output is not identical.
+MACHINE_FACTS = ("device", "cpu_model", "cpu_capability", "threads")
+RUN_FACTS = (*MACHINE_FACTS, "git_commit")
 
 
 def run_info() -> dict:
