@@ -142,7 +142,7 @@ def add_to_models(text: str, block: str) -> str:
 
 def add_to_list(text: str, section: str, name: str) -> str:
     """`name` appended to the `models` list of top-level `section`: flow style (`models: [a, b]`) or block style
-    (`models:` then `- a` lines, as yaml.safe_dump writes it); `models: null` (every model) stays as it is."""
+    (`models:` then `- a` lines, as yaml.safe_dump writes it)."""
     lines = text.splitlines(keepends=True)
     start = next((i for i, line in enumerate(lines) if re.match(rf"^{section}:", line)), None)
     if start is None:
@@ -157,8 +157,6 @@ def add_to_list(text: str, section: str, name: str) -> str:
                 items.append(name)
             lines[i] = f"{m[1]}{', '.join(items)}{m[3]}"
             return "".join(lines)
-        if re.match(r"^  models:\s*(null|~)\s*(#.*)?$", lines[i]):
-            return text  # null: every model of `models`, the new one included
         if re.match(r"^  models:\s*(#.*)?$", lines[i]):
             items, last = [], i
             for j in range(i + 1, len(lines)):

@@ -74,11 +74,13 @@ def make_batches(items: list[Item], batch_size: int, condition_rank=None) -> lis
     return [ranked[i:i + batch_size] for i in range(0, len(ranked), batch_size)]
 
 
-def journal_key(weights_sha256: str | None, settings: dict, items: list[Item], **more) -> str:
-    """The key a journal is kept under: the weights, the generation settings, every greedy item (problem, condition,
-    prompt ids) and `more` (a version, the samples per item); a run resumes only a journal of the same inputs."""
+def journal_key(weights_sha256: str | None, settings: dict, items: list[Item], version: int | None = None,
+                **more) -> str:
+    """The key a journal is kept under: a version, the weights, the generation settings, every greedy item (problem,
+    condition, prompt ids) and `more` (the samples per item); a run resumes only a journal of the same inputs. The
+    version leads, as in the sweep's keys before this function: a journal an interrupted run left keeps its key."""
     return hashlib.sha256(json.dumps({
-        "weights": weights_sha256, "settings": settings,
+        **({"version": version} if version is not None else {}), "weights": weights_sha256, "settings": settings,
         "items": [(it.index, it.condition, it.input_ids) for it in items], **more}).encode()).hexdigest()
 
 
@@ -350,8 +352,8 @@ def _common_settings(cfg: Evaluate, setup: models.ModelSetup, eos: list[int], de
 
 def check_engine(cfg: Evaluate, conditions: list[str], runtime: Runtime, params_file: Path) -> None:
     """The engine's own bad input (vLLM missing, more devices than there are, arm on vLLM), before any work
-    (before the model is prepared: a stage checks this first). `cfg`: params' evaluate, `conditions`:
-    prompt.conditions; `runtime`'s device is resolved here only for vLLM (else the stage resolves it when it
+    (before the model is prepared: a stage checks this first). `cfg`: params' evaluate, `conditions`: the
+    stage's (evaluate: prompt.conditions; the sweep: its own); `runtime`'s device is resolved here only for vLLM (else the stage resolves it when it
     prepares the model)."""
     if cfg.engine == "vllm":
         vllm_engine.check(cfg, conditions, models.torch_device(runtime, params_file), params_file)

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from meaningless_tokens.config import FIELDS, ROOT, Dataset, DatasetFields, Extract, Prompt, resolve_path
-from meaningless_tokens.errors import ConfigError, DatasetError, PromptError, StageError
+from meaningless_tokens.errors import ConfigError, DatasetError, PromptError
 from meaningless_tokens.store import put
 
 

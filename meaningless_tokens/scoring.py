@@ -23,7 +23,7 @@ import numpy as np
 
 from meaningless_tokens import arm, models, progress
 from meaningless_tokens.config import ANSWER_MARK, Likelihood
-from meaningless_tokens.errors import DatasetError
+from meaningless_tokens.errors import DatasetError, UnsupportedModel
 from meaningless_tokens.prompts import Problem
 
 
@@ -422,7 +422,7 @@ def check_head(model, seq: Seq, pad: int) -> float:
     got = score(model, [seq], len(seq.input_ids), pad)[0]
     diff = float(np.max(np.abs(got - ref)))
     if not diff < 1e-3:
-        raise models.UnsupportedModel(
+        raise UnsupportedModel(
             f"model_type '{model.config.model_type}': the LM head applied at the scored positions differs from the "
             f"model's own logits by {diff:.3g} nats (a final-logit transformation this stage does not know)")
     return diff

@@ -2,9 +2,9 @@
 stage may read, where its outputs (and inputs) lie, and, for a model stage, its model.
 
 The stage's body holds only the view (store.params_view: the keys dvc.yaml lists for it; any other raises), never
-the full params: the two checks that need them whole are methods here, `setup` (models.setup_for checks the model
-against every key, charts and layers included, before any work) and `read_h5` (an input artifact must record
-today's values of its own stage's keys).
+the full params: what needs them whole is a method here, `setup` (models.setup_for checks the model against every
+key, charts and layers included, before any work), `prepare` (the layers these params' stages run) and `read_h5`
+(an input artifact must record today's values of its own stage's keys).
 """
 
 from __future__ import annotations

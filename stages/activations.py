@@ -21,7 +21,7 @@ from meaningless_tokens.stage import INDEXING, header, stage_context
 from meaningless_tokens.store import put, put_json_attr, write_h5, write_prompt_timing
 
 # what the artifact's `definitions` attribute says, and `--help`: a constant, not the docstring, so that an edit of the
-# docstring leaves the artifact's bytes, and the stages downstream of it, as they are
+# docstring leaves the attribute as it is (the file's code hash, in provenance, still changes: the stage reruns)
 DEFINITIONS = """activations@<model>: the activation shift, layer 0's gated-MLP activations under none / mless / mful (and arm).
 
 The paper's mechanism (notes/paper-method.md, section 1): the span scales the first layer's attention on

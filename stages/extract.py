@@ -33,7 +33,7 @@ from meaningless_tokens import cli, models, progress, store
 from meaningless_tokens.attention import PROMPT_CONDITIONS, QUERY_SETS, VECTORS, reduce
 from meaningless_tokens.capture import attention, compare
 from meaningless_tokens.config import Params
-from meaningless_tokens.errors import CaptureError
+from meaningless_tokens.errors import CaptureError, UnsupportedModel
 from meaningless_tokens.prompts import PromptBuilder, builder_for, check_context, dataset_spec, extraction_problems, put_problems
 from meaningless_tokens.stage import INDEXING, header, stage_context
 from meaningless_tokens.store import put, put_json_attr, write_h5, write_prompt_timing
@@ -91,7 +91,7 @@ def capture(params: Params, setup: models.ModelSetup, chosen: list) -> Capture:
     try:
         probe = compare(model, first, layers, tolerance=models.probe_tolerance(setup.dtype))
     except CaptureError as e:
-        raise models.UnsupportedModel(f"{params.file}: models.{name}.layers: model_type "
+        raise UnsupportedModel(f"{params.file}: models.{name}.layers: model_type "
                                       f"'{facts['model_type']}': {e}") from None
     vectors = {c: {v: [] for v in VECTORS} for c in conditions}
     showcase = {}

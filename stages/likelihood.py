@@ -22,7 +22,7 @@ from meaningless_tokens.stage import header, stage_context
 from meaningless_tokens.store import put, put_json_attr, write_csv_atomic, write_h5, write_json_atomic, write_timing
 
 # what the artifact's `definitions` attribute says, and `--help`: a constant, not the docstring, so that an edit of the
-# docstring leaves the artifact's bytes, and the stages downstream of it, as they are
+# docstring leaves the attribute as it is (the file's code hash, in provenance, still changes: the stage reruns)
 DEFINITIONS = """likelihood@<model>: teacher-forced log-probabilities of the reference solution and of the gold answer.
 
 A paired, continuous outcome that needs one forward pass per (problem, condition) and no generation. For each

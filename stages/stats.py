@@ -20,7 +20,7 @@ from meaningless_tokens.stage import INDEXING, StageContext, header, stage_conte
 from meaningless_tokens.store import provenance, put, put_json_attr, write_csv_atomic, write_h5, write_timing
 
 # what the artifact's `definitions` attribute says, and `--help`: a constant, not the docstring, so that an edit of the
-# docstring leaves the artifact's bytes, and the stages downstream of it, as they are
+# docstring leaves the attribute as it is (the file's code hash, in provenance, still changes: the stage reruns)
 DEFINITIONS = """stats@<model>: averaged attention statistics from `artifacts/attention/<model>.h5`.
 
 Definitions (j: original token index, i.e. position in the `none` prompt; pos(j): its position in

@@ -16,7 +16,7 @@ from meaningless_tokens.attention import QUERY_VECTOR, reduce, sample_stats
 from meaningless_tokens.capture import attention, compare
 from meaningless_tokens.config import Params, Prompt
 from meaningless_tokens.engines import Item, Journal, check_engine, journal_key, make_batches, open_engine, run_journaled
-from meaningless_tokens.errors import CaptureError, ConfigError, PromptError
+from meaningless_tokens.errors import CaptureError, ConfigError, PromptError, UnsupportedModel
 from meaningless_tokens.intervals import bootstrap_mean_ci, bootstrap_ratio_ci, paired, wilcoxon_p
 from meaningless_tokens.prompts import PromptBuilder, check_context, dataset_spec, load_problems, put_problems, select_problems
 from meaningless_tokens.stage import INDEXING, header, stage_context
@@ -24,7 +24,7 @@ from meaningless_tokens.store import (put, put_json_attr, write_csv_atomic, writ
                                       write_timing)
 
 # what the artifact's `definitions` attribute says, and `--help`: a constant, not the docstring, so that an edit of the
-# docstring leaves the artifact's bytes, and the stages downstream of it, as they are
+# docstring leaves the attribute as it is (the file's code hash, in provenance, still changes: the stage reruns)
 DEFINITIONS = """sweep@<model>: the effect against the span's length and character (the paper's dose-response).
 
 For every span token of `sweep.tokens` and count of `sweep.counts` (the paper's 0, 10, 25, 40, 55, 70)
@@ -297,7 +297,7 @@ def measure_attention(params: Params, setup: models.ModelSetup, problems) -> Att
         probe = compare(model, prompts[(cfg.tokens[0], cfg.counts[-1])][0].input_ids, [cfg.layer],
                         tolerance=models.probe_tolerance(setup.dtype))
     except CaptureError as e:
-        raise models.UnsupportedModel(f"{params.file}: sweep.layer: model_type '{facts['model_type']}': {e}") from None
+        raise UnsupportedModel(f"{params.file}: sweep.layer: model_type '{facts['model_type']}': {e}") from None
     tokenization = {t: {c: repetition(bs[(t, c)], t) for c in cfg.counts} for t in cfg.tokens}
     for t, rows in tokenization.items():
         if not all(r["linear"] for r in rows.values()):

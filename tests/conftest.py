@@ -84,7 +84,7 @@ def pytest_terminal_summary(terminalreporter):
 
 def spelled_out(spec: dict) -> dict:
     """A model entry with every key dvc.yaml lists, the schema's defaults where `spec` has none: as DVC (and so
-    `python -m stages.prepare`) needs it."""
+    every stage's command) needs it."""
     from meaningless_tokens.config import dvc_model_defaults
 
     return {**dvc_model_defaults(), **spec}

@@ -107,5 +107,4 @@ def test_the_outcome_lists_are_extended_in_flow_or_block_style():
     assert add_to_list(add_to_list(text, "evaluate", "c"), "likelihood", "c") == (
         "evaluate:\n  n_samples: 3\n  models:\n  - a\n  - b\n  - c\n  seed: 0\nlikelihood:\n  models: [a, c]  # kept\n")
     assert add_to_list(text, "evaluate", "a") == text  # listed already
-    assert add_to_list("evaluate:\n  models: null\n", "evaluate", "c") == "evaluate:\n  models: null\n"  # every model
     assert add_to_list("evaluate:\n  models:\n    - a   # x\n", "evaluate", "c") == "evaluate:\n  models:\n    - a   # x\n    - c\n"

@@ -60,6 +60,10 @@ def edited(**changes):
     ({"models": {}}, ["models", "at least 1 item"]),
     ({"evaluate__models": ["smollm2-135m", "gpt-5"]}, ["params.yaml: evaluate.models: ['gpt-5'] not configured"]),
     ({"evaluate__models": ["smollm2-135m", "smollm2-135m"]}, ["params.yaml: evaluate.models:", "names a model twice"]),
+    # the lists dvc.yaml's foreach runs over: a list, as DVC needs, and not empty; alike for every stage and `check`
+    ({"evaluate__models": None}, ["params.yaml: evaluate.models: null; dvc.yaml runs one evaluate stage per model"]),
+    ({"likelihood__models": []}, ["params.yaml: likelihood.models: empty; the stages that read it need at least one"]),
+    ({"figures__models": []}, ["params.yaml: figures.models: empty; the stages that read it need at least one"]),
     ({"models": {"Bad.Name": default_params()["models"]["smollm2-135m"]}}, ["models.Bad.Name", "(got 'Bad.Name')"]),
 ])
 def test_bad_values_name_key_value_and_allowed(tmp_path, changes, expected):
@@ -138,7 +142,8 @@ def test_the_model_keys_dvc_lists_are_those_every_entry_must_spell_out():
 
 
 def test_an_entry_without_a_listed_key_is_refused_with_the_flags_that_add_it(write_params):
-    """By `config check` and the model's prepare as DVC runs it; in-process callers may leave defaults out."""
+    """By `config check` and every stage's command (its own model's entry); in-process callers may leave defaults
+    out."""
     raw = default_params()
     entry = raw["models"]["smollm2-135m"]
     raw["models"]["mine"] = {"display_name": "Mine", "source": {"kind": "local_dir", "path": "/models/mine"}}
@@ -155,6 +160,7 @@ def test_an_entry_without_a_listed_key_is_refused_with_the_flags_that_add_it(wri
             "-S '+models.mine.template=null' -S '+models.mine.layers=[0, 1, 2]' -S '+models.mine.heads=all' "
             "-S '+models.mine.arm={c: null, k: null, percentage: null, pmax: null, pmin: null}'") in str(e.value)
     for args, said in ((["meaningless_tokens.config", "check", str(path)], "models.smollm2-135m: heads missing"),
-                       (["stages.prepare", "--model", "mine", "--params", str(path)], "models.mine: family, trust_remote_code")):
+                       (["stages.prepare", "--model", "mine", "--params", str(path)], "models.mine: family, trust_remote_code"),
+                       (["stages.extract", "--model", "mine", "--params", str(path)], "models.mine: family, trust_remote_code")):
         proc = subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, cwd=ROOT)
         assert proc.returncode == 2 and said in proc.stderr, proc.stderr

@@ -55,7 +55,7 @@ def tiny_eval_params(write_params, tiny_dirs, arch="llama", **evaluate_cfg):
     # a tiny model's steps are many small parallel regions: two threads beside the other worker's spin-wait on each
     # other (about 10x slower in `make test` than alone); one is fastest here, as tests/profile.yaml says for DVC's
     raw["runtime"]["threads"] = 1
-    raw["models"] = {"tiny": spelled_out({"display_name": f"Tiny {arch}", "family": arch,  # as DVC and prepare's command need it
+    raw["models"] = {"tiny": spelled_out({"display_name": f"Tiny {arch}", "family": arch,  # as DVC and the stages' commands need it
                                           "source": {"kind": "local_dir", "path": str(tiny_dirs[arch])}})}
     return load_params(write_params(raw))
 

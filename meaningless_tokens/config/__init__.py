@@ -25,4 +25,3 @@ from meaningless_tokens.config.loading import load_params, model_spec
 from meaningless_tokens.config.checks import (check_model_facts, DVC_MODEL_KEYS, dvc_model_defaults,
                                               check_spelled_out, check_files)
 from meaningless_tokens.config.cli import use_profile, main
-from meaningless_tokens.errors import ConfigError, StageError  # noqa: F401 - older imports name them here

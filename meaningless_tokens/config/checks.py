@@ -56,10 +56,10 @@ def dvc_model_defaults() -> dict:
 
 def check_spelled_out(params: Params, names: list[str] | None = None) -> None:
     """Refuse a model entry (of `names`, default all) that lacks a key dvc.yaml lists, naming the `-S` flags (the
-    schema's defaults) and the command that complete it. The model's prepare stage runs this (it lists the entry
-    whole, so this is the first error a `dvc exp run -S '+models.<name>...'` with only the required keys meets,
-    not DVC's, one stage at a time), and so does `config check`; code that calls the stages in-process, without
-    DVC, may leave the defaults out."""
+    schema's defaults) and the command that complete it. Every stage's command runs this for its model, and
+    `config check` for all: the model's prepare stage lists the entry whole and runs first, so this is the first error
+    a `dvc exp run -S '+models.<name>...'` with only the required keys meets, not DVC's, one stage at a time. Code that
+    calls the stages in-process, without DVC, may leave the defaults out."""
     path = params.file
     raw = yaml.load(path.read_text(), Loader=UniqueKeyLoader)  # loaded and validated already
     for name, entry in (raw.get("models") or {}).items():

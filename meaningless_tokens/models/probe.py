@@ -11,7 +11,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from meaningless_tokens.errors import ModelSourceError, UnsupportedModel
+from meaningless_tokens.errors import CaptureError, ModelSourceError, UnsupportedModel
 from meaningless_tokens.models.cache import sha256_file
 from meaningless_tokens.models.entry import ModelEntry
 from meaningless_tokens.models.partial import from_pretrained
@@ -94,7 +94,7 @@ def run_probe(entry: ModelEntry, model_dir: Path, facts: dict) -> dict:
     hf_logging.set_verbosity_error()  # a model without the interface warns on set_attn_implementation
     try:
         result = capture.compare(model, capture.probe_ids(arch["vocab_size"]), layers)
-    except capture.CaptureError as e:
+    except CaptureError as e:
         raise refuse(str(e)) from None
     except Exception as e:  # noqa: BLE001
         raise refuse(f"{type(e).__name__}: {' '.join(str(e).split())[:300]}") from None

@@ -3,11 +3,10 @@ its params list."""
 
 from __future__ import annotations
 
-from pathlib import Path
 
+from meaningless_tokens.config import ROOT
 from meaningless_tokens.errors import StageError
 
-ROOT = Path(__file__).resolve().parents[2]  # the project: meaningless_tokens/store/ is two folders below it
 DVC_YAML = ROOT / "dvc.yaml"
 CODE_PATHS = ("stages", "meaningless_tokens", "pyproject.toml")  # the code: run_info's git_commit is the last commit touching it
 CODE_DIRS = ("stages/", "meaningless_tokens/")  # a dvc.yaml dep under one of these is code
