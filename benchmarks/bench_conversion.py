@@ -59,8 +59,8 @@ tok = AutoTokenizer.from_pretrained(folder)
 problems, _ = load_math500(dataset_spec(params.dataset, params.file))
 prepared = models.PreparedModel(name=name, path=folder, weights_sha256="", files={{}}, source={{}},
                                 facts=models.model_facts(folder), probe={{}})
-setup = models.ModelSetup(name, params.models[name], prepared, "cpu", params.runtime.dtype, params.runtime.threads,
-                          params.file)
+setup = models.ModelSetup(models.ModelEntry.of(params, name), prepared, "cpu", params.runtime.dtype,
+                          params.runtime.threads)
 builder = builder_for(params.prompt, setup, tok)
 prompts = [builder.build(p)["mless"].input_ids for p in select_problems(problems, n_prompts, 0)]
 t0 = time.perf_counter()

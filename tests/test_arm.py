@@ -319,7 +319,7 @@ def arm_settings(params, name: str, model_type: str) -> arm.ArmSettings:
     would resolve, its manifest holding only the model_type ARM reads."""
     prepared = models.PreparedModel(name=name, path=Path("unfetched"), weights_sha256="", files={}, source={},
                                     facts={"model_type": model_type}, probe={})
-    setup = models.ModelSetup(name, params.models[name], prepared, "cpu", "float32", None, params.file)
+    setup = models.ModelSetup(models.ModelEntry.of(params, name), prepared, "cpu", "float32", None)
     return arm.settings_for(params.arm, params.dataset.benchmark, setup)
 
 

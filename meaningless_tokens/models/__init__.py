@@ -22,7 +22,7 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from meaningless_tokens.config import ModelSpec, Params, Runtime, check_model_facts, model_spec
+from meaningless_tokens.config import ModelSpec, Params, Runtime, check_model_facts
 from meaningless_tokens.errors import ConfigError, ModelSourceError, UnsupportedModel
 from meaningless_tokens.models.cache import MANIFEST, cache_root, converted_folder, describe_dir, model_facts, sha256_file, verify_conversion, weights_digest
 from meaningless_tokens.models.conversion import convert_gguf
@@ -61,30 +61,39 @@ class PreparedModel:
 class ModelSetup:
     """One model as a stage runs it, resolved once from params (`setup_for`) and passed down whole, so the
     code below a stage never looks the model up again in the full params."""
-    name: str
-    spec: ModelSpec          # params' models.<name>
+    entry: ModelEntry        # its name, params' models.<name>, the runtime, the params file
     prepared: PreparedModel  # the local folder and what it holds
     device: str              # the torch device runtime.device resolved to
     dtype: str               # runtime.dtype
     threads: int | None      # runtime.threads
-    params_file: Path        # the params file, named in error messages
+
+    @property
+    def name(self) -> str:
+        return self.entry.name
+
+    @property
+    def spec(self) -> ModelSpec:
+        return self.entry.spec
+
+    @property
+    def params_file(self) -> Path:
+        return self.entry.params_file
+
+    @property
+    def where(self) -> str:
+        return self.entry.where
 
     @property
     def facts(self) -> dict:
         return self.prepared.facts
-
-    @property
-    def where(self) -> str:
-        """`<params file>: models.<name>`, the start of an error about this model's settings."""
-        return f"{self.params_file}: models.{self.name}"
 
 
 def setup_for(params: Params, name: str, layers=None) -> ModelSetup:
     """Model `name` ready for a stage: runtime.device checked first (a stage asked for CUDA on a machine
     without it stops before any model is fetched, converted or loaded), then `prepare`."""
     device = torch_device(params.runtime, params.file)
-    return ModelSetup(name, model_spec(params, name), prepare(params, name, layers), device, params.runtime.dtype,
-                      params.runtime.threads, params.file)
+    return ModelSetup(ModelEntry.of(params, name), prepare(params, name, layers), device, params.runtime.dtype,
+                      params.runtime.threads)
 
 
 def prepare(params: Params, name: str, layers=None) -> PreparedModel:
