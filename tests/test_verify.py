@@ -113,7 +113,7 @@ def test_hdf5_values_within_and_beyond_tolerance(clean):
     assert "here" in row["detail"] and "in the revision" in row["detail"]
     # both sides' run facts are printed for an output that is not identical
     proc = repo.run("python", "-m", "meaningless_tokens.verify", check=False)
-    assert f"extract@{A}: cpu_model" in proc.stdout
+    assert f"extract@{A}: device cpu; cpu_model" in proc.stdout
 
 
 def test_damaged_outputs_each_get_a_clear_status(clean):
