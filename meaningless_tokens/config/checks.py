@@ -9,7 +9,7 @@ from pydantic import BaseModel
 
 from meaningless_tokens.config.base import FAMILIES, PROFILES_DIR, ROOT, resolve_path
 from meaningless_tokens.config.charts import check_chart_facts
-from meaningless_tokens.config.loading import UniqueKeyLoader, model_spec
+from meaningless_tokens.config.loading import model_spec
 from meaningless_tokens.config.model import ModelSpec
 from meaningless_tokens.config.schema import Params
 from meaningless_tokens.errors import ConfigError
@@ -61,11 +61,11 @@ def check_spelled_out(params: Params, names: list[str] | None = None) -> None:
     a `dvc exp run -S '+models.<name>...'` with only the required keys meets, not DVC's, one stage at a time. Code that
     calls the stages in-process, without DVC, may leave the defaults out."""
     path = params.file
-    raw = yaml.load(path.read_text(), Loader=UniqueKeyLoader)  # loaded and validated already
-    for name, entry in (raw.get("models") or {}).items():
+    for name, spec in params.models.items():
         if names is not None and name not in names:
             continue
-        missing = [k for k in DVC_MODEL_KEYS if k not in (entry or {})]  # required keys failed validation already
+        # the keys the file gave (pydantic's fields_set), not those the schema's defaults filled in
+        missing = [k for k in DVC_MODEL_KEYS if k not in spec.model_fields_set]
         if not missing:
             continue
         defaults = dvc_model_defaults()

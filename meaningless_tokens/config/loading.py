@@ -29,7 +29,7 @@ def _format_error(path: Path, err: dict) -> str:
     return f"{path}: {loc or '<root>'}: {msg}{shown}"
 
 
-class UniqueKeyLoader(yaml.SafeLoader):
+class _UniqueKeyLoader(yaml.SafeLoader):
     """safe_load that refuses a key given twice in one mapping (YAML says keys are unique; PyYAML keeps the last,
     DVC refuses the file: both stages and `config check` refuse it as DVC does)."""
 
@@ -62,7 +62,7 @@ class UniqueKeyLoader(yaml.SafeLoader):
 def load_params(path: str | os.PathLike = PARAMS_FILE) -> Params:
     path = Path(path)
     try:
-        raw = yaml.load(path.read_text(), Loader=UniqueKeyLoader)
+        raw = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)
     except FileNotFoundError:
         raise ConfigError(f"{path}: params file not found") from None
     except OSError as e:
