@@ -105,10 +105,15 @@ test-vllm: install-vllm
 # locks/cuda.txt; a pure-Python sdist is built into a wheel here); no DVC: the tier runs the stages in-process.
 GPU_PYTHON ?= python3
 GPU_SITE   ?= /tmp/meaningless-tokens-gpu-site
-GPU_WHEELS := transformers tokenizers huggingface-hub safetensors httpx2 httpcore2 pydantic pydantic-core \
+# The image's own package names (no versions) are in locks/gpu-image.txt: `make gpu-wheels` fails naming any
+# requirement of a carried wheel that neither another carried wheel nor the image provides.
+GPU_WHEELS := transformers tokenizers huggingface-hub safetensors httpx2 httpcore2 truststore pydantic pydantic-core \
               annotated-types typing-inspection math-verify latex2sympy2-extended antlr4-python3-runtime
+GPU_IMAGE  := locks/gpu-image.txt
 test-gpu:
 	if ls .whl/*.whl >/dev/null 2>&1; then $(GPU_PYTHON) -m pip install -q --no-index --no-deps --no-compile --upgrade --target $(GPU_SITE) .whl/*.whl; fi
+	@echo "pip check with $(GPU_SITE) on the path (version conflicts between the wheels and the image):"
+	-PYTHONPATH=$(GPU_SITE) $(GPU_PYTHON) -m pip check
 	PYTHONPATH=$(GPU_SITE):$(CURDIR) $(GPU_PYTHON) -m pytest -p no:cacheprovider -m cuda tests/test_cuda.py $(PYTEST_ARGS)
 
 gpu-wheels:
@@ -119,6 +124,7 @@ gpu-wheels:
 	    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl "$$pin" 2>/dev/null \
 	  || $(PYTHON) -m pip wheel --quiet --no-deps -w .whl "$$pin" || exit 1; \
 	done
+	$(PYTHON) -m meaningless_tokens.envlock wheels .whl $(GPU_IMAGE)
 	du -sh .whl
 
 clean-venv:

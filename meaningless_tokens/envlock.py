@@ -10,6 +10,7 @@ pyproject.toml is told apart from one that merely satisfies it.
     python -m meaningless_tokens.envlock lock [NAME ...]   # remake the locks (needs uv: `make lock` provides it)
     python -m meaningless_tokens.envlock record LOCK       # after an install: which lock this environment holds
     python -m meaningless_tokens.envlock check             # the environment against its lock; pyproject against every lock
+    python -m meaningless_tokens.envlock wheels DIR IMAGE  # the GPU machine's wheels (`make gpu-wheels`) form a closed set
 """
 
 from __future__ import annotations
@@ -190,6 +191,79 @@ def make(names: list[str], uv: str) -> None:
                              f"{_uv_version(uv)}): {shown}\n{body}")
 
 
+# The GPU machine's interpreter (`make test-gpu`, `make gpu-check`): the markers of a carried wheel's requirements
+# are evaluated for it.
+GPU_MARKERS = {"implementation_name": "cpython", "platform_python_implementation": "CPython", "os_name": "posix",
+               "sys_platform": "linux", "platform_system": "Linux", "platform_machine": "x86_64",
+               "python_version": "3.12", "python_full_version": "3.12.3", "implementation_version": "3.12.3",
+               "extra": ""}
+
+
+def _packaging():
+    """packaging's requirements and utils: the environment's, else pip's vendored copy (`make gpu-wheels` may run
+    with a bare python3)."""
+    try:
+        from packaging import requirements, utils
+    except ImportError:
+        from pip._vendor.packaging import requirements, utils
+    return requirements, utils
+
+
+def wheel_requirements(wheel: Path) -> tuple[str, str, list[str]]:
+    """(name, version, Requires-Dist lines) from a wheel's METADATA."""
+    import email.parser
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(wheel) as z:
+            meta = next((n for n in z.namelist() if n.count("/") == 1 and n.endswith(".dist-info/METADATA")), None)
+            if meta is None:
+                raise LockError(f"{wheel}: no *.dist-info/METADATA (not a wheel)")
+            msg = email.parser.BytesParser().parsebytes(z.read(meta), headersonly=True)
+    except (OSError, zipfile.BadZipFile) as e:
+        raise LockError(f"{wheel}: cannot read it as a wheel ({e})") from None
+    return msg["Name"], msg["Version"], list(msg.get_all("Requires-Dist") or [])
+
+
+def image_names(image: Path) -> set[str]:
+    """The GPU image's package names (`image`: one a line, # comments), canonical."""
+    _, utils = _packaging()
+    try:
+        lines = image.read_text().splitlines()
+    except OSError as e:
+        raise LockError(f"{image}: {e.strerror or e}") from None
+    return {utils.canonicalize_name(line.split("#")[0].strip()) for line in lines if line.split("#")[0].strip()}
+
+
+def closure(dists: list[tuple[str, str, str, list[str]]], image: set[str], where: str) -> list[str]:
+    """What the distributions `dists` ((label, name, version, Requires-Dist lines)) require, markers evaluated for
+    GPU_MARKERS, that neither one of them nor the image's packages (`image`, names only: so only the carried
+    versions are checked against the specifiers) provide; [] when the set is closed. `where` names the carried set."""
+    requirements, utils = _packaging()
+    carried = {utils.canonicalize_name(name): version for _, name, version, _ in dists}
+    problems = []
+    for label, _, _, lines in dists:
+        for line in lines:
+            req = requirements.Requirement(line)
+            if req.marker is not None and not req.marker.evaluate(GPU_MARKERS):
+                continue
+            name = utils.canonicalize_name(req.name)
+            if name in carried:
+                if req.specifier and not req.specifier.contains(carried[name], prereleases=True):
+                    problems.append(f"{label} requires {line}, but {where} carries {name} {carried[name]}")
+            elif name not in image:
+                problems.append(f"{label} requires {line}, which neither {where} nor the image holds")
+    return problems
+
+
+def wheel_closure(folder: Path, image: Path) -> list[str]:
+    """`closure` of the wheels in `folder` (`make gpu-wheels`) against the image's names listed in `image`."""
+    wheels = sorted(folder.glob("*.whl"))
+    if not wheels:
+        raise LockError(f"{folder}: no wheels (run `make gpu-wheels`)")
+    return closure([(w.name, *wheel_requirements(w)) for w in wheels], image_names(image), f"{folder}/")
+
+
 def _uv_version(uv: str) -> str:
     return subprocess.run([uv, "--version"], capture_output=True, text=True, check=True).stdout.split()[1]
 
@@ -204,6 +278,9 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("record", help="note which lock this environment was installed from")
     p.add_argument("lock", type=Path)
     sub.add_parser("check", help="the environment against its lock, and pyproject.toml against every lock")
+    p = sub.add_parser("wheels", help="the wheels carried to the GPU machine require nothing it lacks")
+    p.add_argument("folder", type=Path)
+    p.add_argument("image", type=Path, help="the GPU image's package names, one a line")
     args = ap.parse_args(argv)
     try:
         if args.command == "lock":
@@ -213,6 +290,13 @@ def main(argv: list[str] | None = None) -> int:
             make(args.names or list(SPECS), args.uv)
         elif args.command == "record":
             record(args.lock)
+        elif args.command == "wheels":
+            problems = wheel_closure(args.folder, args.image)
+            if problems:
+                print("\n".join(f"error: {p}" for p in problems), file=sys.stderr)
+                return 1
+            print(f"{args.folder}: {len(list(args.folder.glob('*.whl')))} wheels, every requirement met by them or "
+                  f"the image's packages ({args.image})")
         else:
             from meaningless_tokens.store import ENV_RECORD, environment
 

@@ -67,3 +67,53 @@ def test_a_lock_without_exact_pins_is_refused(tmp_path):
 
 def test_provenance_records_the_lock():
     assert provenance("report")["environment"] == environment()
+
+
+def _wheel(folder, name, version, requires):
+    """A minimal wheel: its dist-info METADATA is all `wheel_closure` reads."""
+    import zipfile
+
+    path = folder / f"{name}-{version}-py3-none-any.whl"
+    meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + "".join(f"Requires-Dist: {r}\n" for r in requires)
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr(f"{name}-{version}.dist-info/METADATA", meta)
+    return path
+
+
+def test_the_gpu_wheels_check_names_what_the_carried_set_lacks(tmp_path):
+    image = tmp_path / "image.txt"
+    image.write_text("# the image\nnumpy\nTyping_Extensions\n")
+    _wheel(tmp_path, "alpha", "1.0", ["beta>=2", "numpy", "typing-extensions>=4",
+                                      "gamma; sys_platform == 'win32'", "delta; python_version < '3.12'",
+                                      "epsilon; extra == 'docs'", "zeta; sys_platform != 'emscripten'"])
+    _wheel(tmp_path, "beta", "1.5", [])
+    problems = envlock.wheel_closure(tmp_path, image)
+    # markers for CPython 3.12 on Linux x86-64: gamma, delta and the extra are not required there; zeta is
+    assert len(problems) == 2, problems
+    assert "alpha-1.0-py3-none-any.whl requires beta>=2, but" in problems[0] and "beta 1.5" in problems[0]
+    assert "requires zeta; sys_platform != 'emscripten', which neither" in problems[1]
+    _wheel(tmp_path, "zeta", "0.1", [])
+    (tmp_path / "beta-1.5-py3-none-any.whl").unlink()
+    _wheel(tmp_path, "beta", "2.0", ["numpy"])
+    assert envlock.wheel_closure(tmp_path, image) == []
+    assert envlock.main(["wheels", str(tmp_path), str(image)]) == 0
+    with pytest.raises(envlock.LockError, match="no wheels"):
+        envlock.wheel_closure(tmp_path / "empty", image)
+
+
+def test_the_gpu_wheels_of_the_makefile_form_a_closed_set():
+    """GPU_WHEELS at the versions this environment holds (the CPU lock pins the same versions as the CUDA one for
+    these pure-Python and ABI3 packages): every requirement on the GPU machine is met by them or its image."""
+    import re
+    from importlib import metadata
+
+    make = (ROOT / "Makefile").read_text()
+    names = re.search(r"^GPU_WHEELS := ((?:.*\\\n)*.*)$", make, re.M).group(1).replace("\\\n", " ").split()
+    image = re.search(r"^GPU_IMAGE\s*:= (\S+)", make, re.M).group(1)
+    cuda = envlock.parse(ROOT / "locks" / "cuda.txt")
+    dists = []
+    for name in names:
+        dist = metadata.distribution(name)
+        assert dist.version == cuda[envlock.canonical(name)], (name, dist.version)
+        dists.append((name, name, dist.version, dist.requires or []))
+    assert envlock.closure(dists, envlock.image_names(ROOT / image), "GPU_WHEELS") == []
