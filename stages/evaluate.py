@@ -44,7 +44,7 @@ from meaningless_tokens.grading import has_complete_box
 from meaningless_tokens.intervals import paired
 from meaningless_tokens.prompts import PromptBuilder, builder_for, check_context, dataset_spec, load_problems, put_problems, select_problems
 from meaningless_tokens.stage import header, stage_context
-from meaningless_tokens.store import put, put_json_attr, write_h5, write_json_atomic, write_timing
+from meaningless_tokens.store import put, put_json_attr, put_texts, write_h5, write_json_atomic, write_timing
 
 # the stage's outputs (and its journal): role -> artifact kind (store.PATHS)
 OUTPUTS = {"out": "eval", "metrics": "metrics/accuracy", "timing": "timing/evaluate", "journal": "journal/eval"}
@@ -206,20 +206,21 @@ def write_artifact(out: Path, params: Params, plan: Plan, chosen: list, by_cond:
         for c in conditions:
             g, recs = f.create_group(c), by_cond[c]
             put(g, "prompt_tokens", np.array([len(built[q.index][c].input_ids) for q in chosen], dtype=np.int32))
-            put(g, "output", np.array([r.output for r in recs], dtype=object), compress=False)
+            # texts through put_texts: a model can write NUL or a lone surrogate, which HDF5 strings cannot hold
+            put_texts(g, "output", [r.output for r in recs], compress=False)
             put(g, "n_tokens", np.array([r.n_tokens for r in recs], dtype=np.int32))
-            put(g, "stop", np.array([r.stop for r in recs], dtype=object), compress=False)
-            put(g, "extracted", np.array([r.extracted for r in recs], dtype=object), compress=False)
+            put_texts(g, "stop", [r.stop for r in recs], compress=False)
+            put_texts(g, "extracted", [r.extracted for r in recs], compress=False)
             put(g, "correct", np.array([r.correct for r in recs], dtype=bool))
-            put(g, "paper_extracted", np.array([r.paper_extracted or "" for r in recs], dtype=object),
-                compress=False, note="'' where prompt + output hold no complete box")
+            put_texts(g, "paper_extracted", [r.paper_extracted or "" for r in recs], compress=False,
+                      note="'' where prompt + output hold no complete box")
             put(g, "paper_correct", np.array([r.paper_correct for r in recs], dtype=bool))
             if samples:  # [problems, samples]; graded on the output alone, as the paper's pass@3
                 sg, rows = g.create_group("sampled"), samples[c]
-                put(sg, "output", np.array([[r.output for r in row] for row in rows], dtype=object), compress=False)
+                put_texts(sg, "output", [[r.output for r in row] for row in rows], compress=False)
                 put(sg, "n_tokens", np.array([[r.n_tokens for r in row] for row in rows], dtype=np.int32))
-                put(sg, "stop", np.array([[r.stop for r in row] for row in rows], dtype=object), compress=False)
-                put(sg, "extracted", np.array([[r.extracted for r in row] for row in rows], dtype=object), compress=False)
+                put_texts(sg, "stop", [[r.stop for r in row] for row in rows], compress=False)
+                put_texts(sg, "extracted", [[r.extracted for r in row] for row in rows], compress=False)
                 put(sg, "correct", np.array([[r.correct for r in row] for row in rows], dtype=bool))
                 put(sg, "paper_correct", np.array([[r.paper_correct for r in row] for row in rows], dtype=bool),
                     note="the paper's rule on the output alone (its pass@3)")

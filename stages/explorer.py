@@ -35,7 +35,7 @@ from meaningless_tokens.charts.context import Context
 from meaningless_tokens.charts.load import load_stats
 from meaningless_tokens.config import ONE_LAYER_KINDS, Params, figure_models
 from meaningless_tokens.errors import ArtifactError
-from meaningless_tokens.store import atomic_path, read_h5
+from meaningless_tokens.store import atomic_path, read_h5, read_texts
 
 OUTPUTS = {"out": "explorer"}  # the stage's output: role -> artifact kind (store.PATHS)
 LEVELS = 255  # one byte per weight
@@ -149,7 +149,7 @@ def collect(params: Params, name: str, blobs: list[str]) -> dict:
         prov = json.loads(f.attrs["provenance"])
         tok = Tokens(params, name, int(prov["tokenizer"]["vocab_size"]))
         offsets = {c: f[c]["offsets"][()] for c in conditions}
-        index = f["problems/index"][()]
+        index, subjects = f["problems/index"][()], read_texts(f["problems/subject"])
         prompts = []
         for key in sorted(f["showcase"]):
             k = int(key)
@@ -171,7 +171,7 @@ def collect(params: Params, name: str, blobs: list[str]) -> dict:
             if problem != int(index[k]):
                 raise ArtifactError(f"{path}: showcase/{key}: problem_index {problem} != problems/index[{k}] {index[k]}")
             prompts.append({"key": key, "index": problem, "level": int(f["problems/level"][k]),
-                            "subject": _str(f["problems/subject"][k]),
+                            "subject": subjects[k],
                             "text": tok.decode(f["none"]["input_ids"][n0:n1]), "conds": conds})
     act_path = root / store.path("activations", name)
     for pr in prompts:

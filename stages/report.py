@@ -32,7 +32,7 @@ from meaningless_tokens.charts.phrases import label
 from meaningless_tokens.charts.trace import Num, Sources, Text, artifact, md_escape
 from meaningless_tokens.config import Params
 from meaningless_tokens.errors import ArtifactError
-from meaningless_tokens.store import FIGURES_DIR, atomic_path, read_h5
+from meaningless_tokens.store import FIGURES_DIR, atomic_path, read_h5, read_texts
 
 # the stage's outputs beside the verdict and docs/results.md (write_results): role -> artifact kind (store.PATHS)
 OUTPUTS = {"html": "report.html", "md": "report.md"}
@@ -51,18 +51,15 @@ def example(params: Params, root: Path, name: str, disp: str, limit: int = 700) 
     with read_h5(path, "eval", ("problems/index", "problems/answer")) as f:
         conds = [str(c) for c in f.attrs["conditions"]]
         index = f["problems/index"][()]
-        answers = [a.decode() if isinstance(a, bytes) else str(a) for a in f["problems/answer"][()]]
+        answers = read_texts(f["problems/answer"])
         correct = np.stack([f[c]["correct"][()] for c in conds])
         k = next((k for k in range(len(index)) if correct[:, k].min() != correct[:, k].max()), 0)
         rows = []
         for c in conds:
-            out = f[c]["output"][k]
-            out = out.decode() if isinstance(out, bytes) else str(out)
-            ext = f[c]["extracted"][k]
+            out = read_texts(f[c]["output"])[k]
             rows.append({"condition": c, "correct": bool(f[c]["correct"][k]),
-                         "extracted": ext.decode() if isinstance(ext, bytes) else str(ext),
-                         "n_tokens": int(f[c]["n_tokens"][k]), "stop": (f[c]["stop"][k]).decode()
-                         if isinstance(f[c]["stop"][k], bytes) else str(f[c]["stop"][k]),
+                         "extracted": read_texts(f[c]["extracted"])[k],
+                         "n_tokens": int(f[c]["n_tokens"][k]), "stop": read_texts(f[c]["stop"])[k],
                          "output": out if len(out) <= limit else out[:limit] + " […]"})
     problems, _ = load_problems(dataset_spec(params.dataset, params.file))
     problem = next(p for p in problems if p.index == int(index[k]))  # index: the file's row (a filter skips rows)
@@ -116,7 +113,7 @@ def boxed_grades(root: Path, name: str) -> dict[str, str]:
     out = {}
     with read_h5(root / store.path("eval", name), "eval") as f:
         for c in [str(c) for c in f.attrs["conditions"]]:
-            texts = [o.decode() if isinstance(o, bytes) else str(o) for o in f[c]["output"][()]]
+            texts = list(read_texts(f[c]["output"]))
             boxed = np.array([grading.has_complete_box(t) for t in texts], dtype=bool)
             right = f[c]["paper_correct"][()].astype(bool)
             k = int(boxed.sum())

@@ -1,5 +1,7 @@
+import inspect
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -10,7 +12,8 @@ import pytest
 
 from meaningless_tokens import engines
 from meaningless_tokens import models
-from stages import evaluate
+from meaningless_tokens import store
+from stages import evaluate, report
 from meaningless_tokens.config import load_params
 from meaningless_tokens.errors import ArtifactError, ConfigError
 from meaningless_tokens.grading import grade, has_complete_box
@@ -71,6 +74,10 @@ def test_evaluate_writes_graded_records_metrics_and_is_deterministic(arch, tiny_
     params = tiny_eval_params(write_params, tiny_dirs, arch)
     out = evaluate.run(params, "tiny", root=tmp_path / "a")
     data, metrics = read_eval(out)
+    with read_h5(out, "eval") as f:  # ordinary texts need no escape: no attribute beyond what plain strings carry
+        escaped = []
+        f.visititems(lambda name, obj: escaped.extend(name for key in ("escape", "escaped") if key in obj.attrs))
+    assert escaped == []
     problems, _ = load_math500(dataset_spec(params.dataset, params.file))
     assert list(data["problems/index"]) == [p.index for p in select_problems(problems, 4, 0)]
     assert all(0 < n <= 12 for n in data["mful/n_tokens"])
@@ -170,6 +177,83 @@ def test_interrupted_run_resumes_to_the_same_artifact(sig, tiny_dirs, write_para
     assert out.read_bytes() == reference
     assert json.loads((root / "metrics/timing/evaluate-tiny.json").read_text())["resumed_generations"] >= kept - 1
     assert not journal.exists()
+
+
+def forcing(token: int, step: int):
+    """engines.generate with `token` forced at generated position `step` of every row, after any sampler."""
+    import torch
+    from transformers import LogitsProcessor
+
+    original = engines.generate
+    signature = inspect.signature(original)
+
+    class Force(LogitsProcessor):
+        def __init__(self, width, sampler):
+            self.width, self.sampler = width, sampler
+
+        def __call__(self, input_ids, scores):
+            if self.sampler is not None:
+                scores = self.sampler(input_ids, scores)
+            if input_ids.shape[1] == self.width + step:
+                scores = torch.full_like(scores, float("-inf"))
+                scores[:, token] = 0.0
+            return scores
+
+    def generate(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        width = max(len(it.input_ids) for it in bound.arguments["batch"])
+        bound.arguments["sampler"] = Force(width, bound.arguments.get("sampler"))
+        return original(*bound.args, **bound.kwargs)
+
+    return generate
+
+
+def test_a_generated_nul_is_stored_and_read_back_exactly(tiny_dirs, write_params, cache_dir, tmp_path, monkeypatch):
+    """A model that writes NUL (h5py refuses it in a string) gets its texts stored: read back through
+    store.read_texts they equal the journal's, greedy [problems] and sampled [problems, samples]; the report
+    shows them."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_dirs["llama"])
+    nul = next(i for i in range(len(tok)) if tok.decode([i]) == "\x00")
+    monkeypatch.setattr(engines, "generate", forcing(nul, step=2))
+    raw = tiny_eval_params(write_params, tiny_dirs).model_dump()
+    raw["evaluate"]["sampling"].update(n=2, temperature=1.0, top_k=0)
+    params = load_params(write_params(raw))
+    root = tmp_path / "a"
+    journal, kept = root / store.path("journal/eval", "tiny"), tmp_path / "journal.jsonl"
+    write_artifact = evaluate.write_artifact
+
+    def keep_journal(*args, **kwargs):  # the stage deletes its journal once the artifact is written
+        shutil.copyfile(journal, kept)
+        return write_artifact(*args, **kwargs)
+
+    monkeypatch.setattr(evaluate, "write_artifact", keep_journal)
+    out = evaluate.run(params, "tiny", root=root)
+    lines = kept.read_text(encoding="utf-8").splitlines()[1:]
+    records = {(r["index"], r["condition"], r["sample"]): r for r in map(json.loads, lines)}
+    assert sum("\x00" in r["output"] for r in records.values() if r["sample"] < 0) > 4
+    assert sum("\x00" in r["output"] for r in records.values() if r["sample"] >= 0) > 4
+    conditions = params.prompt.conditions
+    with read_h5(out, "eval", ("problems/index",)) as f:
+        index = [int(i) for i in f["problems/index"][()]]
+        for c in conditions:
+            for name in ("output", "extracted", "stop"):
+                texts = store.read_texts(f[c][name])
+                assert texts.shape == (4,) and texts.dtype == object
+                assert list(texts) == [records[(i, c, -1)][name] for i in index], (c, name)
+            sampled = store.read_texts(f[c]["sampled/output"])
+            assert sampled.shape == (4, 2)
+            assert sampled.tolist() == [[records[(i, c, j)]["output"] for j in range(2)] for i in index], c
+            assert "escaped" in f[c]["output"].attrs and "escaped" not in f[c]["stop"].attrs
+    example = report.example(params, root, "tiny", "Tiny llama")
+    k = index.index(example["index"])
+    shown = {row["condition"]: row["output"] for row in example["rows"]}
+    assert shown == {c: records[(index[k], c, -1)]["output"] for c in conditions}
+    assert any("\x00" in text for text in shown.values())
+    monkeypatch.setattr(evaluate, "write_artifact", write_artifact)
+    again = evaluate.run(params, "tiny", root=tmp_path / "b")
+    assert again.read_bytes() == out.read_bytes()
 
 
 def test_journal_of_other_inputs_is_discarded_and_damage_is_reported(tiny_dirs, write_params, cache_dir, tmp_path):

@@ -13,7 +13,7 @@ from meaningless_tokens import models, sampling
 from stages import evaluate
 from meaningless_tokens.config import load_params
 from meaningless_tokens.prompts import builder_for, dataset_spec, load_problems
-from meaningless_tokens.store import read_h5
+from meaningless_tokens.store import read_h5, read_texts
 
 
 # ---- the estimators ------------------------------------------------------------------------------------
@@ -98,7 +98,7 @@ def test_evaluate_with_sampling_metrics_artifact_resume_and_byte_identical(tiny_
     s = m["sampling"]
     with read_h5(out, "eval", ("none/sampled/correct",)) as f:
         correct = f["none/sampled/correct"][()]
-        outputs = f["none/sampled/output"].asstr()[()]
+        outputs = read_texts(f["none/sampled/output"])
         assert correct.shape == (4, 3) and f["mful/sampled/output"].shape == (4, 3)
         prov = json.loads(f.attrs["provenance"])
     assert prov["generation"]["sampling"]["temperature"] == 1.0 and prov["generation"]["sampling"]["n"] == 3

@@ -15,7 +15,7 @@ from meaningless_tokens import engines
 from meaningless_tokens import vllm_engine
 from stages import evaluate
 from meaningless_tokens.config import load_params
-from meaningless_tokens.store import read_h5
+from meaningless_tokens.store import read_h5, read_texts
 from tests.conftest import SUMMARY, default_params
 
 pytestmark = [pytest.mark.slow,
@@ -28,8 +28,8 @@ MODELS = list(default_params()["evaluate"]["models"])  # the models the default 
 def read(path):
     with read_h5(path, "eval", ("problems/index",)) as f:
         conds = list(f.attrs["conditions"])
-        return {c: {"output": [o.decode() if isinstance(o, bytes) else o for o in f[c]["output"][()]],
-                    "correct": f[c]["correct"][()], "stop": list(f[c]["stop"][()])} for c in conds}, \
+        return {c: {"output": list(read_texts(f[c]["output"])),
+                    "correct": f[c]["correct"][()], "stop": list(read_texts(f[c]["stop"]))} for c in conds}, \
             json.loads(f.attrs["provenance"])
 
 

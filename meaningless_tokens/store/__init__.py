@@ -1,7 +1,8 @@
 """Artifacts on disk, one module per job; `from meaningless_tokens import store` reaches them all.
 
   files       atomic writes (temporary file, then rename) and filesystem faults as one line
-  hdf5        HDF5 artifacts: deterministic writing, reading that checks kind, stage, model and params
+  hdf5        HDF5 artifacts: deterministic writing, reading that checks kind, stage, model and params, texts that
+              round-trip every character (`put_texts`, `read_texts`)
   stages      dvc.yaml as the stages' definition: deps, the code hashes a stage records
   view        the params a stage reads: exactly dvc.yaml's list (`params_view`, `stage_params`)
   provenance  what an artifact records of the code and environment; the run's timing sidecar
@@ -10,7 +11,8 @@
 
 from meaningless_tokens.store.files import (atomic_path, fs_error, glob_escape, os_error_line, os_reason,
                                             write_csv_atomic, write_json_atomic)
-from meaningless_tokens.store.hdf5 import FORMAT_VERSION, KIND_STAGE, check_finite, put, put_json_attr, read_h5, write_h5
+from meaningless_tokens.store.hdf5 import (FORMAT_VERSION, KIND_STAGE, TEXT_ESCAPE, check_finite, put, put_json_attr,
+                                            put_texts, read_h5, read_texts, write_h5)
 from meaningless_tokens.store.paths import FIGURES_DIR, PATHS, STAGES, outputs, path
 from meaningless_tokens.store.provenance import (ENV_RECORD, environment, machine, model_provenance, provenance,
                                                  MACHINE_FACTS, RUN_FACTS, run_info, write_prompt_timing, write_timing)
@@ -19,7 +21,8 @@ from meaningless_tokens.store.view import UNTRACKED, params_keys, params_view, s
 
 __all__ = [
     "atomic_path", "fs_error", "glob_escape", "os_error_line", "os_reason", "write_csv_atomic", "write_json_atomic",
-    "FORMAT_VERSION", "KIND_STAGE", "check_finite", "put", "put_json_attr", "read_h5", "write_h5",
+    "FORMAT_VERSION", "KIND_STAGE", "TEXT_ESCAPE", "check_finite", "put", "put_json_attr", "put_texts", "read_h5",
+    "read_texts", "write_h5",
     "FIGURES_DIR", "PATHS", "STAGES", "outputs", "path",
     "ENV_RECORD", "environment", "machine", "model_provenance", "provenance", "run_info", "write_prompt_timing",
     "MACHINE_FACTS", "RUN_FACTS", "write_timing",

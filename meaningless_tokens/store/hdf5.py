@@ -1,5 +1,6 @@
-"""HDF5 artifacts: deterministic writing (fixed library bounds, no timestamps, checksummed datasets) and reading that
-refuses a file of another kind, stage, model or params."""
+"""HDF5 artifacts: deterministic writing (fixed library bounds, no timestamps, checksummed datasets), reading that
+refuses a file of another kind, stage, model or params, and texts that round-trip every character (`put_texts`,
+`read_texts`)."""
 
 from __future__ import annotations
 
@@ -77,8 +78,7 @@ def put(group, name: str, data, compress: bool = True, **attrs):
     import numpy as np
 
     data = np.asarray(data)
-    final = _WRITING.get(group.file.filename, group.file.filename)
-    check_finite(data, f"{final}: {group.name.rstrip('/')}/{name}")
+    check_finite(data, _where(group, name))
     kw = {}
     if data.dtype.kind == "O":  # variable-length strings: the checksum would cover only their heap pointers
         if compress and data.size >= 1024:
@@ -91,6 +91,88 @@ def put(group, name: str, data, compress: bool = True, **attrs):
     for k, v in attrs.items():
         ds.attrs[k] = v
     return ds
+
+
+def _where(group, name: str) -> str:
+    """"<artifact>: <dataset>", naming the file being written by the artifact it becomes."""
+    return f"{_WRITING.get(group.file.filename, group.file.filename)}: {group.name.rstrip('/')}/{name}"
+
+
+# HDF5's variable-length strings are UTF-8 without NUL: h5py refuses a text holding NUL or a lone surrogate (no
+# UTF-8 form), and a model can write either. Such an element is stored as its JSON string literal (ASCII) and
+# listed in the dataset's `escaped` attribute; a dataset with nothing to escape is written as plain strings with
+# no extra attribute, byte for byte as before.
+TEXT_ESCAPE = ("json: the elements at the flat (C-order) indices in the attribute `escaped` hold json.dumps(text) "
+               "(ASCII), as HDF5 strings cannot hold NUL or lone surrogates; meaningless_tokens.store.read_texts "
+               "decodes them")
+
+
+def _storable(text: str) -> bool:
+    if "\x00" in text:
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def put_texts(group, name: str, texts, compress: bool = True, **attrs):
+    """A dataset of texts (any shape) that round-trips every character: read it with `read_texts`."""
+    import numpy as np
+
+    data = np.array(texts, dtype=object)
+    flat = data.reshape(-1)  # a view: escaping an element of `flat` escapes it in `data`
+    escaped = []
+    for i, text in enumerate(flat):
+        if not isinstance(text, str):
+            index = list(map(int, np.unravel_index(i, data.shape)))
+            raise TypeError(f"{_where(group, name)}: element {index} is a {type(text).__name__}, not a str")
+        if not _storable(text):
+            flat[i] = json.dumps(text, ensure_ascii=True)
+            escaped.append(i)
+    if escaped:
+        attrs = {**attrs, "escape": TEXT_ESCAPE, "escaped": np.array(escaped, dtype=np.int64)}
+    return put(group, name, data, compress=compress, **attrs)
+
+
+def read_texts(ds):
+    """A dataset of texts as an array of str of its shape, escaped elements decoded (`put_texts`). Its dtype is
+    object: numpy's fixed-width str would drop a text's trailing NULs. Damage is an ArtifactError naming the file
+    and the dataset."""
+    import h5py
+    import numpy as np
+
+    where = f"{ds.file.filename}: {ds.name}"
+    if h5py.check_string_dtype(ds.dtype) is None:
+        raise ArtifactError(f"{where}: not a dataset of texts (dtype {ds.dtype})")
+    try:
+        texts = np.array(ds.asstr()[()], dtype=object)
+    except UnicodeDecodeError as e:
+        raise ArtifactError(f"{where}: not UTF-8 text ({e}); corrupt or written by another tool?") from None
+    if "escaped" not in ds.attrs and "escape" not in ds.attrs:
+        return texts
+    scheme = ds.attrs.get("escape")
+    scheme = scheme.decode() if isinstance(scheme, bytes) else scheme
+    if not isinstance(scheme, str) or scheme.split(":")[0] != "json" or "escaped" not in ds.attrs:
+        raise ArtifactError(f"{where}: attributes escape={scheme!r} and escaped do not describe the JSON escape "
+                            f"this version reads (written by another version?)")
+    index = np.asarray(ds.attrs["escaped"])
+    flat = texts.reshape(-1)
+    if (index.ndim != 1 or index.dtype.kind not in "iu" or len(np.unique(index)) != index.size
+            or (index.size and not 0 <= index.min() <= index.max() < flat.size)):
+        raise ArtifactError(f"{where}: attribute escaped is not a list of distinct element indices below {flat.size}: "
+                            f"{index.tolist()!r}")
+    for i in index.tolist():
+        try:
+            text = json.loads(flat[i])
+        except ValueError:
+            text = None
+        if not isinstance(text, str):
+            raise ArtifactError(f"{where}: element {i} (attribute escaped) is not a JSON string literal: "
+                                f"{flat[i][:80]!r}")
+        flat[i] = text
+    return texts
 
 
 def put_json_attr(obj, name: str, value) -> None:

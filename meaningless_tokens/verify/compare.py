@@ -5,7 +5,8 @@ one comparer per file type. Pure: it reads the two files it is given, nothing of
 Metrics and other JSON are compared number by number, HDF5 files dataset by dataset (shape, dtype, values,
 attributes except the declared provenance keys), CSV tables cell by cell, each float within the tolerance of its
 kind of quantity (TOLERANCES, `numpy.isclose`: |a - b| <= atol + rtol * |b|); counts, token ids, grades and text
-exactly. A difference beyond tolerance raises Differs; the largest one within tolerance is kept in a Largest.
+exactly, text as store.read_texts decodes it. A difference beyond tolerance raises Differs; the largest one
+within tolerance is kept in a Largest.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from meaningless_tokens import store
-from meaningless_tokens.errors import Differs
+from meaningless_tokens.errors import ArtifactError, Differs
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,9 @@ KINDS = (
     ("*", "attention"),
 )
 
+# A text dataset's attributes that say how its elements are escaped (store.put_texts): left out, as the texts are
+# compared decoded.
+TEXT_ATTRS = ("escape", "escaped")
 # Keys of the provenance attribute (and model manifests) that name the code and environment, not the result:
 # left out of the comparison, as h5diff's --exclude-attribute would.
 PROVENANCE_KEYS = frozenset({"code_sha256", "libraries", "environment", "package_version"})
@@ -232,11 +236,13 @@ def compare_h5(file: str, path_a: Path, path_b: Path, largest: Largest) -> None:
                 oa, ob = (fa[name], fb[name]) if name != "/" else (fa, fb)
                 if names_b[name] != names_a[name]:
                     raise Differs(f"{file}: {name}: a {names_a[name]} here, a {names_b[name]} in the revision")
-                _compare_attrs(file, name, oa, ob, largest)
+                texts = names_b[name] == "dataset" and _is_text(oa) and _is_text(ob)
+                # texts are compared decoded (store.read_texts): how an element was escaped is not its value
+                _compare_attrs(file, name, oa, ob, largest, skip=TEXT_ATTRS if texts else ())
                 if names_b[name] == "dataset":
                     try:
-                        va, vb = oa[()], ob[()]
-                    except (OSError, KeyError, ValueError) as e:
+                        va, vb = (store.read_texts(oa), store.read_texts(ob)) if texts else (oa[()], ob[()])
+                    except (OSError, KeyError, ValueError, ArtifactError) as e:
                         raise Differs(f"{file}: {name}: cannot be read (truncated or corrupt?): {e}") from None
                     compare_arrays(f"{file}: {name}", np.asarray(va), np.asarray(vb), kind_of(file, name), largest)
         finally:
@@ -256,8 +262,14 @@ def _objects(f) -> dict[str, str]:
     return names
 
 
-def _compare_attrs(file: str, name: str, oa, ob, largest: Largest) -> None:
-    ka, kb = set(oa.attrs), set(ob.attrs)
+def _is_text(ds) -> bool:
+    import h5py
+
+    return h5py.check_string_dtype(ds.dtype) is not None
+
+
+def _compare_attrs(file: str, name: str, oa, ob, largest: Largest, skip: tuple[str, ...] = ()) -> None:
+    ka, kb = set(oa.attrs) - set(skip), set(ob.attrs) - set(skip)
     if kb - ka:
         raise Differs(f"{file}: {name} attribute {sorted(kb - ka)[0]}: in the revision, not here")
     if ka - kb:
