@@ -100,15 +100,25 @@ def capturing(layers, stop_after_attention: bool = True):
         _REQUEST.reset(token)
 
 
+def prompt_inputs(model, input_ids) -> dict:
+    """One prompt's decoder inputs on the model's device: its ids (one upload) and an all-ones attention mask made
+    there. With no mask transformers looks for packed sequences in the positions, a host sync per mask type at
+    every forward; the all-ones mask gives the same causal (and sliding-window) mask."""
+    import torch
+
+    ids = torch.tensor([list(input_ids)], device=model.device)
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+
 def attention(model, input_ids, layers) -> dict:
     """{layer: float32 tensor [heads, T, T]} for one prompt, running the decoder up to max(layers)."""
     import torch
 
-    ids = torch.tensor([list(input_ids)], device=model.device)
+    inputs = prompt_inputs(model, input_ids)
     with capturing(layers) as request:
         try:
             with torch.no_grad():
-                model.get_decoder()(input_ids=ids, use_cache=False)
+                model.get_decoder()(**inputs, use_cache=False)
         except StopForward:
             pass
     missing = sorted(set(layers) - set(request.captured))

@@ -87,16 +87,45 @@ def journal_key(weights_sha256: str | None, settings: dict, items: list[Item], v
 # ---- generation -----------------------------------------------------------------------------
 
 class _BoxedStop:
-    """Stopping criterion: a row is done once its generated text holds a complete \\boxed{...}."""
+    """Stopping criterion: a row is done once its generated text holds a complete \\boxed{...}.
+
+    One copy to the host per decode step, the step's new tokens; each row's tokens are kept on the host, and a row is
+    decoded and checked only at a token whose text writes a '}' (the only token that can close a box: text before it
+    is unchanged). A row once done stays done, as its text keeps the box. The done flags go back to the device only
+    when one changes, without blocking (from pinned memory on CUDA)."""
 
     def __init__(self, tokenizer, prompt_len: int):
         self.tok, self.prompt_len = tokenizer, prompt_len
+        self.rows: list[list[int]] = []
+        self.done: list[bool] = []
+        self.flags = None  # the done flags on the device
+        self.closes: dict[int, bool] = {}  # token id -> its text holds a '}'
+
+    def _closes(self, token: int) -> bool:
+        hit = self.closes.get(token)
+        if hit is None:
+            hit = self.closes[token] = "}" in self.tok.decode([token], skip_special_tokens=True)
+        return hit
 
     def __call__(self, input_ids, scores, **kwargs):
         import torch
 
-        texts = self.tok.batch_decode(input_ids[:, self.prompt_len:], skip_special_tokens=True)
-        return torch.tensor([has_complete_box(t) for t in texts], dtype=torch.bool, device=input_ids.device)
+        seen = len(self.rows[0]) if self.rows else 0
+        new = input_ids[:, self.prompt_len + seen:].tolist()
+        if not self.rows:
+            self.rows, self.done = [[] for _ in new], [False] * len(new)
+        changed = self.flags is None
+        for r, tokens in enumerate(new):
+            self.rows[r].extend(tokens)
+            if not self.done[r] and any(self._closes(t) for t in tokens) and \
+                    has_complete_box(self.tok.decode(self.rows[r], skip_special_tokens=True)):
+                self.done[r] = changed = True
+        if changed:
+            host = torch.tensor(self.done, dtype=torch.bool)
+            if input_ids.device.type == "cuda":
+                host = host.pin_memory()
+            self.flags = host.to(input_ids.device, non_blocking=True)
+        return self.flags
 
 
 def stop_ids(generation_config, tokenizer) -> list[int]:
@@ -242,7 +271,8 @@ class Journal:
                 if fresh:
                     f.write(json.dumps({"version": JOURNAL_VERSION, "key": self.key}) + "\n")
                 for rec in records:
-                    f.write(json.dumps(asdict(rec), ensure_ascii=False) + "\n")
+                    # ASCII: a text with a lone surrogate (a model can write one) has no UTF-8 form
+                    f.write(json.dumps(asdict(rec), ensure_ascii=True) + "\n")
                 f.flush()
                 os.fsync(f.fileno())
         except OSError as e:

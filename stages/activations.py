@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from meaningless_tokens import arm, cli, models, progress, store
-from meaningless_tokens.capture import capturing, install_capture
+from meaningless_tokens.capture import capturing, install_capture, prompt_inputs
 from meaningless_tokens.config import Params
 from meaningless_tokens.errors import ConfigError, StopForward
 from meaningless_tokens.intervals import bootstrap_mean_ci, wilcoxon_p
@@ -104,11 +104,11 @@ def forward(model, mlps, layers: list[int], input_ids) -> tuple[dict, dict, dict
 
     # after a of the last layer: its up_proj and down_proj (two of the MLP's three matrices) never run
     hooks.append(mlps[layers.index(last)].act_fn.register_forward_hook(stop))
-    ids = torch.tensor([list(input_ids)], device=model.device)
+    inputs = prompt_inputs(model, input_ids)
     try:
         with capturing(layers, stop_after_attention=False) as request, torch.no_grad():
             try:
-                model.get_decoder()(input_ids=ids, use_cache=False)
+                model.get_decoder()(**inputs, use_cache=False)
             except StopForward:
                 pass
     finally:
@@ -117,9 +117,15 @@ def forward(model, mlps, layers: list[int], input_ids) -> tuple[dict, dict, dict
     missing = sorted(set(layers) - set(a) | set(layers) - set(request.captured))
     if missing:
         raise RuntimeError(f"layers {missing}: MLP activations or attention not captured")
-    cpu = {k: {layer: t[layer].detach().float().cpu().numpy() for layer in layers} for k, t in
-           (("attn", request.captured), ("a", a), ("z", z))}
-    return cpu["attn"], cpu["a"], cpu["z"]
+    # packed into one float32 buffer on the device and copied to the host once per prompt, not once per layer
+    parts = [(k, layer, t[layer].detach()) for k, t in (("attn", request.captured), ("a", a), ("z", z))
+             for layer in layers]
+    host = torch.cat([t.float().reshape(-1) for _, _, t in parts]).cpu().numpy()
+    out, at = {"attn": {}, "a": {}, "z": {}}, 0
+    for k, layer, t in parts:
+        out[k][layer] = host[at:at + t.numel()].reshape(tuple(t.shape))
+        at += t.numel()
+    return out["attn"], out["a"], out["z"]
 
 
 def _median_sorted(s: np.ndarray) -> float:

@@ -76,6 +76,8 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
 def capture(params: Params, setup: models.ModelSetup, chosen: list) -> Capture:
     """Every prompt's attention on the configured layers, reduced (attention.py: `reduce`), after the probe; only
     the embeddings and layers 0..max(layers) are read from the checkpoint and run, never the later layers."""
+    import torch
+
     cfg, spec, facts, name = params.extract, setup.spec, setup.facts, setup.name
     heads = list(range(facts["num_heads"])) if spec.heads == "all" else list(spec.heads)
     layers = list(spec.layers)
@@ -95,12 +97,18 @@ def capture(params: Params, setup: models.ModelSetup, chosen: list) -> Capture:
                                       f"'{facts['model_type']}': {e}") from None
     vectors = {c: {v: [] for v in VECTORS} for c in conditions}
     showcase = {}
+    # the heads' index lives on the device, uploaded once: a list index would be uploaded at every prompt
+    chosen_heads = None if heads == list(range(facts["num_heads"])) else torch.tensor(heads, device=model.device)
     started = time.perf_counter()
     bar = progress.bar(prompts, desc=f"extract {name}", unit="problem")
     for k, pr in enumerate(bar):
         for c in conditions:
             captured = attention(model, pr[c].input_ids, layers)
-            probs = np.stack([captured[layer][heads].cpu().numpy() for layer in layers])  # [L, H, T, T]
+            # stacked on the device and copied to the host once per prompt, not once per layer
+            stacked = torch.stack([captured[layer] for layer in layers])
+            if chosen_heads is not None:
+                stacked = stacked.index_select(1, chosen_heads)
+            probs = stacked.cpu().numpy()  # [L, H, T, T]
             for v, arr in reduce(probs, pr[c].span, pr[c].original_pos).items():
                 vectors[c][v].append(arr)
             if k < cfg.showcase:

@@ -108,3 +108,14 @@ def test_verify_compares_texts_decoded(tmp_path):
     c = write(tmp_path / "c.h5", output=["x\x00\x00", "y"])
     with pytest.raises(Differs, match=r"eval\.h5: none/output\[0\]: 'x\\x00' here, 'x\\x00\\x00' in the revision"):
         compare.compare_h5("eval.h5", a, c, compare.Largest())
+
+
+def test_the_journal_keeps_any_text_a_model_writes(tmp_path):
+    """A resumed run reads back exactly what was generated: NUL and a lone surrogate included."""
+    from meaningless_tokens import engines
+
+    texts = ["a\x00b", "lone \ud800 surrogate", "plain ü"]
+    recs = [engines.Record(k, "none", t, 3, "length", t, False, None, False, 0.1) for k, t in enumerate(texts)]
+    path = tmp_path / "journal.jsonl"
+    engines.Journal(path, "key").append(recs)
+    assert [r.output for r in engines.Journal(path, "key").records.values()] == texts
