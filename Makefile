@@ -14,7 +14,7 @@ export PYTHONDONTWRITEBYTECODE := 1
 # pip's notice that a newer pip exists is no news to a newcomer: the venv's own pip installs the locks.
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install install-vllm lock check-torch system-packages repro verify test faults test-vllm test-gpu gpu-wheels clean-venv
+.PHONY: install install-vllm lock check-torch system-packages repro verify test faults test-vllm test-gpu gpu-check gpu-wheels clean-venv
 
 install: $(VENV)/.installed
 
@@ -110,11 +110,29 @@ GPU_SITE   ?= /tmp/meaningless-tokens-gpu-site
 GPU_WHEELS := transformers tokenizers huggingface-hub safetensors httpx2 httpcore2 truststore pydantic pydantic-core \
               annotated-types typing-inspection math-verify latex2sympy2-extended antlr4-python3-runtime
 GPU_IMAGE  := locks/gpu-image.txt
-test-gpu:
+# The carried wheels into $(GPU_SITE), then pip check with that folder on the path (printed, not fatal: the
+# image's own packages may conflict among themselves).
+define gpu_site
 	if ls .whl/*.whl >/dev/null 2>&1; then $(GPU_PYTHON) -m pip install -q --no-index --no-deps --no-compile --upgrade --target $(GPU_SITE) .whl/*.whl; fi
 	@echo "pip check with $(GPU_SITE) on the path (version conflicts between the wheels and the image):"
 	-PYTHONPATH=$(GPU_SITE) $(GPU_PYTHON) -m pip check
+endef
+
+test-gpu:
+	$(gpu_site)
 	PYTHONPATH=$(GPU_SITE):$(CURDIR) $(GPU_PYTHON) -m pytest -p no:cacheprovider -m cuda tests/test_cuda.py $(PYTEST_ARGS)
+
+# One command for whoever is lent a GPU (docs/gpu.md, "make gpu-check"): the CUDA tier, then every model stage on
+# random-weight models with the real configs of Qwen2.5-Math-1.5B and -7B (ALL=1: Llama-3.1-8B-Instruct and
+# Gemma-3-4b-it too), timed; gpu-check.json and a table. Installs the wheels as test-gpu does. TINY=1: tiny widths
+# on the CPU in this project's venv (gpu-check-tiny.json); GPU_CHECK_ARGS: more options of benchmarks/gpu_check.py.
+gpu-check: $(if $(TINY),install)
+ifdef TINY
+	$(BIN)/python benchmarks/gpu_check.py --tiny $(if $(ALL),--all-models) $(GPU_CHECK_ARGS)
+else
+	$(gpu_site)
+	PYTHONPATH=$(GPU_SITE):$(CURDIR) $(GPU_PYTHON) benchmarks/gpu_check.py $(if $(ALL),--all-models) $(GPU_CHECK_ARGS)
+endif
 
 gpu-wheels:
 	mkdir -p .whl

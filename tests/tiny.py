@@ -164,3 +164,80 @@ def hub_snapshot(cache_dir: Path, repo_id: str, commit: str, model_dir: Path) ->
     for f in model_dir.iterdir():
         os.symlink(f, snapshot / f.name)
     return snapshot
+
+
+# The paper's models at their real widths (the hub's config.json values), for `make gpu-check`: random weights,
+# the tests' tokenizer (its ids a subset of the vocabulary). `tiny=True` keeps each family, its query and kv head
+# counts (so the GPU profile's chart heads exist) and its config keys, with tiny widths for the CPU.
+REAL_CONFIGS = {
+    "qwen2_5-math-1_5b": ("qwen2", dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                                        num_attention_heads=12, num_key_value_heads=2, vocab_size=151936,
+                                        tie_word_embeddings=True, rope_theta=10000.0, max_position_embeddings=4096,
+                                        rms_norm_eps=1e-6, sliding_window=4096, use_sliding_window=False)),
+    "qwen2_5-math-7b": ("qwen2", dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+                                      num_attention_heads=28, num_key_value_heads=4, vocab_size=152064,
+                                      tie_word_embeddings=False, rope_theta=10000.0, max_position_embeddings=4096,
+                                      rms_norm_eps=1e-6, sliding_window=4096, use_sliding_window=False)),
+    "llama3_1-8b-instruct": ("llama", dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                                           num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
+                                           tie_word_embeddings=False, rope_theta=500000.0,
+                                           rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                         "high_freq_factor": 4.0,
+                                                         "original_max_position_embeddings": 8192},
+                                           max_position_embeddings=131072, rms_norm_eps=1e-5)),
+    "gemma3-4b-it": ("gemma3", dict(hidden_size=2560, intermediate_size=10240, num_hidden_layers=34,
+                                    num_attention_heads=8, num_key_value_heads=4, head_dim=256, vocab_size=262208,
+                                    query_pre_attn_scalar=256, rope_theta=1_000_000.0, rope_local_base_freq=10000.0,
+                                    rope_scaling={"rope_type": "linear", "factor": 8.0}, sliding_window=1024,
+                                    final_logit_softcapping=None, attn_logit_softcapping=None,
+                                    max_position_embeddings=131072, rms_norm_eps=1e-6)),
+}
+
+
+def real_config(name: str, tokenizer, tiny: bool = False):
+    """The transformers config of the paper's model `name` (REAL_CONFIGS), special tokens from `tokenizer`; with
+    `tiny`, head_dim 4 (Gemma 16), 6 layers and a 512-token vocabulary instead of the real widths."""
+    from transformers import Gemma3Config, Gemma3TextConfig, LlamaConfig, Qwen2Config, SiglipVisionConfig
+
+    family, values = REAL_CONFIGS[name]
+    values = {**values, "bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
+              "pad_token_id": tokenizer.pad_token_id}
+    if tiny:
+        head_dim = 16 if family == "gemma3" else 4
+        hidden = values["num_attention_heads"] * head_dim
+        values.update(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=6, vocab_size=512,
+                      **({"head_dim": head_dim, "query_pre_attn_scalar": head_dim} if family == "gemma3" else {}))
+    if len(tokenizer) + 2 > values["vocab_size"]:
+        raise ValueError(f"{name}: the tokenizer's {len(tokenizer)} ids do not fit a vocabulary of {values['vocab_size']}")
+    if family == "qwen2":
+        return Qwen2Config(**values)
+    if family == "llama":
+        return LlamaConfig(**values)
+    # 5 sliding : 1 full layers, the multimodal wrapper with a one-layer vision tower of 2x2 patches (build_paper's)
+    layers = values["num_hidden_layers"]
+    text = Gemma3TextConfig(layer_types=[("full_attention" if (i + 1) % 6 == 0 else "sliding_attention")
+                                         for i in range(layers)], **values)
+    vision = SiglipVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                image_size=28, patch_size=14)
+    return Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4,
+                        boi_token_index=len(tokenizer) - 1, eoi_token_index=len(tokenizer) - 1,
+                        image_token_index=len(tokenizer) + 1)
+
+
+def build_real(name: str, out: Path, tiny: bool = False, device: str = "cpu", dtype: str = "bfloat16") -> Path:
+    """Save the paper's model `name` with its real config (real_config) and random weights into `out`: built on
+    `device` (random init there: a 7B model initialises in seconds on a GPU, minutes on a CPU) in `dtype`."""
+    import torch
+    from transformers import AutoModelForCausalLM, Gemma3ForConditionalGeneration
+
+    tokenizer = train_tokenizer(out, add_bos=REAL_CONFIGS[name][0] == "gemma3")
+    config = real_config(name, tokenizer, tiny)
+    torch.manual_seed(0)
+    with torch.device(device):
+        if REAL_CONFIGS[name][0] == "gemma3":
+            model = Gemma3ForConditionalGeneration._from_config(config, dtype=getattr(torch, dtype))
+        else:
+            model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
+    model.save_pretrained(out, safe_serialization=True)
+    del model
+    return out

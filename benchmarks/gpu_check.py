@@ -1,0 +1,500 @@
+"""`make gpu-check`: one command that shows whether the GPU path works on this machine, and how fast.
+
+1. The CUDA tier (`pytest -m cuda tests/test_cuda.py`, a subprocess): passed, failed, skipped.
+2. Every model stage in-process (`run(params, name, root=...)`: prepare, extract, stats, activations, likelihood,
+   evaluate, evaluate once more on the same process (warm: compiled kernels and graphs already made), sweep,
+   arm_tuning) on random-weight models with the real configs of the paper's models (tests/tiny.py,
+   REAL_CONFIGS; the tests' tokenizer), bfloat16, built on the GPU and saved once into the work folder; the
+   GPU profile's params (profiles/gpu.yaml) with its sizes bounded (SIZES) and the `arm` condition added.
+   Default: Qwen2.5-Math-1.5B and -7B; --all-models adds Llama-3.1-8B-Instruct and Gemma-3-4b-it.
+3. gpu-check.json and a Markdown table: per model and stage the wall seconds, the stage's own work seconds
+   (its timing sidecar: the model's passes, the load excluded), peak CUDA memory, host-device syncs, tokens and
+   tokens per second; the tier's result; per model the GPU profile's projected hours at 500 problems.
+4. Exit 1 on any failure (a stage raising, the tier failing, a non-finite value in an artifact), after writing
+   what it measured.
+
+--tiny: tests/tiny.py-sized widths of the same families on the CPU, the same code path (syncs: n/a);
+tests/test_gpu_check.py runs it inside `make test`.
+
+    python benchmarks/gpu_check.py [--all-models] [--tiny] [--no-tier] [--work DIR] [--json FILE] [--set KEY=VALUE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # `python benchmarks/gpu_check.py` puts only benchmarks/ on the path
+    sys.path.insert(0, str(ROOT))
+
+import yaml  # noqa: E402
+
+DEFAULT_MODELS = ("qwen2_5-math-1_5b", "qwen2_5-math-7b")
+MORE_MODELS = ("llama3_1-8b-instruct", "gemma3-4b-it")
+STAGES = ("prepare", "extract", "stats", "activations", "likelihood", "evaluate", "evaluate_warm", "sweep",
+          "arm_tuning")
+PROBLEMS = 500  # the projection's problems: all of MATH-500, as the GPU profile runs
+# the GPU profile's sizes bounded so that the default (the tier, two models) fits 6 minutes of one H100
+SIZES = {"extract": {"n_samples": 4, "showcase": 1},
+         "evaluate": {"n_samples": 4, "max_new_tokens": 32, "sampling": {"n": 2, "max_new_tokens": 16}},
+         "stats": {"n_boot": 50},
+         "activations": {"n_boot": 50},
+         "sweep": {"attention_samples": 4, "accuracy_samples": 2, "likelihood_samples": 2, "n_boot": 50},
+         "likelihood": {"n_samples": 4, "n_boot": 50},
+         "arm_tuning": {"n_samples": 2, "n_boot": 50}}
+# the CPU's seconds (the tiny mode runs inside `make test`): fewer problems and tokens, reference solutions cut to
+# 32 tokens (whole ones were most of the scoring: arm_tuning scores them once per setting)
+TINY_SIZES = {"extract": {"n_samples": 2}, "evaluate": {"n_samples": 2, "max_new_tokens": 16},
+              "sweep": {"attention_samples": 2}, "likelihood": {"n_samples": 2, "solution_tokens": 32}}
+# the stage's own work seconds in its timing sidecar (metrics/timing/<stage>-<model>.json): the model's passes
+WORK_KEYS = {"extract": ("seconds",), "activations": ("seconds",), "likelihood": ("scoring_seconds",),
+             "arm_tuning": ("scoring_seconds",), "evaluate": ("generation_seconds", "sampled_generation_seconds")}
+NOT_RUN = "not run (--no-tier: tests/test_cuda.py runs in the same `make test`)"
+
+
+# ---- models and params ----------------------------------------------------------------------------
+
+def build_models(names, work: Path, tiny: bool, device: str) -> None:
+    """Each model saved once into work/models/<name> (a folder without `done` is rebuilt: an interrupted save)."""
+    from tests import tiny as tiny_models
+
+    for name in names:
+        out = work / "models" / name
+        if not (out / "done").is_file():
+            if out.exists():
+                import shutil
+                shutil.rmtree(out)
+            t0 = time.perf_counter()
+            tiny_models.build_real(name, out, tiny=tiny, device=device)
+            gc.collect()
+            if device == "cuda":
+                import torch
+                torch.cuda.empty_cache()
+            (out / "done").write_text("")
+            print(f"gpu-check: built {name} ({'tiny' if tiny else 'real'} config) in {time.perf_counter() - t0:.1f} s")
+
+
+def check_params(dirs: dict[str, Path], tiny: bool, overrides: list[str]) -> dict:
+    """profiles/gpu.yaml with local random-weight sources, SIZES, the arm condition and `overrides` (KEY=VALUE)."""
+    raw = yaml.safe_load((ROOT / "profiles" / "gpu.yaml").read_text())
+    raw["profile"] = "gpu-check-tiny" if tiny else "gpu-check"
+    raw["runtime"].update(device="cpu" if tiny else "cuda", dtype="bfloat16", offline=True,
+                          **({"threads": 1} if tiny else {}))
+    raw["prompt"]["conditions"] = ["none", "mless", "mful", "arm"]
+    raw["prompt"]["mful"]["text_file"] = str(ROOT / raw["prompt"]["mful"]["text_file"])
+    if raw["dataset"].get("path"):
+        raw["dataset"]["path"] = str(ROOT / raw["dataset"]["path"])
+    for section, values in [*SIZES.items(), *(TINY_SIZES.items() if tiny else ())]:
+        for key, value in values.items():
+            raw[section][key] = {**raw[section][key], **value} if isinstance(value, dict) else value
+    names = list(dirs)
+    raw["models"] = {n: {**raw["models"][n], "source": {"kind": "local_dir", "path": str(p)}} for n, p in dirs.items()}
+    for section in ("evaluate", "likelihood", "arm_tuning"):
+        raw[section]["models"] = names
+    charts = {}
+    for kind, chart in raw["figures"]["charts"].items():  # the paper's charts of the models that run
+        kept = [m for m in chart["models"] if m in dirs]
+        if kept:
+            charts[kind] = {**chart, "models": kept,
+                            **({"heads": {m: h for m, h in chart["heads"].items() if m in dirs}} if "heads" in chart else {})}
+    raw["figures"]["charts"] = charts
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        *path, last = key.split(".")
+        node = raw
+        for part in path:
+            node = node.get(part) if isinstance(node, dict) else None
+        if not sep or not path or not isinstance(node, dict) or last not in node:
+            raise ValueError(f"--set {item}: expected KEY=VALUE with KEY a params key (section.key)")
+        node[last] = yaml.safe_load(value)
+    return raw
+
+
+# ---- measuring ------------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def counting_syncs(cuda: bool):
+    """Host-device synchronisations inside the block, as tests/test_cuda.py counts them (torch's sync debug mode,
+    as warnings); None on the CPU."""
+    import torch
+
+    if not cuda:
+        yield None
+        return
+    seen = []
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            yield seen
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    seen.extend(w for w in caught if "synchronizing" in str(w.message))
+
+
+def sidecar(project: Path, stage: str, name: str) -> dict:
+    from meaningless_tokens import store
+
+    path = project / store.path(f"timing/{stage}", name)
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise RuntimeError(f"{path}: the stage's timing sidecar is unreadable ({e})") from None
+
+
+def work_seconds(project: Path, stage: str, name: str) -> float | None:
+    """The stage's own work seconds (WORK_KEYS) from its sidecar; a dict value (per condition) is summed."""
+    if stage not in WORK_KEYS:
+        return None
+    data, total = sidecar(project, stage, name), 0.0
+    for key in WORK_KEYS[stage]:
+        if key not in data:
+            if key.startswith("sampled"):
+                continue
+            raise RuntimeError(f"{project / 'metrics/timing'}/{stage}-{name}.json: no key {key!r}")
+        value = data[key]
+        total += sum(value.values()) if isinstance(value, dict) else value
+    return total
+
+
+def nonfinite(path: Path) -> list[str]:
+    """Float datasets of an HDF5 artifact holding NaN or infinity."""
+    import h5py
+    import numpy as np
+
+    bad = []
+
+    def visit(key, obj):
+        if isinstance(obj, h5py.Dataset) and obj.dtype.kind == "f" and not np.isfinite(obj[()]).all():
+            bad.append(key)
+    with h5py.File(path, "r") as f:
+        f.visititems(visit)
+    return bad
+
+
+def counts(params, project: Path, stage: str, name: str, out) -> dict:
+    """Tokens the stage processed (prompt tokens) or generated, and the units its syncs are counted per."""
+    import h5py
+
+    from meaningless_tokens import store
+
+    def extract_tokens() -> dict[str, int]:
+        with h5py.File(project / store.path("attention", name), "r") as f:
+            return {c: int(f[c]["offsets"][-1]) for c in params.prompt.conditions if c in f}
+
+    ev = params.evaluate
+    if stage == "extract":
+        toks = extract_tokens()
+        return {"tokens": sum(toks.values()), "kind": "prompt", "per": params.extract.n_samples * len(toks),
+                "unit": "prompt", "problems": params.extract.n_samples, "conditions": len(toks)}
+    if stage == "activations":  # the extraction prompts; arm is the none prompt with the edit
+        toks = extract_tokens()
+        with h5py.File(out, "r") as f:
+            conds = [c for c in params.prompt.conditions if c in f]
+        return {"tokens": sum(toks["none" if c == "arm" else c] for c in conds), "kind": "prompt",
+                "per": params.extract.n_samples * len(conds), "unit": "prompt", "problems": params.extract.n_samples,
+                "conditions": len(conds)}
+    if stage in ("likelihood", "arm_tuning"):
+        data = sidecar(project, stage, name)
+        per = data.get("sequences") if stage == "likelihood" else None
+        return {"tokens": int(data["tokens"]), "kind": "prompt", "per": per, "unit": "sequence" if per else None,
+                "conditions": len(params.likelihood.conditions),
+                "sequences": per, "problems": params.likelihood.n_samples if stage == "likelihood" else None}
+    if stage in ("evaluate", "evaluate_warm"):
+        with h5py.File(out, "r") as f:
+            conds = [c for c in params.prompt.conditions if c in f]
+            greedy = sum(int(f[c]["n_tokens"][()].sum()) for c in conds)
+            sampled = sum(int(f[c]["sampled"]["n_tokens"][()].sum()) for c in conds if "sampled" in f[c])
+            rows = sum(f[c]["n_tokens"].shape[0] for c in conds)
+            srows = sum(f[c]["sampled"]["n_tokens"].size for c in conds if "sampled" in f[c])
+        steps = (-(-rows // ev.batch_size) * ev.max_new_tokens
+                 + (-(-srows // ev.batch_size) * ev.sampling.max_new_tokens if srows else 0))
+        return {"tokens": greedy + sampled, "kind": "generated", "per": steps, "unit": "decode step"}
+    if stage == "sweep":  # random weights write no end-of-sequence: each row runs to its limit (the count is that)
+        cfg = params.sweep
+        rows = cfg.accuracy_samples * (1 + len(cfg.tokens) * len([c for c in cfg.counts if c]))
+        steps = -(-rows // ev.batch_size) * ev.max_new_tokens
+        return {"tokens": rows * ev.max_new_tokens, "kind": "generated (at the limit)", "per": steps,
+                "unit": "decode step"}
+    return {"tokens": None, "kind": None, "per": None, "unit": None}
+
+
+def run_stage(params, project: Path, stage: str, name: str, cuda: bool) -> dict:
+    """One stage in-process: wall seconds, peak CUDA memory, syncs (the model load included), tokens, and its
+    artifacts' non-finite values; an exception is the row's status."""
+    import torch
+
+    from stages import activations, arm_tuning, evaluate, extract, likelihood, prepare, stats, sweep
+
+    module = {"prepare": prepare, "extract": extract, "stats": stats, "activations": activations,
+              "likelihood": likelihood, "evaluate": evaluate, "evaluate_warm": evaluate, "sweep": sweep,
+              "arm_tuning": arm_tuning}[stage]
+    row = {"model": name, "stage": stage, "status": "ok"}
+    gc.collect()
+    if cuda:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    try:
+        with counting_syncs(cuda) as syncs:
+            out = module.run(params, name, root=project)
+        if cuda:  # the stage's queued kernels inside its wall time
+            torch.cuda.synchronize()
+        row["wall_s"] = round(time.perf_counter() - t0, 2)
+        row["peak_cuda_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 3) if cuda else None
+        sidecar_stage = "evaluate" if stage == "evaluate_warm" else stage
+        row["work_s"] = work_seconds(project, sidecar_stage, name)
+        n = counts(params, project, stage, name, out)
+        row["tokens"], row["tokens_kind"] = n["tokens"], n["kind"]
+        for key in ("problems", "sequences", "conditions"):
+            if n.get(key):
+                row[key] = n[key]
+        secs = row["work_s"] or row["wall_s"]
+        row["tokens_per_s"] = round(n["tokens"] / secs, 1) if n["tokens"] and secs else None
+        row["tokens_per_s_over"] = None if row["tokens_per_s"] is None else ("work" if row["work_s"] else "wall")
+        row["syncs"] = None if syncs is None else len(syncs)
+        row["syncs_unit"] = n["unit"]
+        row["syncs_per_unit"] = (round(len(syncs) / n["per"], 2) if syncs is not None and n["per"] else None)
+        if isinstance(out, Path) and out.suffix == ".h5":
+            bad = nonfinite(out)
+            if bad:
+                row["status"] = f"non-finite values in {out.name}: {', '.join(bad[:5])}"
+        for key in ("wall_s", "work_s", "peak_cuda_gib", "tokens_per_s"):
+            if row[key] is not None and not math.isfinite(row[key]):
+                row["status"] = f"non-finite {key}"
+    except Exception as e:  # the row records it; the run goes on to the next stage and exits 1 at the end
+        row["wall_s"] = round(time.perf_counter() - t0, 2)
+        row["status"] = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+        traceback.print_exc()
+    return row
+
+
+def run_tier(work: Path) -> dict:
+    """The CUDA tier as a subprocess, its result read from pytest's JUnit XML."""
+    report = work / "tier.xml"
+    report.unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-m", "cuda", "tests/test_cuda.py",
+           f"--junitxml={report}"]
+    t0 = time.perf_counter()
+    rc = subprocess.run(cmd, cwd=ROOT).returncode
+    result = {"command": " ".join(cmd[2:-1]), "returncode": rc, "wall_s": round(time.perf_counter() - t0, 1)}
+    try:
+        suite = ET.parse(report).getroot()
+        suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+        n = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
+        result.update(passed=n["tests"] - n["failures"] - n["errors"] - n["skipped"], failed=n["failures"],
+                      errors=n["errors"], skipped=n["skipped"],
+                      failing=[f"{c.get('name')}" for c in suite.iter("testcase")
+                               if c.find("failure") is not None or c.find("error") is not None])
+    except (OSError, ET.ParseError, AttributeError) as e:
+        result["read_error"] = f"{report}: {e}"
+    result["status"] = "ok" if rc == 0 else "failed"
+    return result
+
+
+def machine() -> dict:
+    import torch
+    import transformers
+
+    from meaningless_tokens.store import run_info
+
+    info = run_info()
+    cuda = torch.cuda.is_available()
+    props = torch.cuda.get_device_properties(0) if cuda else None
+    return {"gpu": props.name if cuda else None, "gpu_memory_gib": round(props.total_memory / 2**30, 1) if cuda else None,
+            "device_count": torch.cuda.device_count() if cuda else 0, "torch": torch.__version__,
+            "cuda": torch.version.cuda, "transformers": transformers.__version__,
+            "python": sys.version.split()[0], "git_commit": info["git_commit"], "git_dirty": info["git_dirty"],
+            "cpu_model": info.get("cpu_model")}
+
+
+# ---- the projection -------------------------------------------------------------------------------
+
+def projection(rows: list[dict], name: str) -> dict:
+    """The GPU profile's hours for model `name` at PROBLEMS problems, from this run's tokens per second: every
+    generated row runs to its token limit (random weights write no end-of-sequence; a real model stops earlier)."""
+    gpu = yaml.safe_load((ROOT / "profiles" / "gpu.yaml").read_text())
+    ev, sw, lk = gpu["evaluate"], gpu["sweep"], gpu["likelihood"]
+    by = {r["stage"]: r for r in rows if r["model"] == name and r["status"] == "ok"}
+
+    def rate(stage):
+        r = by.get(stage)
+        return r["tokens_per_s"] if r and r.get("tokens_per_s") else None
+
+    def per_problem(stage):  # prompt tokens per problem and condition
+        r = by.get(stage)
+        return r["tokens"] / r["problems"] / r["conditions"] if r and r.get("tokens") and r.get("problems") else None
+
+    n_cond = len(gpu["prompt"]["conditions"])
+    sweep_rows = 1 + len(sw["tokens"]) * len([c for c in sw["counts"] if c])
+    gen = rate("evaluate_warm") or rate("evaluate")
+    work = {  # row -> [(tokens, tokens per second)]
+        "evaluate": [(PROBLEMS * n_cond * ev["max_new_tokens"], gen)],
+        "sampling": [(PROBLEMS * n_cond * ev["sampling"]["n"] * ev["sampling"]["max_new_tokens"], gen)],
+        "sweep accuracy": [(min(sw["accuracy_samples"], PROBLEMS) * sweep_rows * ev["max_new_tokens"], gen)],
+    }
+    lik, ext, act = per_problem("likelihood"), per_problem("extract"), per_problem("activations")
+    seq = by.get("likelihood", {}).get("sequences")
+    lik_seq = by["likelihood"]["tokens"] / seq if seq else None  # the sweep scores solutions: about this long
+    # the likelihood stage's conditions are the profile's (the check leaves likelihood.conditions alone)
+    n_lik = len(lk["conditions"])
+    work["likelihood"] = [(lik and lik * n_lik * PROBLEMS, rate("likelihood")),
+                          (lik_seq and min(sw["likelihood_samples"], PROBLEMS) * sweep_rows * lik_seq, rate("likelihood"))]
+    work["extraction"] = [(ext and ext * n_cond * PROBLEMS, rate("extract")),
+                          (act and act * n_cond * PROBLEMS, rate("activations")),
+                          (ext and min(sw["attention_samples"], PROBLEMS) * len(sw["tokens"]) * len(sw["counts"]) * ext,
+                           rate("extract"))]
+    hours = {}
+    for key, parts in work.items():
+        ok = all(t is not None and r for t, r in parts)
+        hours[key] = round(sum(t / r for t, r in parts) / 3600, 2) if ok else None
+    total = None if None in hours.values() else round(sum(hours.values()), 2)
+    return {**hours, "total": total}
+
+
+# ---- output ---------------------------------------------------------------------------------------
+
+def fmt(value, digits=1) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    return f"{value:,}" if isinstance(value, int) else str(value)
+
+
+def table(result: dict) -> str:
+    m, tier, tiny = result["machine"], result["tier"], result["tiny"]
+    lines = [f"gpu-check on {m['gpu'] or 'the CPU'}" + (f" ({m['gpu_memory_gib']} GiB)" if m["gpu"] else "")
+             + f", torch {m['torch']} (CUDA {m['cuda']}), transformers {m['transformers']}, commit {m['git_commit']}"
+             + (" (uncommitted changes)" if m["git_dirty"] else "") + (", tiny widths" if tiny else ", real widths")
+             + f"; {result['wall_s']:.0f} s in all", ""]
+    if tier.get("status") == "not run":
+        lines.append(f"CUDA tier: {tier['reason']}")
+    else:
+        lines.append(f"CUDA tier: {tier['status']}: {fmt(tier.get('passed'))} passed, {fmt(tier.get('failed'))} failed, "
+                     f"{fmt(tier.get('errors'))} errors, {fmt(tier.get('skipped'))} skipped in {tier['wall_s']} s"
+                     + (f" ({', '.join(tier['failing'])})" if tier.get("failing") else ""))
+    lines += ["", "| model | stage | status | wall s | work s | peak CUDA GiB | syncs | syncs per unit | tokens | tokens/s |",
+              "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in result["stages"]:
+        per = "n/a" if r.get("syncs_per_unit") is None else f"{r['syncs_per_unit']} per {r['syncs_unit']}"
+        rate = fmt(r.get("tokens_per_s")) + (" (wall)" if r.get("tokens_per_s_over") == "wall" else "")
+        kind = f" {r['tokens_kind']}" if r.get("tokens") else ""
+        lines.append(f"| {r['model']} | {r['stage']} | {r['status']} | {fmt(r.get('wall_s'))} | {fmt(r.get('work_s'))} | "
+                     f"{fmt(r.get('peak_cuda_gib'), 2)} | {fmt(r.get('syncs'))} | {per} | {fmt(r.get('tokens'))}{kind} | "
+                     f"{rate} |")
+    lines += ["", f"Projected hours of the GPU profile at {PROBLEMS} problems from these rates (every generated row to "
+              "its token limit: random weights write no end-of-sequence; a real model stops earlier):", "",
+              "| model | evaluate | sampling | sweep accuracy | likelihood | extraction | total |",
+              "|---|---:|---:|---:|---:|---:|---:|"]
+    for name, p in result["projection"].items():
+        lines.append(f"| {name} | " + " | ".join(fmt(p[k], 2) for k in
+                                                  ("evaluate", "sampling", "sweep accuracy", "likelihood",
+                                                   "extraction", "total")) + " |")
+    lines.append(f"| all models run | | | | | | {fmt(result['projected_hours'], 2)} |")
+    lines += ["", f"result: {'ok' if result['ok'] else 'FAILED'}"]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="benchmarks/gpu_check.py", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--all-models", action="store_true", help="add Llama-3.1-8B-Instruct and Gemma-3-4b-it")
+    ap.add_argument("--tiny", action="store_true", help="tiny widths on the CPU (the test's mode)")
+    ap.add_argument("--models", help="comma-separated model names instead (of "
+                    f"{', '.join(DEFAULT_MODELS + MORE_MODELS)})")
+    ap.add_argument("--no-tier", action="store_true", help="skip the CUDA tier's subprocess")
+    ap.add_argument("--work", type=Path, help="folder of the saved models and the run's project "
+                    "(default: <tmp>/meaningless-tokens-gpu-check[-tiny])")
+    ap.add_argument("--json", type=Path, help="where the result goes (default: gpu-check.json, tiny: gpu-check-tiny.json)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a params value over the check's (YAML), e.g. --set sweep.layer=2")
+    args = ap.parse_args(argv)
+    import torch
+
+    t_start = time.perf_counter()
+    suffix = "-tiny" if args.tiny else ""
+    work = args.work or Path(tempfile.gettempdir()) / f"meaningless-tokens-gpu-check{suffix}"
+    out_json = args.json or ROOT / f"gpu-check{suffix}.json"
+    cuda = not args.tiny
+    if cuda and not torch.cuda.is_available():
+        print("gpu-check: torch sees no CUDA device; run it on a GPU machine, or --tiny for the CPU", file=sys.stderr)
+        return 2
+    names = DEFAULT_MODELS + (MORE_MODELS if args.all_models else ())
+    if args.models:
+        names = tuple(args.models.split(","))
+        unknown = sorted(set(names) - set(DEFAULT_MODELS + MORE_MODELS))
+        if unknown:
+            print(f"gpu-check: --models: unknown {unknown}; known: {', '.join(DEFAULT_MODELS + MORE_MODELS)}",
+                  file=sys.stderr)
+            return 2
+    result = {"tiny": args.tiny, "machine": machine(), "models": list(names),
+              "sizes": {**SIZES, **({k: {**SIZES.get(k, {}), **v} for k, v in TINY_SIZES.items()} if args.tiny else {})},
+              "syncs_counted": None if args.tiny else "inside each stage's run(), the model load included",
+              "tier": {"status": "not run", "reason": NOT_RUN} if args.no_tier else None, "stages": [],
+              "projection": {}, "projected_hours": None, "ok": False, "wall_s": 0.0}
+
+    def finish(ok: bool) -> int:
+        result["ok"] = ok
+        result["wall_s"] = round(time.perf_counter() - t_start, 1)
+        out_json.write_text(json.dumps(result, indent=2) + "\n")
+        print(table(result))
+        print(f"gpu-check: {out_json}")
+        return 0 if ok else 1
+
+    work.mkdir(parents=True, exist_ok=True)
+    if not args.no_tier:
+        result["tier"] = run_tier(work)
+    try:
+        from meaningless_tokens.config import load_params
+
+        raw = check_params({n: work / "models" / n for n in names}, args.tiny, args.set)
+        build_models(names, work, args.tiny, "cpu" if args.tiny else "cuda")
+        project = work / "project"
+        if project.exists():  # a stage must never read an artifact of an earlier check
+            import shutil
+            shutil.rmtree(project)
+        project.mkdir()
+        (project / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+        params = load_params(project / "params.yaml")
+    except Exception as e:
+        result["error"] = f"{type(e).__name__}: {e}".splitlines()[0]
+        traceback.print_exc()
+        return finish(False)
+    before = os.environ.get("MLESS_CACHE")
+    os.environ["MLESS_CACHE"] = str(work / "cache")  # the model cache of the check's own
+    try:
+        for name in names:
+            for stage in STAGES:
+                row = run_stage(params, project, stage, name, cuda)
+                print(f"gpu-check: {name} {stage}: {row['status']} in {row['wall_s']} s")
+                result["stages"].append(row)
+                out_json.write_text(json.dumps(result, indent=2) + "\n")  # what is measured stays measured
+            result["projection"][name] = projection(result["stages"], name)
+    finally:
+        if before is None:
+            os.environ.pop("MLESS_CACHE", None)
+        else:
+            os.environ["MLESS_CACHE"] = before
+    totals = [p["total"] for p in result["projection"].values()]
+    result["projected_hours"] = None if None in totals else round(sum(totals), 2)
+    ok = result["tier"]["status"] in ("ok", "not run") and all(r["status"] == "ok" for r in result["stages"])
+    return finish(ok)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

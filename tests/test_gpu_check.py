@@ -1,0 +1,133 @@
+"""`make gpu-check` in its tiny mode (benchmarks/gpu_check.py --tiny): every model stage of the default models on
+tiny widths of the paper models' families, on the CPU, through the same code as on a GPU; the JSON's structure,
+the printed table, the projection's arithmetic and a non-zero exit when a stage fails."""
+
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import pytest
+import yaml
+
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.slow  # every model stage of two models, twice (a minute of CPU)
+
+SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
+spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+gpu_check = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(gpu_check)
+
+
+def run(tmp, *args):
+    """The script as `make gpu-check TINY=1` runs it, in a process of its own; (exit status, stdout, its JSON)."""
+    out = tmp / "gpu-check.json"
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--tiny", "--no-tier", "--work", str(tmp / "work"),
+                           "--json", str(out), *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    return proc.returncode, proc.stdout + proc.stderr, json.loads(out.read_text()) if out.exists() else None
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    return run(tmp_path_factory.mktemp("gpu-check"))
+
+
+def test_every_stage_runs_for_every_model_with_finite_numbers(tiny_run):
+    rc, out, result = tiny_run
+    assert rc == 0, out[-3000:]
+    assert result["ok"] is True and result["tiny"] is True
+    assert result["models"] == list(gpu_check.DEFAULT_MODELS)
+    m = result["machine"]
+    assert m["gpu"] is None and m["torch"] and m["transformers"] and m["git_commit"]
+    assert result["tier"] == {"status": "not run", "reason": gpu_check.NOT_RUN}
+    assert result["syncs_counted"] is None  # the CPU: no host-device syncs to count
+    rows = {(r["model"], r["stage"]): r for r in result["stages"]}
+    assert len(rows) == len(result["stages"])
+    assert sorted(rows) == sorted((n, s) for n in gpu_check.DEFAULT_MODELS for s in gpu_check.STAGES)
+    for (name, stage), r in rows.items():
+        assert r["status"] == "ok", (name, stage, r["status"])
+        assert r["syncs"] is None and r["syncs_per_unit"] is None and r["peak_cuda_gib"] is None
+        assert math.isfinite(r["wall_s"]) and r["wall_s"] >= 0
+        if stage in gpu_check.WORK_KEYS or stage == "evaluate_warm":
+            assert math.isfinite(r["work_s"]) and 0 < r["work_s"] <= r["wall_s"], (name, stage)
+        if stage in ("extract", "activations", "likelihood", "evaluate", "evaluate_warm", "sweep", "arm_tuning"):
+            assert r["tokens"] > 0 and math.isfinite(r["tokens_per_s"]) and r["tokens_per_s"] > 0, (name, stage)
+    ev = rows[(gpu_check.DEFAULT_MODELS[0], "evaluate")]
+    sizes = result["sizes"]["evaluate"]
+    limit = sizes["n_samples"] * 4 * (sizes["max_new_tokens"] + sizes["sampling"]["n"] * sizes["sampling"]["max_new_tokens"])
+    assert 0 < ev["tokens"] <= limit  # 4 conditions: the check adds arm
+    for name in gpu_check.DEFAULT_MODELS:
+        p = result["projection"][name]
+        assert set(p) == {"evaluate", "sampling", "sweep accuracy", "likelihood", "extraction", "total"}
+        assert all(math.isfinite(v) and v > 0 for v in p.values()), p
+        assert p["total"] == pytest.approx(sum(v for k, v in p.items() if k != "total"), abs=0.02)
+    assert result["projected_hours"] == pytest.approx(sum(p["total"] for p in result["projection"].values()), abs=0.01)
+
+
+def test_the_table_is_printed(tiny_run):
+    rc, out, result = tiny_run
+    assert "CUDA tier: " + gpu_check.NOT_RUN in out
+    assert "| model | stage | status | wall s | work s | peak CUDA GiB | syncs | syncs per unit | tokens | tokens/s |" in out
+    for r in result["stages"]:
+        assert f"| {r['model']} | {r['stage']} | ok | {r['wall_s']:,.1f} |" in out, (r["model"], r["stage"])
+    for name, p in result["projection"].items():
+        assert f"| {name} | {p['evaluate']:,.2f} |" in out
+    assert "\nresult: ok\n" in out
+
+
+def test_a_failing_stage_exits_nonzero_after_writing_what_it_measured(tmp_path):
+    # a dataset file that is not the one named: every stage that reads it raises, naming the key
+    rc, out, result = run(tmp_path, "--models", "qwen2_5-math-1_5b", "--set", "dataset.sha256='" + "0" * 64 + "'")
+    assert rc == 1, out[-3000:]
+    assert result["ok"] is False and "result: FAILED" in out
+    status = {r["stage"]: r["status"] for r in result["stages"]}
+    assert list(status) == list(gpu_check.STAGES)  # the stages after the failure still ran
+    assert status["prepare"] == "ok"
+    assert "sha256" in status["extract"], status["extract"]
+    assert all(s != "ok" for k, s in status.items() if k not in ("prepare",)), status
+    assert f"| qwen2_5-math-1_5b | extract | {status['extract']}" in out
+
+
+def test_a_bad_override_is_one_line(tmp_path):
+    rc, out, result = run(tmp_path, "--set", "sweep.no_such_key=1")
+    assert rc == 1 and result["ok"] is False and not result["stages"]
+    assert "--set sweep.no_such_key=1: expected KEY=VALUE with KEY a params key" in out
+
+
+def test_a_non_finite_value_in_an_artifact_is_found(tmp_path):
+    path = tmp_path / "a.h5"
+    with h5py.File(path, "w") as f:
+        f["none/sum"] = np.array([1.0, np.nan])
+        f["mless/sum"] = np.array([1.0, 2.0])
+        f["none/ids"] = np.array([1, 2])
+        f["mful/mean"] = np.array([np.inf], dtype=np.float32)
+    assert sorted(gpu_check.nonfinite(path)) == ["mful/mean", "none/sum"]
+
+
+def test_the_projection_is_the_gpu_profiles_tokens_over_the_measured_rates():
+    gpu = yaml.safe_load((ROOT / "profiles/gpu.yaml").read_text())
+    ev, sw = gpu["evaluate"], gpu["sweep"]
+    rows = [{"model": "m", "stage": "evaluate", "status": "ok", "tokens_per_s": 50.0},
+            {"model": "m", "stage": "evaluate_warm", "status": "ok", "tokens_per_s": 100.0},
+            {"model": "m", "stage": "extract", "status": "ok", "tokens": 1200, "problems": 4, "conditions": 3,
+             "tokens_per_s": 1000.0},
+            {"model": "m", "stage": "activations", "status": "ok", "tokens": 1600, "problems": 4, "conditions": 4,
+             "tokens_per_s": 500.0},
+            {"model": "m", "stage": "likelihood", "status": "ok", "tokens": 3200, "problems": 4, "conditions": 4,
+             "sequences": 32, "tokens_per_s": 200.0}]
+    p = gpu_check.projection(rows, "m")
+    assert p["evaluate"] == round(500 * 3 * ev["max_new_tokens"] / 100 / 3600, 2)  # the warm rate, 3 conditions
+    assert p["sampling"] == round(500 * 3 * ev["sampling"]["n"] * ev["sampling"]["max_new_tokens"] / 100 / 3600, 2)
+    assert p["sweep accuracy"] == round(sw["accuracy_samples"] * 6 * ev["max_new_tokens"] / 100 / 3600, 2)
+    # 200 tokens per problem and condition, 4 conditions; the sweep's 500 x 6 solutions of 100 tokens
+    assert p["likelihood"] == round((500 * 4 * 200 + sw["likelihood_samples"] * 6 * 100) / 200 / 3600, 2)
+    # 100 tokens a prompt: extract 500 x 3 and the sweep's 100 x 6 prompts at 1000/s, activations 500 x 3 at 500/s
+    assert p["extraction"] == round((500 * 3 * 100 + sw["attention_samples"] * 6 * 100) / 1000 / 3600
+                                    + 500 * 3 * 100 / 500 / 3600, 2)
+    assert p["total"] == round(sum(v for k, v in p.items() if k != "total"), 2)
+    del rows[2]  # extract failed: no rate, no projection of what needs it
+    assert gpu_check.projection(rows, "m")["extraction"] is None and gpu_check.projection(rows, "m")["total"] is None
