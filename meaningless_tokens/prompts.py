@@ -14,7 +14,7 @@ import numpy as np
 
 from meaningless_tokens.config import FIELDS, ROOT, Dataset, DatasetFields, Extract, Prompt, resolve_path
 from meaningless_tokens.errors import ConfigError, DatasetError, PromptError
-from meaningless_tokens.store import put
+from meaningless_tokens.store import put, put_texts
 
 
 # The vendored benchmarks (data/<name>/, each with its SOURCE.md): file, sha256 and column names.
@@ -354,10 +354,11 @@ def put_problems(f, chosen: list[Problem], with_answer: bool = False) -> None:
     """The `/problems` group of an artifact: which problems its samples are, in sample order."""
     p = f.create_group("problems")
     put(p, "index", np.array([q.index for q in chosen], dtype=np.int32))
-    put(p, "unique_id", np.array([q.unique_id for q in chosen], dtype=object), compress=False)
+    # a dataset's texts may hold what HDF5 strings cannot (NUL): put_texts stores them all (store.read_texts)
+    put_texts(p, "unique_id", [q.unique_id for q in chosen], compress=False)
     levels = [q.level for q in chosen]
     put(p, "level", np.array([-1 if lv is None else lv for lv in levels], dtype=np.int8),
         **({"note": "-1: the dataset has no level field"} if None in levels else {}))
-    put(p, "subject", np.array([q.subject or "" for q in chosen], dtype=object), compress=False)
+    put_texts(p, "subject", [q.subject or "" for q in chosen], compress=False)
     if with_answer:
-        put(p, "answer", np.array([q.answer for q in chosen], dtype=object), compress=False)
+        put_texts(p, "answer", [q.answer for q in chosen], compress=False)

@@ -156,7 +156,7 @@ def write_artifact(out: Path, params: Params, setup: models.ModelSetup, cap: Cap
             put(g, "original_pos", np.concatenate([pr[c].original_pos for pr in prompts]).astype(np.int32),
                 note="position in this condition of each none token; delimited by none/offsets")
             put(g, "joint_match", np.array([pr[c].joint_match for pr in prompts], dtype=bool))
-            put(g, "span_text", np.array([pr[c].span_text for pr in prompts], dtype=object), compress=False)
+            store.put_texts(g, "span_text", [pr[c].span_text for pr in prompts], compress=False)
             for v in VECTORS:
                 put(g, v, np.concatenate(cap.vectors[c][v], axis=-1).astype(dtype), shape="[layer, head, position]")
         s = f.create_group("showcase")

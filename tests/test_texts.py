@@ -119,3 +119,18 @@ def test_the_journal_keeps_any_text_a_model_writes(tmp_path):
     path = tmp_path / "journal.jsonl"
     engines.Journal(path, "key").append(recs)
     assert [r.output for r in engines.Journal(path, "key").records.values()] == texts
+
+
+def test_a_datasets_texts_are_stored_whatever_they_hold(tmp_path):
+    """An artifact's /problems group (every model stage writes one) keeps a dataset's ids, subjects and answers
+    exactly, NUL included."""
+    from meaningless_tokens.prompts import Problem, put_problems
+
+    chosen = [Problem(0, "id\x000", "p", None, "4\x00", "Alge\x00bra", 1), Problem(1, "id1", "q", None, "5", None, None)]
+    path = tmp_path / "problems.h5"
+    with store.write_h5(path) as f:
+        put_problems(f, chosen, with_answer=True)
+    with h5py.File(path, "r") as f:
+        assert store.read_texts(f["problems/unique_id"]).tolist() == ["id\x000", "id1"]
+        assert store.read_texts(f["problems/subject"]).tolist() == ["Alge\x00bra", ""]
+        assert store.read_texts(f["problems/answer"]).tolist() == ["4\x00", "5"]
