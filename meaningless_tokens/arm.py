@@ -10,7 +10,12 @@ edit into copied model files for three families). Two variants, as in that code:
   gemma (its Gemma 3 file)  every element with |a| <= the c-quantile of |a| moves (ties included), to
         u * top (top = the `percentage` quantile of |a|, 0..1) or -u * |min a|; k, pmin, pmax unused
 
-with u uniform on [0, 1), one draw per moved element in position order, and 0 counted as positive.
+with u uniform on [0, 1) and 0 counted as positive. Every element has its own u, a pure function of (arm.seed, the
+row's key, step, the element's index) computed by integer hashing on the tensor's device: the same numbers on any
+device, and an element crossing the cut changes no other element's draw. Key: the problem index of a greedy row,
+(problem index, sample index) of a sampled one; under `pool: batch` the arm rows' keys in batch order. Step 0 is the
+prompt, step t the t-th decode step. Index: the element's place in the row's edited activations flattened over its
+real tokens (a left-padded prompt draws what it draws unpadded; a decode step's row: its channel).
 
 Differences from the paper's code: DIFFERENCES below (docs/measures.md and the report list the same).
 """
@@ -26,9 +31,10 @@ from meaningless_tokens.errors import ConfigError
 
 VARIANTS = ("llama", "gemma")
 DIFFERENCES = (
-    "Seeded: the uniforms of a row come from a generator seeded with (arm.seed, problem index, step), step 0 "
-    "being the prompt and step t the t-th decode step, so reruns are byte-identical (the paper's torch.rand has "
-    "no seed).",
+    "Seeded: each element's uniform is a hash (splitmix64) of (arm.seed, the row's problem index and, for a sampled "
+    "output, its sample index, step, the element's index among the row's real tokens' activations), step 0 being the "
+    "prompt and step t the t-th decode step, computed in integer arithmetic on the tensor's device, so reruns are "
+    "byte-identical and a GPU draws what the CPU draws (the paper's torch.rand has no seed).",
     "Statistics per sequence over its own non-pad positions (arm.pool: row), so a row's output does not depend "
     "on its batch; the paper's code pools over the whole tensor it is given, batch and pad positions included "
     "(arm.pool: batch reproduces that over the batch's arm rows).",
@@ -36,12 +42,14 @@ DIFFERENCES = (
     "three families; arm rows share a batch with the other conditions' rows, which the hook leaves untouched.",
     "Percentiles in float32 on the tensor's device (the paper's llama variant copies the activations to the "
     "CPU for np.percentile at every step, which also fails on bfloat16).",
-    "Ties in |a| at the llama variant's cut are broken by position (the first ones move), and the uniforms "
-    "are drawn in position order; the paper's torch.topk leaves both to the kernel.",
+    "Ties in |a| at the llama variant's cut are broken by position (the first ones move); the paper's torch.topk "
+    "leaves that to the kernel. Each element has its own draw, so an element crossing the cut changes its own "
+    "value and its partner's, no other.",
     "A tensor without negative activations gets |min a| = 0 (the paper's llama variant raises an error there: "
     "it reads `device` before assigning it).",
-    "The gemma variant draws one uniform per moved element; the paper's draws one per element of the tensor "
-    "and uses those at the moved positions (same distribution, other numbers).",
+    "Both variants draw one uniform per element of the tensor and use those at the moved positions, as the "
+    "paper's gemma variant does; the paper's llama variant draws one per moved element in torch.topk's order "
+    "(same distribution, other numbers).",
     "arm.apply: prefill leaves decode steps alone; the paper's code edits the prompt and every decode step "
     "(arm.apply: all, the default).",
 )
@@ -175,17 +183,126 @@ def layer0_mlp(model, setup, key: str = "prompt.conditions"):
     return mlp
 
 
+# ---- the draws ---------------------------------------------------------------------------------------
+# Each element's uniform is splitmix64 (Steele, Lea and Flood 2014; the finalizer of Java's SplittableRandom)
+# absorbing, one word at a time, h = splitmix64(h xor word): h starts at arm.seed (mod 2**64), then takes the
+# edit's key (per row pooled: its length, then its words), the step and the element's index; u = the top 24 bits
+# of h / 2**24, a float32 on [0, 1). A pure function of those integers, so every device draws the same numbers.
+# The host folds the words it knows (`stream`) in Python ints; the device folds the rest (`uniforms`).
+
+_M32 = 0xFFFFFFFF
+_M64 = (1 << 64) - 1
+_GAMMA = 0x9E3779B97F4A7C15
+_MIX1, _MIX2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+
+
+def _splitmix(x: int) -> int:
+    z = (x + _GAMMA) & _M64
+    z = ((z ^ (z >> 30)) * _MIX1) & _M64
+    z = ((z ^ (z >> 27)) * _MIX2) & _M64
+    return z ^ (z >> 31)
+
+
+def absorb(h: int, *words: int) -> int:
+    """The state h after absorbing `words` (Python ints, taken mod 2**64)."""
+    for w in words:
+        h = _splitmix(h ^ (w & _M64))
+    return h
+
+
+def row_key(row) -> tuple:
+    """A row's key: its problem index (greedy), or (problem index, sample index) for a sampled output."""
+    return row if isinstance(row, tuple) else (row,)
+
+
+def key_state(seed: int, keys: list) -> int:
+    """The state after arm.seed and the keys of the rows one edit pools (one row's under `pool: row`; the arm
+    rows' keys in batch order under `pool: batch`), each key as its length and then its words."""
+    h = seed & _M64
+    for key in keys:
+        h = absorb(h, len(key), *key)
+    return h
+
+
+def stream(seed: int, keys: list, step: int) -> int:
+    """The state of one edit's draws: (arm.seed, the pooled rows' keys, step), step 0 being the prompt and step t
+    the t-th decode step; `edit` takes it, and `lanes` of several make `edit_rows`' states."""
+    return absorb(key_state(seed, keys), step)
+
+
+def lanes(states: list[int]):
+    """States as a CPU int64 tensor [len, 2] of their 32-bit halves (high, low): torch has no uint64."""
+    import torch
+
+    return torch.tensor([[h >> 32, h & _M32] for h in states], dtype=torch.int64).reshape(-1, 2)
+
+
+# torch has no unsigned 64-bit integers, and int64 overflow is undefined in its kernels: a 64-bit state is two
+# 32-bit lanes (hi, lo) held in int64, and every product is a 32-bit lane times a 16-bit half of a constant
+# (< 2**48), so no intermediate reaches 2**63 and every value stays non-negative: right shifts never drag in a
+# sign bit, and a mask after each sum and shifted-left term keeps a lane at 32 bits. The same code runs on Python
+# ints (a host state) and on tensors of any device.
+
+def _mul32(x, c: int):
+    """x * c mod 2**32 (x a 32-bit lane, c a 32-bit constant)."""
+    return (x * (c & 0xFFFF) + (((x * (c >> 16)) & 0xFFFF) << 16)) & _M32
+
+
+def _mul64(hi, lo, c: int):
+    """(hi, lo) * c mod 2**64."""
+    c_hi, c_lo = c >> 32, c & _M32
+    t, u = lo * (c_lo & 0xFFFF), lo * (c_lo >> 16)
+    s = t + ((u & 0xFFFF) << 16)
+    carry = (s >> 32) + (u >> 16)  # the high half of lo * c_lo
+    return (carry + _mul32(hi, c_lo) + _mul32(lo, c_hi)) & _M32, s & _M32
+
+
+def _xorshift(hi, lo, k: int):
+    """(hi, lo) ^ ((hi, lo) >> k), 0 < k < 32."""
+    return hi ^ (hi >> k), lo ^ ((((hi << (32 - k)) & _M32) | (lo >> k)))
+
+
+def _absorb_lanes(hi, lo, w_hi, w_lo):
+    """`absorb` of one word on lanes: splitmix64(h xor w)."""
+    hi, lo = hi ^ w_hi, lo ^ w_lo
+    lo = lo + (_GAMMA & _M32)
+    hi = (hi + (_GAMMA >> 32) + (lo >> 32)) & _M32
+    lo = lo & _M32
+    hi, lo = _mul64(*_xorshift(hi, lo, 30), _MIX1)
+    hi, lo = _mul64(*_xorshift(hi, lo, 27), _MIX2)
+    return _xorshift(hi, lo, 31)
+
+
+def _state_lanes(state):
+    """A state (a Python int, or int64 lanes [..., 2] on a device) as (hi, lo) broadcasting over elements [..., n]."""
+    if isinstance(state, int):
+        return state >> 32, state & _M32
+    return state[..., 0:1], state[..., 1:2]
+
+
+def uniforms(state, index):
+    """The uniforms (float32 on [0, 1)) of elements `index` (int64 tensor, >= 0) under `state` (a Python int from
+    `stream`, or lanes [2] / [rows, 2] for index [n] / [rows, n]); computed on index's device."""
+    import torch
+
+    hi, lo = _state_lanes(state)
+    hi, _ = _absorb_lanes(hi, lo, index >> 32, index & _M32)
+    return (hi >> 8).to(torch.float32) * (1.0 / (1 << 24))
+
+
+def step_states(base, step: int):
+    """Lanes [rows, 2] of the states at `step` from lanes [rows, 2] of `key_state`s, on their device (no copy)."""
+    import torch
+
+    return torch.cat(_absorb_lanes(base[:, 0:1], base[:, 1:2], step >> 32, step & _M32), dim=1)
+
+
 # ---- the edit --------------------------------------------------------------------------------------
 
-def row_seed(seed: int, *entropy: int) -> int:
-    """A 63-bit generator seed from (arm.seed, ...): numpy's SeedSequence mixes the integers, so nearby
-    problem indices and steps do not give correlated streams."""
-    return int(np.random.SeedSequence([seed, *entropy]).generate_state(1, np.uint64)[0] >> np.uint64(1))
-
-
-def _entropy(row) -> tuple:
-    """A row's seed entropy: its problem index (greedy), or (problem index, sample index) for a sampled output."""
-    return row if isinstance(row, tuple) else (row,)
+# device types whose tensors the host reads without waiting for a device: there the edit reads its count to select
+# the cut by kthvalue and hashes only the moved elements; elsewhere it selects by a sort and hashes every element.
+# The values are the same (tests/test_arm.py checks both paths on the CPU).
+ON_HOST = ("cpu",)
 
 
 def _kth(v, k: int):
@@ -216,8 +333,26 @@ def _quantile(v, q: float):
     return x_lo + (x_hi - x_lo) * (pos - lo)
 
 
-def edit(v, s: ArmSettings, generator, identity: bool = False):
-    """ARM on the activations `v` (any shape; its statistics pool over all of v); returns a new tensor.
+def _count(frac, n_all: int):
+    """max(1, round(frac * n_all)) as Python computes it from float(frac): the float32 frac widened to float64, one
+    float64 product, round half to even (torch.round's rule too); an int64 tensor of frac's shape."""
+    import torch
+
+    return torch.round(frac.double() * n_all).clamp_min(1).long()
+
+
+def _first_n(absx, cut, n):
+    """The n elements of smallest |a| along the last dimension, ties at the cut broken by position (the first
+    ones move): all below the cut, then the first n - (count below) of those equal to it."""
+    below = absx < cut
+    tie = absx == cut
+    return below | (tie & (tie.cumsum(-1) <= n - below.sum(-1, keepdim=True)))
+
+
+def edit(v, s: ArmSettings, state, identity: bool = False):
+    """ARM on the activations `v` (any shape; its statistics pool over all of v); returns a new tensor. `state`:
+    the draws' `stream` (a Python int, or its lanes [2] on v's device); element i of v.reshape(-1) takes the uniform
+    of index i.
 
     With `identity` every step runs but the moved elements get their own values back (a switch for tests:
     the hook then must change nothing)."""
@@ -226,43 +361,43 @@ def edit(v, s: ArmSettings, generator, identity: bool = False):
     flat = v.reshape(-1).float()
     n_all = flat.numel()
     absx = flat.abs()
-    # |min a| over the negatives, 0 when there are none; order statistics by kthvalue and masks, never a
-    # full sort (a prompt's row holds tokens x channels elements: a sort of them costs more than the step)
+    on_host = flat.device.type in ON_HOST
+    # |min a| over the negatives, 0 when there are none; order statistics by kthvalue and masks, never a full sort
+    # on the host (a prompt's row holds tokens x channels elements: a sort of them costs more than the step)
     neg = (-flat.min()).clamp_min(0)
     if s.variant == "llama":
         med = _kth(absx, (n_all - 1) // 2)                # torch.median: the lower median
         mad = _kth((absx - med).abs_(), (n_all - 1) // 2).clamp_min(1e-12)
         eps = 1.4826 * mad * s.c
         share = (absx < eps).float().mean()
-        frac = float(torch.clamp(s.k * share, min=s.pmin, max=s.pmax))
-        n = max(1, int(round(frac * n_all)))
-        cut = _kth(absx, n - 1)                           # the n-th smallest |a|
-        moved = absx <= cut
-        extra = int(moved.sum()) - n
-        if extra > 0:  # ties at the cut: the first ones by position move, the last `extra` stay
-            ties = torch.nonzero(absx == cut).flatten()
-            moved[ties[len(ties) - extra:]] = False
-        idx = torch.nonzero(moved).flatten()
+        n = _count(torch.clamp(s.k * share, min=s.pmin, max=s.pmax), n_all).reshape(1)
+        if on_host:
+            cut = _kth(absx, int(n) - 1)                  # the n-th smallest |a|
+        else:  # n stays on the device: the sorted |a| at n - 1
+            cut = torch.sort(absx).values.gather(0, n - 1)[0]
+        moved = _first_n(absx, cut, n)
         top = _quantile(flat, s.percentage / 100)
     else:
-        tau = _quantile(absx, min(max(s.c, 0.0), 1.0))
-        idx = torch.nonzero(absx <= tau).flatten()        # ties included
+        moved = absx <= _quantile(absx, min(max(s.c, 0.0), 1.0))  # ties included
         top = _quantile(absx, s.percentage)
-    picked = flat[idx]
-    u = torch.rand(idx.numel(), generator=generator, device=flat.device, dtype=torch.float32)
-    if identity:
-        new = picked
-    else:
-        new = torch.where(picked >= 0, u * top, -u * neg)  # sign(0) counts as +1
-    out = v.reshape(-1).clone()
-    out[idx] = new.to(v.dtype)
-    return out.view_as(v)
+    if on_host:
+        idx = torch.nonzero(moved).flatten()
+        picked = flat[idx]
+        u = uniforms(state, idx)
+        new = picked if identity else torch.where(picked >= 0, u * top, -u * neg)  # sign(0) counts as +1
+        out = v.reshape(-1).clone()
+        out[idx] = new.to(v.dtype)
+        return out.view_as(v)
+    u = uniforms(state, torch.arange(n_all, device=flat.device))
+    new = flat if identity else torch.where(flat >= 0, u * top, -u * neg)
+    return torch.where(moved, new.to(v.dtype), v.reshape(-1)).view_as(v)
 
 
-def edit_rows(v, s: ArmSettings, generators: list, identity: bool = False):
+def edit_rows(v, s: ArmSettings, states, identity: bool = False):
     """`edit` of each row of `v` ([rows, ...], statistics per row over all its elements) in one set of batched
     operations: a decode step's rows (every position real) cost about one row's operations, not one per row.
-    Equals `edit` row by row exactly (the same order statistics, the same float32 arithmetic, the same draws)."""
+    `states`: lanes [rows, 2] of each row's `stream` on v's device. Equals `edit` row by row exactly (the same
+    order statistics, the same float32 arithmetic, the same draws)."""
     import torch
 
     rows = v.shape[0]
@@ -276,25 +411,28 @@ def edit_rows(v, s: ArmSettings, generators: list, identity: bool = False):
         mad = torch.kthvalue((absx - med[:, None]).abs_(), half + 1, dim=1).values.clamp_min(1e-12)
         eps = 1.4826 * mad * s.c
         share = (absx < eps[:, None]).float().mean(dim=1)
-        fracs = torch.clamp(s.k * share, min=s.pmin, max=s.pmax).tolist()
-        n = torch.tensor([max(1, int(round(f * n_all))) for f in fracs], device=v.device)
-        cut = torch.sort(absx, dim=1).values.gather(1, (n - 1)[:, None])
-        moved = absx <= cut
-        for r in torch.nonzero(moved.sum(dim=1) > n).flatten().tolist():  # ties at the cut (rare): as in `edit`
-            ties = torch.nonzero(absx[r] == cut[r]).flatten()
-            moved[r, ties[len(ties) - (int(moved[r].sum()) - int(n[r])):]] = False
+        n = _count(torch.clamp(s.k * share, min=s.pmin, max=s.pmax), n_all)[:, None]
+        if flat.device.type in ON_HOST:  # a selection per row costs less than one sort of them all
+            cut = torch.stack([torch.kthvalue(x, k).values for x, k in zip(absx, n[:, 0].tolist())])[:, None]
+        else:
+            cut = torch.sort(absx, dim=1).values.gather(1, n - 1)
+        moved = _first_n(absx, cut, n)
         top = _quantile_rows(flat, s.percentage / 100)
     else:
         moved = absx <= _quantile_rows(absx, min(max(s.c, 0.0), 1.0))[:, None]
         top = _quantile_rows(absx, s.percentage)
-    counts = moved.sum(dim=1).tolist()
-    u = torch.zeros_like(flat)
-    u[moved] = torch.cat([torch.rand(k, generator=g, device=v.device, dtype=torch.float32)
-                          for k, g in zip(counts, generators)])
     if identity:
         return v.clone()
+    if flat.device.type in ON_HOST:
+        r, i = torch.nonzero(moved, as_tuple=True)
+        picked = flat[r, i]
+        u = uniforms(states[r], i[:, None])[:, 0]
+        out = v.reshape(rows, -1).clone()
+        out[r, i] = torch.where(picked >= 0, u * top[r], -u * neg[r]).to(v.dtype)
+        return out.view_as(v)
+    u = uniforms(states, torch.arange(n_all, device=flat.device)[None, :])
     new = torch.where(flat >= 0, u * top[:, None], -u * neg[:, None])
-    return torch.where(moved, new, flat).to(v.dtype).view_as(v)
+    return torch.where(moved, new.to(v.dtype), v.reshape(rows, -1)).view_as(v)
 
 
 def _quantile_rows(v, q: float):
@@ -315,31 +453,50 @@ class ArmHook:
 
     Steps are counted by the hook's own calls since `begin` (step 0: the prompt). `begin(rows, valid)`:
     rows[r] is the problem index of an arm row or None (that row is left alone); valid[r, t] (bool, the
-    prompt's attention mask) marks the real tokens of the prompt; decode steps are all real tokens."""
+    prompt's attention mask) marks the real tokens of the prompt; decode steps are all real tokens.
+
+    No host-device synchronisation at a decode step: at the prompt the hook reads the mask on the host (where the
+    engines hand it over) and copies to the device, once, what the later steps need (the arm rows' batch indices
+    where they are not one run, and each row's key state)."""
 
     def __init__(self, mlp, settings: ArmSettings, identity: bool = False):
         self.settings, self.identity = settings, identity
-        self.rows: list[int | None] = []
-        self.valid = None
-        self.step = 0
+        self.begin([])
         self.handle = mlp.act_fn.register_forward_hook(self)
 
     def begin(self, rows: list, valid=None) -> None:
         """Arm the hook for one batch: per row its problem index (or (index, sample)) when it is an arm row, else None."""
         self.rows, self.valid, self.step = list(rows), valid, 0
+        self.arm_rows = [r for r, p in enumerate(self.rows) if p is not None]
+        self.prepared = None  # (the arm rows: a slice or indices on the device, the keys' states), made at step 0
 
     def remove(self) -> None:
         self.handle.remove()
 
+    def prepare(self, device) -> tuple:
+        """The arm rows (a slice when they are one run, else their indices on the device) and their draws' key
+        states: under `pool: row` lanes [rows, 2] on the device, under `pool: batch` the pooled key's (a Python
+        int); at most one copy to the device."""
+        import torch
+
+        rows, s = self.arm_rows, self.settings
+        run = rows == list(range(rows[0], rows[-1] + 1))
+        where = slice(rows[0], rows[-1] + 1)
+        if s.pool == "batch":
+            state = key_state(s.seed, [row_key(self.rows[r]) for r in rows])
+            return (where if run else torch.tensor(rows).to(device)), state
+        host = lanes([key_state(s.seed, [row_key(self.rows[r])]) for r in rows])
+        if run:
+            return where, host.to(device)
+        dev = torch.cat([torch.tensor(rows)[:, None], host], dim=1).to(device)
+        return dev[:, 0], dev[:, 1:]
+
     def __call__(self, module, inputs, a):
         # (no torch.set_num_threads(1) around the edit: switching the thread count at every forward call
         # made generation of a batch 20x slower, arm rows or not, measured on 2 cores)
-        import torch
-
         step, self.step = self.step, self.step + 1
         s = self.settings
-        arm_rows = [r for r, p in enumerate(self.rows) if p is not None]
-        if not arm_rows or (s.apply == "prefill" and step > 0):
+        if not self.arm_rows or (s.apply == "prefill" and step > 0):
             return None
         if len(self.rows) != a.shape[0]:
             raise RuntimeError(f"ARM hook: {len(self.rows)} rows marked, the batch has {a.shape[0]}")
@@ -347,21 +504,37 @@ class ArmHook:
         if valid is not None and tuple(valid.shape) != tuple(a.shape[:2]):
             raise RuntimeError(f"ARM hook: prompt mask {tuple(valid.shape)} does not fit activations "
                                f"{tuple(a.shape)} at step 0 (a prompt split over several forward calls?)")
+        if step == 0 or self.prepared is None:
+            self.prepared = self.prepare(a.device)
+        where, states = self.prepared
         out = a.clone()
-        if s.pool == "batch":
-            g = torch.Generator(device=a.device).manual_seed(
-                row_seed(s.seed, step, *(e for r in arm_rows for e in _entropy(self.rows[r]))))
-            out[arm_rows] = edit(a[arm_rows], s, g, self.identity)
-            return out
-        gens = [torch.Generator(device=a.device).manual_seed(row_seed(s.seed, *_entropy(self.rows[r]), step)) for r in arm_rows]
-        if valid is None:  # a decode step (or a prompt without padding): the rows in one batched edit
-            out[arm_rows] = edit_rows(a[arm_rows], s, gens, self.identity)
-            return out
-        for r, g in zip(arm_rows, gens):  # a padded prompt: each row over its own real tokens
-            keep = valid[r].to(device=a.device, dtype=torch.bool)
-            first = int(keep.int().argmax())
-            if bool(keep[first:].all()):  # left padding: the real tokens are one run at the end
-                out[r, first:] = edit(a[r, first:], s, g, self.identity)
-            else:
-                out[r, keep] = edit(a[r, keep], s, g, self.identity)
+        if s.pool == "batch":  # one edit over every position (pads included) of the arm rows, in batch order
+            out[where] = edit(a[where], s, absorb(states, step), self.identity)
+        elif valid is None:  # a decode step (or a prompt without padding): the rows in one batched edit
+            out[where] = edit_rows(a[where], s, step_states(states, step), self.identity)
+        else:
+            self.prompt(a, out, valid)
         return out
+
+    def prompt(self, a, out, valid) -> None:
+        """A padded prompt under `pool: row`: each arm row over its own real tokens, the element index running over
+        those tokens' activations alone (a left-padded prompt draws what it draws unpadded)."""
+        import torch
+
+        s = self.settings
+        mask = valid.cpu().numpy().astype(bool)  # the engines build it on the host: no copy there
+        other = []
+        for r in self.arm_rows:
+            state = stream(s.seed, [row_key(self.rows[r])], 0)
+            first = int(mask[r].argmax())
+            if mask[r, first:].all():  # left padding: the real tokens are one run at the end
+                out[r, first:] = edit(a[r, first:], s, state, self.identity)
+            else:
+                other.append((r, state, np.flatnonzero(mask[r])))
+        if other:  # any other mask: the real positions of all such rows in one copy
+            at = torch.from_numpy(np.concatenate([p for _, _, p in other])).to(a.device)
+            k = 0
+            for r, state, p in other:
+                pos = at[k:k + len(p)]
+                k += len(p)
+                out[r, pos] = edit(a[r, pos], s, state, self.identity)

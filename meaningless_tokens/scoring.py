@@ -7,9 +7,11 @@ the LM head runs only at the positions that predict a scored token, over slices 
 [T, vocab] tensor for the whole prompt). `score` batches whole sequences by length up to a token budget (right
 padding: causal attention keeps the pads out of every real token); `score_packed`, what the likelihood stage
 runs, packs each problem's sequences into one token tree (every shared prefix once) with the tree's attention
-mask and each token's own position, the same log-probs within 1e-4 nats and faster on a 2-core CPU
-(docs/benchmarks.md); a problem's `arm` sequences form a tree of their own. `TeacherForcedArm` applies ARM as generation would have applied it had the model generated
-exactly these tokens (stages/likelihood.py's text says how).
+mask and each token's own position, the same log-probs within 1e-4 nats in float32 and faster on a 2-core CPU
+(docs/benchmarks.md); a problem's `arm` sequences form a tree of their own. `score_fastest` takes the packed
+scoring where the model honours the tree mask (an exact test, in any dtype) and, in float32, the positions.
+`TeacherForcedArm` applies ARM as generation would have applied it had the model generated exactly these tokens
+(stages/likelihood.py's text says how).
 """
 
 from __future__ import annotations
@@ -98,7 +100,8 @@ class TeacherForcedArm:
     begin(rows): rows[r] = (problem index, prompt length, steps) of an arm row, or None: positions
     [0, prompt length) are the prompt (step 0, one pool), and position prompt length + i is edited alone as decode
     step steps[i] (a whole sequence: 1, 2, ...; a packed tree: its node's depth past the prompt, so two branches'
-    nodes at one depth get the same step, as each sequence scored whole would)."""
+    nodes at one depth get the same step, as each sequence scored whole would). The draws are the greedy
+    evaluation's: key (problem index,), the step as above; one copy of the steps' states to the device per call."""
 
     def __init__(self, mlp, settings: arm.ArmSettings):
         self.settings = settings
@@ -120,16 +123,22 @@ class TeacherForcedArm:
             raise RuntimeError(f"ARM hook: {len(self.rows)} rows marked, the batch has {a.shape[0]}")
         s = self.settings
         out = a.clone()
+        later, states = [], []  # the positions past each prompt, edited together as decode-step rows
         for r, row in enumerate(self.rows):
             if row is None:
                 continue
             index, p, steps = row
-            g = torch.Generator(device=a.device).manual_seed(arm.row_seed(s.seed, index, 0))
-            out[r, :p] = arm.edit(a[r, :p], s, g)
+            base = arm.key_state(s.seed, [arm.row_key(index)])
+            out[r, :p] = arm.edit(a[r, :p], s, arm.absorb(base, 0))
             if s.apply == "all" and len(steps):
-                gens = [torch.Generator(device=a.device).manual_seed(arm.row_seed(s.seed, index, step))
-                        for step in steps]
-                out[r, p:p + len(steps)] = arm.edit_rows(a[r, p:p + len(steps)], s, gens)
+                later.append((r, p, len(steps)))
+                states += [arm.absorb(base, step) for step in steps]
+        if later:  # every row's step states in one copy to the device
+            edited = arm.edit_rows(torch.cat([a[r, p:p + k] for r, p, k in later]), s, arm.lanes(states).to(a.device))
+            at = 0
+            for r, p, k in later:
+                out[r, p:p + k] = edited[at:at + k]
+                at += k
         return out
 
 
@@ -188,19 +197,32 @@ def batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
     return out + ([cur] if cur else [])
 
 
-def right_padded(rows: list[list[int]], fill: int):
-    """The rows as one [rows, longest] long tensor, each filled on the right with `fill`."""
+def right_padded(rows: list, fill: int) -> np.ndarray:
+    """The rows as one [rows, longest] int64 array, each filled on the right with `fill`."""
+    out = np.full((len(rows), max(len(r) for r in rows)), fill, dtype=np.int64)
+    for r, row in enumerate(rows):
+        out[r, :len(row)] = row
+    return out
+
+
+def upload(parts: list[np.ndarray], device) -> list:
+    """The host arrays on the device as int64 tensors of their shapes, copied in one transfer (on CUDA each copy
+    of a batch would block the host until the GPU catches up): one buffer, sliced on the device."""
     import torch
 
-    out = torch.full((len(rows), max(len(r) for r in rows)), fill, dtype=torch.long)
-    for r, row in enumerate(rows):
-        out[r, :len(row)] = torch.tensor(row, dtype=torch.long)
+    flat = np.concatenate([np.asarray(a, dtype=np.int64).ravel() for a in parts])
+    buf = torch.from_numpy(flat).to(device)
+    out, at = [], 0
+    for a in parts:
+        out.append(buf[at:at + a.size].view(a.shape))
+        at += a.size
     return out
 
 
 def score(model, seqs: list[Seq], batch_tokens: int, pad: int, arm_hook: TeacherForcedArm | None = None,
           bar=None) -> list[np.ndarray]:
-    """Per sequence, the log-prob of each scored token given everything before it (float64)."""
+    """Per sequence, the log-prob of each scored token given everything before it (float64). Per batch one copy
+    to the device (ids, lengths and the scored rows and positions as one buffer) and one back (the log-probs)."""
     import torch
 
     device = model.get_output_embeddings().weight.device
@@ -208,18 +230,23 @@ def score(model, seqs: list[Seq], batch_tokens: int, pad: int, arm_hook: Teacher
     result: list = [None] * len(seqs)
     for batch in batches([len(s.input_ids) for s in seqs], batch_tokens):
         rows = [seqs[k] for k in batch]
-        ids = right_padded([s.input_ids for s in rows], pad)
-        mask = right_padded([[1] * len(s.input_ids) for s in rows], 0)
+        lengths = np.array([len(s.input_ids) for s in rows], dtype=np.int64)
+        r_idx = np.repeat(np.arange(len(rows)), [len(s.scored) for s in rows])
+        pos = np.concatenate([np.arange(s.start - 1, len(s.input_ids) - 1) for s in rows])
+        padded = lengths.min() < lengths.max()
+        ids, lengths, r_idx, pos = upload([right_padded([s.input_ids for s in rows], pad), lengths, r_idx, pos],
+                                          device)
+        # no padding: no mask, the causal attention an all-ones mask gives, without transformers' check of the
+        # mask's values (a copy to the host per batch)
+        mask = (torch.arange(ids.shape[1], device=device)[None, :] < lengths[:, None]).long() if padded else None
         if arm_hook is not None:
             arm_hook.begin([whole_steps(s) if s.condition == "arm" else None for s in rows])
         elif any(s.condition == "arm" for s in rows):
             raise ValueError("arm rows need the ARM hook")
         try:
             with torch.no_grad():
-                hidden = decoder(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False)[0]
-                r_idx = torch.cat([torch.full((len(s.scored),), r) for r, s in enumerate(rows)])
-                pos = torch.cat([torch.arange(s.start - 1, len(s.input_ids) - 1) for s in rows])
-                lp = head_logprobs(model, hidden[r_idx.to(device), pos.to(device)], ids[r_idx, pos + 1].to(device))
+                hidden = decoder(input_ids=ids, attention_mask=mask, use_cache=False)[0]
+                lp = head_logprobs(model, hidden[r_idx, pos], ids[r_idx, pos + 1])
         finally:
             if arm_hook is not None:
                 arm_hook.begin([])
@@ -260,37 +287,52 @@ def pack(seqs: list[Seq]) -> Packed:
     return Packed(ids, parent, pos, paths)
 
 
-def tree_masks(model, packs: list[Packed], width: int, dtype):
-    """The attention mask of a batch of packed rows, as the decoder takes a prepared one: a node sees its
-    ancestors and itself (within the sliding window, counted in positions, on sliding layers), pads themselves
-    only; additive (0 or the dtype's minimum), [rows, 1, width, width]. A dict by layer type for the families
-    whose layers mix full and sliding attention (`layer_types`), else one tensor (windowed where the config has
-    a sliding window)."""
-    import torch
-
-    text = model.config.get_text_config()
-    window = getattr(text, "sliding_window", None)
+def tree_bits(packs: list[Packed], width: int) -> np.ndarray:
+    """Which nodes each node of a batch of packed rows sees: its ancestors and itself, a pad itself only (a row
+    with no key would be NaN); [rows, width * width] bits packed into int64 words (`unpack_bits`), so that the
+    mask travels to the device as 1/64 of a boolean [rows, width, width] and in the batch's one copy."""
     see = np.zeros((len(packs), width, width), dtype=bool)
-    dist = np.zeros((len(packs), width, width), dtype=np.int64)
     for r, pk in enumerate(packs):
-        n = len(pk.ids)
         anc = see[r]
         for i, p in enumerate(pk.parent):
             if p >= 0:
                 anc[i, :i] = anc[p, :i]
             anc[i, i] = True
-        q = np.asarray(pk.pos)
-        dist[r, :n, :n] = q[:, None] - q[None, :]
-        idx = np.arange(n, width)
-        anc[idx, idx] = True  # pads: themselves only (a row with no key would be NaN)
-    minimum = torch.finfo(dtype).min
+        idx = np.arange(len(pk.ids), width)
+        anc[idx, idx] = True
+    bits = np.packbits(see.reshape(len(packs), -1), axis=1, bitorder="little")
+    bits = np.pad(bits, ((0, 0), (0, -bits.shape[1] % 8)))
+    return bits.view(np.int64)
+
+
+def unpack_bits(words, width: int):
+    """`tree_bits`' words [rows, n] (int64, on the device) back to booleans [rows, width, width]."""
+    import torch
+
+    octets = words.view(torch.uint8)  # the bytes np.packbits wrote, in order (the upload copies bytes)
+    shifts = torch.arange(8, device=words.device, dtype=torch.uint8)
+    bits = (octets[:, :, None] >> shifts) & 1
+    return bits.reshape(words.shape[0], -1)[:, :width * width].reshape(-1, width, width).bool()
+
+
+def tree_masks(model, see, pos, dtype):
+    """The attention mask of a batch of packed rows, as the decoder takes a prepared one, built on the device
+    from `see` (`unpack_bits`) and the nodes' positions [rows, width]: a node sees its ancestors and itself
+    (within the sliding window, counted in positions, on sliding layers), pads themselves only; additive (0 or
+    the dtype's minimum), [rows, 1, width, width]. A dict by layer type for the families whose layers mix full
+    and sliding attention (`layer_types`), else one tensor (windowed where the config has a sliding window)."""
+    import torch
+
+    text = model.config.get_text_config()
+    window = getattr(text, "sliding_window", None)
+    zero = torch.zeros((), dtype=dtype, device=see.device)
+    minimum = torch.full((), torch.finfo(dtype).min, dtype=dtype, device=see.device)
 
     def additive(allowed):
-        return torch.where(torch.from_numpy(allowed)[:, None], torch.tensor(0.0, dtype=dtype),
-                           torch.tensor(minimum, dtype=dtype))
+        return torch.where(allowed[:, None], zero, minimum)
 
     full = additive(see)
-    sliding = additive(see & (dist < window)) if window else full
+    sliding = additive(see & ((pos[:, :, None] - pos[:, None, :]) < window)) if window else full
     if getattr(text, "layer_types", None) is not None:
         return {"full_attention": full, "sliding_attention": sliding}
     return sliding
@@ -301,10 +343,12 @@ def score_packed(model, seqs: list[Seq], batch_tokens: int, pad: int, arm_hook: 
     """`score`, each problem's sequences packed into one row (`pack`: every shared prefix computed once, the
     prompt for both continuations and the instruction for every condition), the tree's attention mask and each
     token's own position passed to the decoder; rows batched by length within batch_tokens, right-padded. The
-    same log-probs as `score` within float rounding where the family honours a prepared 4D mask (`check_packed`
-    verifies it on the model at hand). A problem's `arm` sequences are a tree of their own (ARM changes their
-    prompt's hidden states from layer 0 on, so they share no node with `none`): the prompt's nodes come first and
-    are edited as one pool (step 0), every later node alone as the decode step of its depth (`TeacherForcedArm`)."""
+    same log-probs as `score` within float rounding where the family honours a prepared 4D mask and position ids
+    (`check_mask` and `check_packed` verify it on the model at hand). Per batch one copy to the device (ids,
+    positions, the tree mask as bits and the scored nodes as one buffer) and one back (the log-probs). A problem's
+    `arm` sequences are a tree of their own (ARM changes their prompt's hidden states from layer 0 on, so they
+    share no node with `none`): the prompt's nodes come first and are edited as one pool (step 0), every later
+    node alone as the decode step of its depth (`TeacherForcedArm`)."""
     import torch
 
     if arm_hook is None and any(s.condition == "arm" for s in seqs):
@@ -322,9 +366,6 @@ def score_packed(model, seqs: list[Seq], batch_tokens: int, pad: int, arm_hook: 
     result: list = [None] * len(seqs)
     for batch in batches([len(pk.ids) for pk in packs], batch_tokens):
         rows = [packs[g] for g in batch]
-        ids, pos = right_padded([pk.ids for pk in rows], pad), right_padded([pk.pos for pk in rows], 0)
-        mask = tree_masks(model, rows, ids.shape[1], dtype)
-        mask = {k: v.to(device) for k, v in mask.items()} if isinstance(mask, dict) else mask.to(device)
         r_idx, at, targets, owners = [], [], [], []
         for r, g in enumerate(batch):
             for k, path in zip(members[g], packs[g].paths):
@@ -333,14 +374,18 @@ def score_packed(model, seqs: list[Seq], batch_tokens: int, pad: int, arm_hook: 
                 at += path[s.start - 1:len(s.input_ids) - 1]
                 targets += s.scored
                 owners.append((k, len(s.scored)))
+        ids = right_padded([pk.ids for pk in rows], pad)
+        width = ids.shape[1]
+        ids, pos, words, r_idx, at, targets = upload(
+            [ids, right_padded([pk.pos for pk in rows], 0), tree_bits(rows, width), np.array(r_idx), np.array(at),
+             np.array(targets)], device)
+        mask = tree_masks(model, unpack_bits(words, width), pos, dtype)
         if arm_hook is not None:
             arm_hook.begin([arm_rows[g] for g in batch])
         try:
             with torch.no_grad():
-                hidden = decoder(input_ids=ids.to(device), attention_mask=mask, position_ids=pos.to(device),
-                                 use_cache=False)[0]
-                lp = head_logprobs(model, hidden[torch.tensor(r_idx, device=device), torch.tensor(at, device=device)],
-                                   torch.tensor(targets, device=device))
+                hidden = decoder(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False)[0]
+                lp = head_logprobs(model, hidden[r_idx, at], targets)
         finally:
             if arm_hook is not None:
                 arm_hook.begin([])
@@ -370,27 +415,88 @@ def check_packed(model, seqs: list[Seq], batch_tokens: int, pad: int, arm_hook: 
     return float(max(abs(x.sum() - y.sum()) for x, y in zip(a, b)))
 
 
+def decoy(tree: list[Seq], vocab: int, k: int) -> Seq:
+    """A branch off the tree's first sequence at its first scored position that no sequence of the tree takes:
+    there the k-th token (counting on from the sequence's own, modulo the vocabulary) that no sequence of the tree
+    has after the same prefix, then each later token of the sequence k words further on."""
+    s = tree[0]
+    b = s.start
+    taken = {t.input_ids[b] for t in tree if len(t.input_ids) > b and t.input_ids[:b] == s.input_ids[:b]}
+    free = [w % vocab for w in range(s.input_ids[b] + 1, s.input_ids[b] + vocab) if w % vocab not in taken]
+    ids = s.input_ids[:b] + (free[k - 1],) + tuple((t + k) % vocab for t in s.input_ids[b + 1:])
+    return Seq(s.index, s.condition, s.continuation, ids, s.prompt_len, s.start)
+
+
+def check_mask(model, seqs: list[Seq], batch_tokens: int, pad: int,
+               arm_hook: TeacherForcedArm | None = None) -> tuple[float, Seq]:
+    """Whether the decoder honours the prepared tree mask, tested exactly, in any dtype: the given sequences (one
+    problem's, its arm tree included) scored packed twice, each tree led by a `decoy` branch whose tokens differ
+    between the two runs. No node of the sequences descends from a decoy, so where the mask holds, their
+    log-probs are bit-identical (a masked key's weight is exactly 0, and a node's MLP and norms see that node
+    alone); where the mask leaks, the tokens after a decoy see it. Returns the largest move of a log-prob (nats;
+    0.0: the mask holds, inf: a NaN) and the sequence it moved."""
+    vocab = model.get_output_embeddings().weight.shape[0]
+    trees: dict[tuple[int, bool], list[Seq]] = {}
+    for s in seqs:
+        trees.setdefault((s.index, s.condition == "arm"), []).append(s)
+    runs = []
+    for k in (1, 2):
+        lead = [decoy(tree, vocab, k) for tree in trees.values()]
+        runs.append(score_packed(model, lead + seqs, batch_tokens, pad, arm_hook)[len(lead):])
+    moves = [0.0 if np.array_equal(a, b) else float(np.nan_to_num(np.abs(a - b), nan=np.inf).max())
+             for a, b in zip(*runs)]
+    k = int(np.argmax(moves))
+    return moves[k], seqs[k]
+
+
 # the largest difference of a summed log-prob (nats) between the packed and the whole-sequence scoring on the
-# checked problem for which `score_fastest` uses the packed one. float32 rounding of a sum over at most 32 tokens
-# reaches 1.1e-4 (SmolLM2-135M, the first of 100 problems: at 1e-4 that run fell back to whole scoring,
-# 1.7x the time); a decoder that ignores the tree mask differs by tenths of a nat or more (tests/test_likelihood.py)
+# checked problem for which `score_fastest` uses the packed one, in float32 and float64. float32 rounding of a sum
+# over at most 32 tokens reaches 1.1e-4 (SmolLM2-135M, the first of 100 problems: at 1e-4 that run fell back to
+# whole scoring, 1.7x the time). In bfloat16 the two orders of summation differ by 0.03 nats on the tiny test
+# models and by 1.2 and 3.0 nats at the widths of the paper's 1.5B and 7B models: no tolerance there tells
+# rounding from a leaking mask, so there `check_mask`, exact in every dtype, decides alone
 PACKED_TOLERANCE = 1e-3
 
 
 def score_fastest(model, seqs: list[Seq], batch_tokens: int, pad: int, arm_hook: TeacherForcedArm | None = None,
                   bar=None, warn=None) -> tuple[list[np.ndarray], dict]:
-    """Per sequence, the log-probs of `score`: `score_packed` once `check_packed` finds it equal on one problem
-    (the first, its arm rows included), `score` for every sequence where the family does not honour the tree mask
-    (`warn` is called with the reason). Returns (log-probs, {"method": "packed" or "whole",
-    "packed_check_max_abs_diff": ...})."""
+    """Per sequence, the log-probs of `score`: `score_packed` where the packing is checked on one problem (the
+    first, its arm rows included): the tree mask exactly (`check_mask`) and, in float32 and float64, the sums
+    against whole-sequence scoring within PACKED_TOLERANCE (`check_packed`: the positions too); else `score` for
+    every sequence, and `warn` is called with the check that failed. Returns (log-probs, how): how holds
+    "method" ("packed" or "whole") and "packed_check_max_abs_diff"; in another dtype also
+    "packed_check_compared": False (that difference is the dtype's rounding, recorded, not compared) and
+    "mask_check_max_abs_diff"; after a fall-back "mask_check_max_abs_diff" and "why"."""
+    import torch
+
     first = [s for s in seqs if s.index == seqs[0].index] if seqs else []
-    check = check_packed(model, first, batch_tokens, pad, arm_hook) if first else None
-    method = "packed" if check is not None and check < PACKED_TOLERANCE else "whole"
-    if method == "whole" and check is not None and warn is not None:
-        warn(f"scoring each sequence whole: the packed scoring differs by {check:.3g} nats on problem "
-             f"{first[0].index} (model_type '{model.config.model_type}' does not honour a prepared attention mask)")
+    if not first:
+        return [], {"method": "whole", "packed_check_max_abs_diff": None}
+    check = check_packed(model, first, batch_tokens, pad, arm_hook)
+    move, moved = check_mask(model, first, batch_tokens, pad, arm_hook)
+    dtype = model.get_output_embeddings().weight.dtype
+    compared = dtype in (torch.float32, torch.float64)
+    where, kind = f"problem {first[0].index}", f"model_type '{model.config.model_type}'"
+    why = None
+    if move > 0:
+        why = (f"the tree mask check failed on {where}: a branch that no scored token may see, its tokens replaced, "
+               f"moved the {moved.condition}/{moved.continuation} log-probs by {move:.3g} nats (a masked token must "
+               f"move nothing: {kind} does not honour a prepared attention mask)")
+    elif compared and not check < PACKED_TOLERANCE:
+        why = (f"the packed scoring differs from whole-sequence scoring by {check:.3g} nats on {where} in "
+               f"{str(dtype).removeprefix('torch.')} (tolerance {PACKED_TOLERANCE:g}) although the tree mask holds "
+               f"exactly: {kind} does not place the packed tokens at their position ids, or rounds beyond the "
+               f"tolerance")
+    method = "whole" if why else "packed"
     info = {"method": method, "packed_check_max_abs_diff": check}
-    if method == "whole":
+    if not compared:
+        info["packed_check_compared"] = False
+    if not compared or why:
+        info["mask_check_max_abs_diff"] = move
+    if why:
+        info["why"] = why
+        if warn is not None:
+            warn(f"scoring each sequence whole: {why}")
         return score(model, seqs, batch_tokens, pad, arm_hook, bar), info
     return score_packed(model, seqs, batch_tokens, pad, arm_hook, bar), info
 

@@ -19,8 +19,8 @@ every resample, so it carries the uncertainty of both choices.
 
 The grid must hold the model's own setting (models.<name>.arm, else the paper's value for the model, else the
 variant's fallback: arm.settings_for), so the chosen setting is always compared with the one the likelihood stage
-runs. ARM is applied as in likelihood@<model> (TeacherForcedArm, packed scoring checked against whole-sequence
-scoring on the first problem).
+runs. ARM is applied as in likelihood@<model> (TeacherForcedArm, packed scoring checked on the first problem: the
+tree mask exactly, and in float32 against whole-sequence scoring; at every grid setting).
 
 Outputs:
   artifacts/arm_tuning/<model>.h5       the grid, both problem sets, per setting and problem the paired gain, the

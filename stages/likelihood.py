@@ -56,8 +56,11 @@ sliding window, counted in positions, on sliding layers) at its own position in 
 by length up to likelihood.batch_tokens padded tokens; a problem's `arm` sequences are a tree of their own (their
 prompt's hidden states differ from none's from layer 0 on), its prompt edited as step 0 and each later node as the
 decode step of its depth. The log-probs are those of each sequence scored whole within float rounding; the stage
-checks that on one problem first, its arm rows included (scoring.check_packed, within scoring.PACKED_TOLERANCE),
-and scores every sequence whole (scoring.score) for a family that does not honour the tree mask.
+checks that on one problem first, its arm rows included: the tree mask exactly, in any dtype (scoring.check_mask:
+a branch that no scored token may see, its tokens replaced, moves no log-prob by a single bit), and in float32 the
+sums against whole-sequence scoring within scoring.PACKED_TOLERANCE (scoring.check_packed: the positions too; in
+bfloat16 the two differ by rounding alone, recorded as packed_check_max_abs_diff). Where a check fails, every
+sequence is scored whole (scoring.score) and the provenance's scoring.why names the check.
 
 Outputs:
   artifacts/likelihood/<model>.h5    per condition and continuation: sum, mean (nats/token) and tokens per

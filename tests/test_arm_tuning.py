@@ -70,6 +70,22 @@ def test_stage_gains_equal_the_likelihood_stage_at_the_chosen_setting(tiny_dirs,
     assert not list(tmp_path.rglob("*.partial"))
 
 
+def test_in_bfloat16_the_stage_scores_packed_at_every_setting(tiny_dirs, write_params, cache_dir, tmp_path):
+    """In bfloat16 packed and whole-sequence sums differ by rounding alone; the exact mask check admits the packed
+    scoring of the none rows and of the arm rows at every grid setting, and nothing falls back."""
+    raw = tuning_params(write_params, tiny_dirs, "gemma3").model_dump()
+    raw["runtime"]["dtype"] = "bfloat16"
+    raw["likelihood"]["solution_tokens"] = 40
+    out = arm_tuning.run(load_params(write_params(raw)), "tiny", root=tmp_path)
+    with read_h5(out, "arm_tuning") as f:
+        how = json.loads(f.attrs["provenance"])["scoring"]
+    assert len(how["arm"]) == len(GRID["gemma"])
+    for info in [how["none"], *how["arm"]]:
+        assert info["method"] == "packed", info
+        assert info["mask_check_max_abs_diff"] == 0.0
+        assert info["packed_check_compared"] is False and "why" not in info
+
+
 def test_bad_input_is_refused_naming_the_key(tiny_dirs, write_params, cache_dir, tmp_path):
     params = tuning_params(write_params, tiny_dirs, grid={"llama": [[0.32, 90.0], [0.13, 99.5]],
                                                          "gemma": GRID["gemma"]})
