@@ -459,10 +459,21 @@ class ArmHook:
     engines hand it over) and copies to the device, once, what the later steps need (the arm rows' batch indices
     where they are not one run, and each row's key state)."""
 
-    def __init__(self, mlp, settings: ArmSettings, identity: bool = False):
+    def __init__(self, mlp, settings: ArmSettings, identity: bool = False, compiled: bool = False):
         self.settings, self.identity = settings, identity
         self.begin([])
-        self.handle = mlp.act_fn.register_forward_hook(self)
+        hook = self
+        if compiled:
+            # Kept out of torch.compile's graph: the step counter and the batch's rows are Python state that the
+            # draws depend on, which tracing would bake in as constants (a recompile at every step). Returning a
+            # tensor always (the input when nothing is edited) keeps one graph after the break for every batch.
+            import torch
+
+            @torch.compiler.disable
+            def hook(module, inputs, a):
+                out = self(module, inputs, a)
+                return a if out is None else out
+        self.handle = mlp.act_fn.register_forward_hook(hook)
 
     def begin(self, rows: list, valid=None) -> None:
         """Arm the hook for one batch: per row its problem index (or (index, sample)) when it is an arm row, else None."""

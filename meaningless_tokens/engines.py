@@ -4,7 +4,9 @@ The transformers engine: greedy generation (`do_sample=False`, set explicitly: i
 otherwise sample by their generation_config), batched with left padding, SDPA attention and a static cache
 sized per batch (a dynamic cache re-concatenates every layer's keys and values at each step: half of the CPU
 time at batch 12; outputs were identical), optionally stopping a row once it has written a complete
-\\boxed{...}; `arm` rows are edited by the ARM hook (meaningless_tokens/arm.py). The vLLM engine runs in
+\\boxed{...}; `arm` rows are edited by the ARM hook (meaningless_tokens/arm.py). With evaluate.compile on (CUDA by
+default) the decode step is compiled and sees the plan's shapes alone: one prompt width and cache length per stage,
+short batches filled to the batch size (`TransformersEngine.fit`). The vLLM engine runs in
 worker processes (meaningless_tokens/vllm_engine.py). Sampled rows draw each token with their own seed
 (meaningless_tokens/sampling.py).
 
@@ -163,44 +165,78 @@ def _cache_kwarg() -> str:
 
 
 
+class _Fillers:
+    """Stopping criterion: the filler rows of a short batch are done from the first step, so that the batch ends
+    when its real rows do. One constant tensor on the device: no copy at any step."""
+
+    def __init__(self, done):
+        self.done = done
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return self.done
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A compiled stage's one shape: every batch has `rows` rows (short ones filled), prompts left-padded to `width`,
+    a static cache of `cache_len` tokens."""
+    rows: int
+    width: int
+    cache_len: int
+
+
 def generate(model, tokenizer, batch: list[Item], max_new_tokens: int, stop_at_boxed: bool,
              eos: list[int], arm_hook: arm.ArmHook | None = None,
-             sampler: sampling.RowSampler | None = None) -> list[tuple[str, int, str]]:
+             sampler: sampling.RowSampler | None = None, shape: Shape | None = None,
+             compile_config=None) -> list[tuple[str, int, str]]:
     """Greedy continuations of a batch of prompts: [(text, n_tokens, stop reason)]; `arm_hook` (installed on
     the model) edits the rows whose condition is `arm`; `sampler` draws each sampled row's tokens with its own seed
-    (greedy search then takes the one token it leaves)."""
+    (greedy search then takes the one token it leaves). `shape`: the plan's (rows beyond the batch are fillers: a
+    copy of its first prompt, never an arm row, their outputs dropped); None: the batch's own width and cache.
+    `compile_config` (transformers' CompileConfig): compile the decode step; None: never compile."""
     import torch
     from transformers import LogitsProcessorList, StaticCache, StoppingCriteriaList
 
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
     width = max(len(it.input_ids) for it in batch)
-    ids = torch.full((len(batch), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(batch), width), dtype=torch.long)
-    for r, it in enumerate(batch):  # left padding: every prompt ends where generation starts
+    if shape is not None:
+        if len(batch) > shape.rows or width > shape.width or shape.width + max_new_tokens > shape.cache_len:
+            raise ValueError(f"a batch of {len(batch)} prompts up to {width} tokens (+{max_new_tokens}) does not "
+                             f"fit the plan's shape {shape}")
+        width = shape.width
+    n_rows = shape.rows if shape is not None else len(batch)
+    padded = batch + [Item(-1, "filler", batch[0].input_ids)] * (n_rows - len(batch))
+    ids = torch.full((n_rows, width), pad, dtype=torch.long)
+    mask = torch.zeros((n_rows, width), dtype=torch.long)
+    for r, it in enumerate(padded):  # left padding: every prompt ends where generation starts
         ids[r, width - len(it.input_ids):] = torch.tensor(it.input_ids)
         mask[r, width - len(it.input_ids):] = 1
     criteria = StoppingCriteriaList([_BoxedStop(tokenizer, width)] if stop_at_boxed else [])
-    # sized by this batch alone: generate's own static cache grows to the longest of all earlier
-    # calls, which would make a batch's arithmetic depend on what ran before it (and on resuming)
-    cache = StaticCache(config=model.config.get_text_config(decoder=True), max_cache_len=width + max_new_tokens)
+    if n_rows > len(batch):
+        criteria.append(_Fillers(torch.arange(n_rows, device=model.device) >= len(batch)))
+    # sized by this batch or by the plan, never by what ran before: generate's own static cache grows to the
+    # longest of all earlier calls, which would make a batch's arithmetic depend on the order (and on resuming)
+    cache = StaticCache(config=model.config.get_text_config(decoder=True),
+                        max_cache_len=shape.cache_len if shape is not None else width + max_new_tokens)
     # a sampled arm row's ARM draws are seeded with its sample index too
-    rows = [(it.index if it.sample < 0 else (it.index, it.sample)) if it.condition == "arm" else None for it in batch]
+    rows = [(it.index if it.sample < 0 else (it.index, it.sample)) if it.condition == "arm" else None for it in padded]
     if arm_hook is not None:
         arm_hook.begin(rows, mask.bool())
     elif any(r is not None for r in rows):
         raise ValueError("a batch with arm rows needs the ARM hook (arm_hook)")
+    switch = {"compile_config": compile_config} if compile_config is not None else {"disable_compile": True}
     with torch.no_grad():
         out = model.generate(
             input_ids=ids.to(model.device), attention_mask=mask.to(model.device),
             max_new_tokens=max_new_tokens, do_sample=False, temperature=None, top_p=None, top_k=None,
             num_beams=1, eos_token_id=eos, pad_token_id=pad, stopping_criteria=criteria, use_cache=True,
-            logits_processor=LogitsProcessorList([sampler] if sampler else []), **{_cache_kwarg(): cache},
+            logits_processor=LogitsProcessorList([sampler] if sampler else []), **{_cache_kwarg(): cache}, **switch,
         )
     if arm_hook is not None:
         arm_hook.begin([])  # disarmed: a later forward pass of this model is left alone
     results = []
     ends = set(eos) | {pad}
-    for row in out[:, width:].tolist():
+    for row in out[:len(batch), width:].tolist():
         n = next((k for k, t in enumerate(row) if t in ends), len(row))
         text = tokenizer.decode(row[:n], skip_special_tokens=True)
         if stop_at_boxed and has_complete_box(text):
@@ -304,33 +340,147 @@ def merge_parts(journal: Journal, journal_path: Path) -> dict[Path, int]:
 Generated = tuple[Item, str, int, str, float]  # item, text, n_tokens, stop reason, seconds
 
 
+SHAPE_STEP = 64       # a compiled stage's prompt width: its longest prompt rounded up to a multiple of this
+WARMUP_TOKENS = 4     # the warm-up's new tokens: the decode step compiled, then (CUDA graphs) recorded and replayed
+MEMORY_MARGIN = 0.8   # the share of free CUDA memory evaluate.batch_size auto plans to fill
+
+
+def compile_on(setting: str, device: str) -> bool:
+    """evaluate.compile resolved: auto is on for CUDA, off elsewhere."""
+    return device.startswith("cuda") if setting == "auto" else setting == "on"
+
+
+def kv_bytes_per_token(config, dtype_bytes: int) -> int:
+    """A static cache's bytes per token and row: keys and values of every layer (2 x layers x kv heads x head dim)."""
+    text = config.get_text_config(decoder=True)
+    heads = text.num_attention_heads
+    kv = getattr(text, "num_key_value_heads", None) or heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    return 2 * text.num_hidden_layers * kv * head_dim * dtype_bytes
+
+
+def row_bytes(cache_len: int, kv_per_token: int, vocab: int, width: int, hidden: int, intermediate: int, heads: int,
+              dtype_bytes: int) -> int:
+    """A row's memory in a generate call: its static cache; a step's logits (in the model's dtype, the float32 copy
+    generate takes and one processed copy); the prompt's forward pass, whose largest transients are one layer's MLP
+    (gate, up, their product), its hidden states (a few copies) and, where SDPA falls back to plain arithmetic,
+    the attention scores over the whole cache."""
+    logits = vocab * (dtype_bytes + 4 + 4)
+    prefill = width * (3 * intermediate + 4 * hidden) * dtype_bytes + heads * width * cache_len * dtype_bytes
+    return cache_len * kv_per_token + logits + prefill
+
+
+def auto_batch_size(free_bytes: int, per_row: int, rows: int, margin: float = MEMORY_MARGIN) -> int:
+    """evaluate.batch_size auto: the rows `margin` of the free memory holds, rounded down to a multiple of 8 (fewer
+    than 8 as they are), at most `rows` (the plan's); 0 when not even one fits."""
+    fit = int(free_bytes * margin) // per_row
+    return min(fit if fit < 8 else fit // 8 * 8, rows)
+
+
 class TransformersEngine:
-    """transformers.generate over the static batches; `arm` rows are edited by the ARM hook."""
+    """transformers.generate over the static batches; `arm` rows are edited by the ARM hook. `fit` (before the
+    journal's key) resolves the batch size and, with compile on, the plan's one shape."""
 
     def __init__(self, cfg: Evaluate, setup: models.ModelSetup, arm_settings: arm.ArmSettings | None = None,
                  sampled: bool = True):
         self.cfg = cfg
         self.model, self.tokenizer, attn = load_for_generation(setup)
-        self.arm_hook = arm.ArmHook(arm.layer0_mlp(self.model, setup), arm_settings) if arm_settings else None
+        device = str(self.model.device)
+        self.compiled = compile_on(cfg.compile, device)
+        self.compile_config = None
+        if self.compiled:
+            from transformers import CompileConfig
+
+            # not fullgraph: the ARM hook is kept out of the graph; static shapes: the plan gives one shape
+            self.compile_config = CompileConfig(fullgraph=False, dynamic=False)
+            if not device.startswith("cuda"):
+                self.compile_config._compile_all_devices = True  # transformers compiles on CUDA alone otherwise
+            if arm_settings:
+                import torch._dynamo
+
+                # The ARM hook's graph break falls inside the model's loop over layers, which dynamo does not resume:
+                # each decoder layer is then compiled as a frame of its own, one per layer (measured on a tiny llama),
+                # and past dynamo's 8 recompiles a code object runs uncompiled (layer 9 on). Room for every layer:
+                layers = self.model.config.get_text_config(decoder=True).num_hidden_layers
+                torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, layers + 8)
+        self.arm_hook = arm.ArmHook(arm.layer0_mlp(self.model, setup), arm_settings,
+                                    compiled=self.compiled) if arm_settings else None
         self.eos = stop_ids(self.model.generation_config, self.tokenizer)
         self.sampling = sampling.settings_for(cfg, self.model.generation_config) if sampled and cfg.sampling.n else None
-        self.settings = {"engine": "transformers", **_common_settings(cfg, setup, self.eos, str(self.model.device)),
-                         "batch_size": cfg.batch_size, "attn_implementation": attn, "cache": "static"}
+        self.batch_size = cfg.batch_size if cfg.batch_size != "auto" else None  # resolved by fit
+        self.settings = {"engine": "transformers", **_common_settings(cfg, setup, self.eos, device),
+                         "batch_size": self.batch_size, "attn_implementation": attn, "cache": "static",
+                         "compile": {"setting": cfg.compile, "on": self.compiled}}
+        self.shape: Shape | None = None
+        self.warm = False
+        self.filler: tuple[int, ...] | None = None
         self.stats: dict = {}
+
+    def fit(self, groups: list[tuple[list[Item], int]]) -> int:
+        """The plan's batch size and shape from every item the stage generates, `groups`: (items, their
+        max_new_tokens); recorded in `settings` (the journal's key). With compile off the batches keep their own
+        widths and caches (the CPU's bytes of before); with compile on every batch gets one shape: the longest prompt
+        rounded up to SHAPE_STEP tokens (within the context), a cache of that plus the largest max_new_tokens, and
+        the batch size's rows. evaluate.batch_size auto (CUDA only, check_engine) fills the free memory."""
+        groups = [(items, limit) for items, limit in groups if items]
+        longest = max(len(it.input_ids) for items, _ in groups for it in items)
+        limit = max(limit for _, limit in groups)
+        rows = max(len(items) for items, _ in groups)
+        text = self.model.config.get_text_config(decoder=True)
+        width = longest
+        if self.compiled:
+            context = getattr(text, "max_position_embeddings", None) or longest + limit
+            width = max(longest, min(-(-longest // SHAPE_STEP) * SHAPE_STEP, context - limit))
+        size = self.cfg.batch_size
+        if size == "auto":
+            import torch
+
+            dtype_bytes = self.model.dtype.itemsize
+            free, _ = torch.cuda.mem_get_info(self.model.device)
+            per_row = row_bytes(width + limit, kv_bytes_per_token(self.model.config, dtype_bytes), text.vocab_size,
+                                width, text.hidden_size, text.intermediate_size, text.num_attention_heads, dtype_bytes)
+            size = auto_batch_size(free, per_row, rows)
+            if size < 1:
+                raise ConfigError(f"evaluate.batch_size: auto: not one row of {width + limit} tokens "
+                                  f"({per_row / 2**20:.0f} MiB) fits {MEMORY_MARGIN:.0%} of the free CUDA memory "
+                                  f"({free / 2**20:.0f} MiB); give an int or fewer evaluate.max_new_tokens")
+            self.stats["batch_size_auto"] = {"free_bytes": free, "row_bytes": per_row, "margin": MEMORY_MARGIN}
+        self.batch_size = self.settings["batch_size"] = size
+        if self.compiled:  # no more rows than the plan has: a batch size above that would only add fillers
+            self.shape = Shape(min(size, rows), width, width + limit)
+            self.settings["shape"] = {"width": width, "cache_len": width + limit}
+            self.filler = groups[0][0][0].input_ids
+        return size
+
+    def warm_up(self) -> None:
+        """One generate of a filler batch at the plan's shape: the decode step compiled (and its CUDA graph recorded)
+        before any journaled batch, its seconds in `stats` apart from the batches'."""
+        import torch
+
+        t0 = time.perf_counter()
+        generate(self.model, self.tokenizer, [Item(-1, "filler", self.filler)], WARMUP_TOKENS, False, self.eos,
+                 self.arm_hook, None, self.shape, self.compile_config)
+        if self.model.device.type == "cuda":
+            torch.cuda.synchronize()
+        self.warm = True
+        self.stats["warmup_seconds"] = round(time.perf_counter() - t0, 2)
 
     def run(self, batches: list[list[Item]], done: set) -> Iterator[list[Generated]]:
         cfg = self.cfg
+        if batches and self.shape is not None and not self.warm:
+            self.warm_up()
         for batch in batches:  # a batch is regenerated whole: its rows' arithmetic depends on each other
             t0 = time.perf_counter()
             sampler, limit = None, cfg.max_new_tokens
             if any(it.sample >= 0 for it in batch):
                 s = self.sampling
-                sampler = sampling.RowSampler([sampling.sample_seed(s["seed"], it.index, it.condition, it.sample)
-                                               if it.sample >= 0 else None for it in batch],
-                                              s["temperature"], s["top_p"], s["top_k"])
+                seeds = [sampling.sample_seed(s["seed"], it.index, it.condition, it.sample) if it.sample >= 0 else None
+                         for it in batch]
+                fillers = self.shape.rows - len(batch) if self.shape is not None else 0
+                sampler = sampling.RowSampler(seeds + [None] * fillers, s["temperature"], s["top_p"], s["top_k"])
                 limit = s["max_new_tokens"]
             outs = generate(self.model, self.tokenizer, batch, limit, cfg.stop_at_boxed, self.eos,
-                            self.arm_hook, sampler)
+                            self.arm_hook, sampler, self.shape, self.compile_config)
             share = (time.perf_counter() - t0) / len(batch)
             yield [(it, text, n, reason, share) for it, (text, n, reason) in zip(batch, outs)]
 
@@ -355,6 +505,13 @@ class VllmEngine:
         self.settings = {**_common_settings(cfg, setup, self.eos, self.device),
                          **vllm_engine.settings(cfg, conditions, setup)}
         self.stats: dict = {}
+        self.batch_size = cfg.batch_size
+
+    def fit(self, groups: list[tuple[list[Item], int]]) -> int:
+        """The batch size of the journal's batches (vLLM schedules its own): auto is every row in one."""
+        if self.batch_size == "auto":
+            self.batch_size = max(len(items) for items, _ in groups)
+        return self.batch_size
 
     def run(self, batches: list[list[Item]], done: set) -> Iterator[list[Generated]]:
         cfg = self.cfg
@@ -383,16 +540,20 @@ def _common_settings(cfg: Evaluate, setup: models.ModelSetup, eos: list[int], de
 def check_engine(cfg: Evaluate, conditions: list[str], runtime: Runtime, params_file: Path) -> None:
     """The engine's own bad input (vLLM missing, more devices than there are, arm on vLLM), before any work
     (before the model is prepared: a stage checks this first). `cfg`: params' evaluate, `conditions`: the
-    stage's (evaluate: prompt.conditions; the sweep: its own); `runtime`'s device is resolved here only for vLLM (else the stage resolves it when it
-    prepares the model)."""
+    stage's (evaluate: prompt.conditions; the sweep: its own); `runtime`'s device is resolved here only for vLLM or
+    evaluate.batch_size auto (else the stage resolves it when it prepares the model)."""
     if cfg.engine == "vllm":
         vllm_engine.check(cfg, conditions, models.torch_device(runtime, params_file), params_file)
+    elif cfg.batch_size == "auto" and not models.torch_device(runtime, params_file).startswith("cuda"):
+        raise ConfigError(f"{params_file}: evaluate.batch_size: auto sizes batches by free CUDA memory, and this run "
+                          f"is on the CPU (runtime.device {runtime.device}); give the rows per batch as an int")
 
 
 def open_engine(cfg: Evaluate, conditions: list[str], setup: models.ModelSetup,
                 arm_settings: arm.ArmSettings | None = None, sampled: bool = True):
     """The engine `evaluate.engine` names, loaded for the stage's model: `.tokenizer`, `.eos`, `.settings` (what
-    the outputs depend on beyond prompts and weights: provenance and journal key), `.run(batches, done)`.
+    the outputs depend on beyond prompts and weights: provenance and journal key), `.fit(groups)` (the batch size,
+    and the compiled shape, from the plan's items: called before `.settings` is read), `.run(batches, done)`.
     `sampled`: whether sampled rows may come (evaluate.sampling is read only then: the sweep generates greedily)."""
     if cfg.engine == "vllm":
         return VllmEngine(cfg, conditions, setup, sampled)

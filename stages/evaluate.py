@@ -9,7 +9,9 @@ tokens), so arm rows share batches, static cache and journal with the other cond
 Greedy generation (`do_sample=False`, set explicitly: instruct checkpoints would otherwise sample by
 their generation_config), batched with left padding and a KV cache, prompts sorted by length;
 SDPA attention and a static cache sized per batch (a dynamic cache re-concatenates every layer's
-keys and values at each step: half of the CPU time at batch 12; outputs were identical);
+keys and values at each step: half of the CPU time at batch 12; outputs were identical), or with
+`evaluate.compile` on (CUDA by default) one compiled shape per stage, warmed up before the first batch;
+`evaluate.batch_size: auto` sizes the batches by free CUDA memory (docs/evaluation.md);
 optionally stopping a row once it has written a complete \\boxed{...}. Outputs are graded by
 math-verify and, beside it, by the paper's rule (meaningless_tokens/grading.py): on prompt + output for greedy outputs, on the
 output alone for sampled ones, as the paper's code does.
@@ -26,6 +28,7 @@ uninterrupted run's. Outputs:
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -86,6 +89,8 @@ class Plan:
     key: str                   # the journal's: weights, settings and every item
     arm_settings: object       # arm.ArmSettings, None without the arm condition
     n_sampled: int
+    batch_size: int            # evaluate.batch_size, `auto` resolved
+    items: list                # the greedy items (the journal's key)
 
 
 def run(params: Params, name: str, root: Path | None = None) -> Path:
@@ -107,6 +112,8 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
     if cfg.shard is not None:
         return run_shard(plan, where["journal"], gold, cfg.shard, conditions)
 
+    if cfg.batch_size == "auto":
+        say_resized(where["journal"], plan)
     journal = Journal(where["journal"], plan.key)
     merged = merge_parts(journal, where["journal"])
     started = time.perf_counter()
@@ -148,13 +155,38 @@ def make_plan(params: Params, setup: models.ModelSetup, chosen: list) -> Plan:
     for key_name, limit in (("evaluate.max_new_tokens", cfg.max_new_tokens),
                             ("evaluate.sampling.max_new_tokens", (cfg.sampling.max_new_tokens or 0) if n_sampled else 0)):
         check_context(setup, key_name, f"a prompt of {longest} tokens plus {limit} new tokens", longest + limit)
+    # the batch size (auto resolved) and, compiled, the one shape of every batch: from the whole plan, before the key
+    batch_size = engine.fit([(items, cfg.max_new_tokens)]
+                            + ([(sampled, engine.sampling["max_new_tokens"])] if n_sampled else []))
     # `.sampling` (resolved values and their origin) is evaluate's alone: the sweep shares the engine, not its samples
     settings = {**engine.settings, **({"arm": arm_settings.describe()} if arm_settings else {}),
                 **({"sampling": engine.sampling} if n_sampled else {})}
-    key = journal_key(setup.prepared.weights_sha256, settings, items, **({"sampled": n_sampled} if n_sampled else {}))
+    key = plan_key(setup, settings, items, n_sampled)
     # sampled rows in batches of their own (their own max_new_tokens), after the greedy ones
-    batches = make_batches(items, cfg.batch_size) + make_batches(sampled, cfg.batch_size)
-    return Plan(setup, engine, builder, built, batches, settings, key, arm_settings, n_sampled)
+    batches = make_batches(items, batch_size) + make_batches(sampled, batch_size)
+    return Plan(setup, engine, builder, built, batches, settings, key, arm_settings, n_sampled, batch_size, items)
+
+
+def plan_key(setup: models.ModelSetup, settings: dict, items: list, n_sampled: int) -> str:
+    return journal_key(setup.prepared.weights_sha256, settings, items, **({"sampled": n_sampled} if n_sampled else {}))
+
+
+def say_resized(path: Path, plan: Plan) -> None:
+    """One line when the journal left by an earlier run differs from this plan only in the batch size that
+    evaluate.batch_size auto resolved (free memory differs): the journal then restarts, as for any other input."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            old = json.loads(f.readline()).get("key")
+    except (OSError, ValueError, AttributeError):
+        return
+    rows = max(len(plan.items), len(plan.items) * plan.n_sampled)
+    if old == plan.key:
+        return
+    for size in sorted({*range(1, min(rows, 7) + 1), *range(8, rows + 1, 8), rows} - {plan.batch_size}):
+        if plan_key(plan.setup, {**plan.settings, "batch_size": size}, plan.items, plan.n_sampled) == old:
+            print(f"{path}: made at batch size {size}; evaluate.batch_size auto resolves {plan.batch_size} now "
+                  f"(free CUDA memory differs): its generations are redone at {plan.batch_size}", file=sys.stderr)
+            return
 
 
 def run_shard(plan: Plan, journal: Path, gold: dict, shard: Shard, conditions: list[str]) -> Path:
@@ -239,7 +271,7 @@ def write_run_timing(path: Path, params: Params, plan: Plan, by_cond: dict, samp
         **({"sampled_generation_seconds": {c: round(sum(r.seconds for row in samples[c] for r in row), 2)
                                            for c in conditions}} if samples else {}),
         "resumed_generations": done, "merged_parts": {p.name: n for p, n in merged.items()},
-        "engine": cfg.engine, **plan.engine.stats, "batch_size": cfg.batch_size, "device": plan.settings["device"],
+        "engine": cfg.engine, **plan.engine.stats, "batch_size": plan.batch_size, "device": plan.settings["device"],
     })
 
 

@@ -185,11 +185,13 @@ def accuracy_sweep(params: Params, setup: models.ModelSetup, problems, where: di
     longest = max(len(it.input_ids) for it in items)
     check_context(setup, "sweep.counts", f"a prompt of {longest} tokens plus evaluate.max_new_tokens {ev.max_new_tokens}",
                   longest + ev.max_new_tokens)
+    # the plan's batch size (evaluate.batch_size: auto) and, compiled, its one shape: before the key, which records both
+    batch_size = engine.fit([(items, ev.max_new_tokens)])
     settings = engine.settings
     journal = Journal(where["journal"], journal_key(setup.prepared.weights_sha256, settings, items,
                                                     version=JOURNAL_VERSION))
     # equal lengths by problem, then by the condition's name (`<token>x<count>`): the batches this stage has always run
-    batches = make_batches(items, ev.batch_size, condition_rank=str)
+    batches = make_batches(items, batch_size, condition_rank=str)
     run_journaled(engine, batches, journal, {p.index: p.answer for p in problems},
                   f"sweep accuracy {name}", name)
     correct = {key: np.array([journal.records[(p.index, "none" if key == "none" or key[1] == 0 else cond[key])].correct

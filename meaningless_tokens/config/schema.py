@@ -5,7 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, PrivateAttr, field_validator, model_validator
+from pydantic import (Field, NonNegativeInt, PositiveFloat, PositiveInt, PrivateAttr, TypeAdapter, ValidationError,
+                      field_validator, model_validator)
+from pydantic_core import PydanticCustomError
 
 from meaningless_tokens.config.base import PARAMS_FILE, Condition, ModelName, Sha256, Strict, conditions_with_none, duplicated, resolve_path, sorted_unique, unique
 from meaningless_tokens.config.model import ModelSpec
@@ -136,15 +138,29 @@ class Evaluate(Strict):
     n_samples: PositiveInt | None = Field(description="problems (seeded, stratified by level); null = all 500")
     seed: int = Field(description="subset and bootstrap seed")
     max_new_tokens: PositiveInt
-    batch_size: PositiveInt
+    batch_size: PositiveInt | Literal["auto"] = Field(
+        description="rows per batch; auto (transformers on CUDA): as many as free memory holds, a multiple of 8")
     stop_at_boxed: bool = Field(description="end a row once it has written a complete \\boxed{...}")
     engine: Literal["transformers", "vllm"] = Field(
         description="transformers.generate (static batches) or vLLM (`make install-vllm`)")
+    compile: Literal["auto", "on", "off"] = Field(
+        description="torch.compile of the transformers engine's decode step; auto: on for CUDA, off on the CPU")
     vllm: Vllm
     shard: Shard | None = Field(description="{index, count}: this job's part of the problems; null: all")
     sampling: Sampling
     models: list[ModelName] | None = Field(
         description="the models evaluated (dvc.yaml's evaluate stages, one per name)")
+
+    @field_validator("batch_size", mode="wrap")
+    @classmethod
+    def _batch_size(cls, v, handler):
+        if v == "auto":
+            return v
+        try:  # an int's own error alone, not one per member of the union
+            return TypeAdapter(PositiveInt).validate_python(v)
+        except ValidationError as e:
+            err = e.errors()[0]
+            raise PydanticCustomError(err["type"], err["msg"] + " (or 'auto')") from None
 
 
 class Stats(Strict):
