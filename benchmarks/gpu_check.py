@@ -7,16 +7,21 @@
    REAL_CONFIGS; the tests' tokenizer), bfloat16, built on the GPU and saved once into the work folder; the
    GPU profile's params (profiles/gpu.yaml) with its sizes bounded (SIZES) and the `arm` condition added.
    Default: Qwen2.5-Math-1.5B and -7B; --all-models adds Llama-3.1-8B-Instruct and Gemma-3-4b-it.
-3. gpu-check.json and a Markdown table: per model and stage the wall seconds, the stage's own work seconds
+3. Per model, benchmarks/bench_gpu_generate.py: the evaluate engine against plain `model.generate` (dynamic cache)
+   at batch 64 on the same prompts, greedy and sampled, steady tokens/s and the warm-up apart (BENCH).
+4. gpu-check.json and a Markdown table: per model and stage the wall seconds, the stage's own work seconds
    (its timing sidecar: the model's passes, the load excluded), peak CUDA memory, host-device syncs, tokens and
-   tokens per second; the tier's result; per model the GPU profile's projected hours at 500 problems.
-4. Exit 1 on any failure (a stage raising, the tier failing, a non-finite value in an artifact), after writing
+   tokens per second (extract's and likelihood's from their sidecars); the tier's result; the generation
+   benchmark's rows; per model the GPU profile's projected hours at 500 problems; the GPU plan's targets beside
+   what was measured.
+5. Exit 1 on any failure (a stage raising, the tier failing, a non-finite value in an artifact), after writing
    what it measured.
 
 --tiny: tests/tiny.py-sized widths of the same families on the CPU, the same code path (syncs: n/a);
 tests/test_gpu_check.py runs it inside `make test`.
 
-    python benchmarks/gpu_check.py [--all-models] [--tiny] [--no-tier] [--work DIR] [--json FILE] [--set KEY=VALUE]
+    python benchmarks/gpu_check.py [--all-models] [--tiny] [--no-tier] [--no-bench] [--bench KEY=N] [--work DIR]
+                                   [--json FILE] [--set KEY=VALUE]
 """
 
 from __future__ import annotations
@@ -57,12 +62,20 @@ SIZES = {"extract": {"n_samples": 4, "showcase": 1},
          "arm_tuning": {"n_samples": 2, "n_boot": 50}}
 # the CPU's seconds (the tiny mode runs inside `make test`): fewer problems and tokens, reference solutions cut to
 # 32 tokens (whole ones were most of the scoring: arm_tuning scores them once per setting)
-TINY_SIZES = {"extract": {"n_samples": 2}, "evaluate": {"n_samples": 2, "max_new_tokens": 16},
+# (the CPU refuses evaluate.batch_size auto, the GPU profile's: the tiny mode fixes it)
+TINY_SIZES = {"extract": {"n_samples": 2}, "evaluate": {"n_samples": 2, "max_new_tokens": 16, "batch_size": 16},
               "sweep": {"attention_samples": 2}, "likelihood": {"n_samples": 2, "solution_tokens": 32}}
 # the stage's own work seconds in its timing sidecar (metrics/timing/<stage>-<model>.json): the model's passes
 WORK_KEYS = {"extract": ("seconds",), "activations": ("seconds",), "likelihood": ("scoring_seconds",),
              "arm_tuning": ("scoring_seconds",), "evaluate": ("generation_seconds", "sampled_generation_seconds")}
 NOT_RUN = "not run (--no-tier: tests/test_cuda.py runs in the same `make test`)"
+# the generation benchmark (benchmarks/bench_gpu_generate.py) per model: the GPU plan's batch; tiny: the CPU's seconds
+BENCH = {"batch_size": 64, "new_tokens": 128, "batches": 2}
+TINY_BENCH = {"batch_size": 4, "new_tokens": 8, "batches": 2}
+# the GPU plan's projected hours of the GPU profile: (models, at most hours)
+PLAN_HOURS = [(DEFAULT_MODELS, 1.5), (DEFAULT_MODELS + MORE_MODELS, 3.0)]
+# stages whose sidecar records the tokens they processed and their tokens per second
+SIDECAR_RATES = ("extract", "likelihood")
 
 
 # ---- models and params ----------------------------------------------------------------------------
@@ -171,6 +184,26 @@ def work_seconds(project: Path, stage: str, name: str) -> float | None:
     return total
 
 
+def batch_size(project: Path, name: str, ev) -> int:
+    """The evaluate stage's batch size as it ran: evaluate.batch_size, or what `auto` resolved to (its sidecar)."""
+    if ev.batch_size != "auto":
+        return ev.batch_size
+    value = sidecar(project, "evaluate", name).get("batch_size")
+    if not isinstance(value, int) or value < 1:
+        raise RuntimeError(f"{project / 'metrics/timing'}/evaluate-{name}.json: batch_size is {value!r}, not the "
+                           f"size evaluate.batch_size auto resolved to")
+    return value
+
+
+def sidecar_rate(project: Path, stage: str, name: str) -> float:
+    """The tokens per second a stage's sidecar records (SIDECAR_RATES)."""
+    value = sidecar(project, stage, name).get("tokens_per_second")
+    if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise RuntimeError(f"{project / 'metrics/timing'}/{stage}-{name}.json: tokens_per_second is {value!r}, "
+                           f"not a positive number")
+    return float(value)
+
+
 def nonfinite(path: Path) -> list[str]:
     """Float datasets of an HDF5 artifact holding NaN or infinity."""
     import h5py
@@ -198,9 +231,10 @@ def counts(params, project: Path, stage: str, name: str, out) -> dict:
 
     ev = params.evaluate
     if stage == "extract":
-        toks = extract_tokens()
-        return {"tokens": sum(toks.values()), "kind": "prompt", "per": params.extract.n_samples * len(toks),
-                "unit": "prompt", "problems": params.extract.n_samples, "conditions": len(toks)}
+        conds = len(extract_tokens())
+        return {"tokens": int(sidecar(project, stage, name)["tokens"]), "kind": "prompt",
+                "per": params.extract.n_samples * conds, "unit": "prompt", "problems": params.extract.n_samples,
+                "conditions": conds}
     if stage == "activations":  # the extraction prompts; arm is the none prompt with the edit
         toks = extract_tokens()
         with h5py.File(out, "r") as f:
@@ -221,13 +255,14 @@ def counts(params, project: Path, stage: str, name: str, out) -> dict:
             sampled = sum(int(f[c]["sampled"]["n_tokens"][()].sum()) for c in conds if "sampled" in f[c])
             rows = sum(f[c]["n_tokens"].shape[0] for c in conds)
             srows = sum(f[c]["sampled"]["n_tokens"].size for c in conds if "sampled" in f[c])
-        steps = (-(-rows // ev.batch_size) * ev.max_new_tokens
-                 + (-(-srows // ev.batch_size) * ev.sampling.max_new_tokens if srows else 0))
+        size = batch_size(project, name, ev)
+        steps = (-(-rows // size) * ev.max_new_tokens
+                 + (-(-srows // size) * ev.sampling.max_new_tokens if srows else 0))
         return {"tokens": greedy + sampled, "kind": "generated", "per": steps, "unit": "decode step"}
     if stage == "sweep":  # random weights write no end-of-sequence: each row runs to its limit (the count is that)
         cfg = params.sweep
         rows = cfg.accuracy_samples * (1 + len(cfg.tokens) * len([c for c in cfg.counts if c]))
-        steps = -(-rows // ev.batch_size) * ev.max_new_tokens
+        steps = -(-rows // batch_size(project, name, ev)) * ev.max_new_tokens
         return {"tokens": rows * ev.max_new_tokens, "kind": "generated (at the limit)", "per": steps,
                 "unit": "decode step"}
     return {"tokens": None, "kind": None, "per": None, "unit": None}
@@ -264,8 +299,11 @@ def run_stage(params, project: Path, stage: str, name: str, cuda: bool) -> dict:
             if n.get(key):
                 row[key] = n[key]
         secs = row["work_s"] or row["wall_s"]
-        row["tokens_per_s"] = round(n["tokens"] / secs, 1) if n["tokens"] and secs else None
-        row["tokens_per_s_over"] = None if row["tokens_per_s"] is None else ("work" if row["work_s"] else "wall")
+        if stage in SIDECAR_RATES:  # the stage's own count over its own seconds
+            row["tokens_per_s"], row["tokens_per_s_over"] = sidecar_rate(project, stage, name), "work"
+        else:
+            row["tokens_per_s"] = round(n["tokens"] / secs, 1) if n["tokens"] and secs else None
+            row["tokens_per_s_over"] = None if row["tokens_per_s"] is None else ("work" if row["work_s"] else "wall")
         row["syncs"] = None if syncs is None else len(syncs)
         row["syncs_unit"] = n["unit"]
         row["syncs_per_unit"] = (round(len(syncs) / n["per"], 2) if syncs is not None and n["per"] else None)
@@ -303,6 +341,35 @@ def run_tier(work: Path) -> dict:
     except (OSError, ET.ParseError, AttributeError) as e:
         result["read_error"] = f"{report}: {e}"
     result["status"] = "ok" if rc == 0 else "failed"
+    return result
+
+
+def bench_module():
+    """benchmarks/bench_gpu_generate.py, loaded by its path (this file may be loaded by path too)."""
+    import importlib.util
+
+    if "bench_gpu_generate" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("bench_gpu_generate", ROOT / "benchmarks" / "bench_gpu_generate.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules["bench_gpu_generate"] = module
+    return sys.modules["bench_gpu_generate"]
+
+
+def run_bench(params, name: str, sizes: dict) -> dict:
+    """The generation benchmark on model `name` (bench_gpu_generate.measure); an exception is its status."""
+    t0 = time.perf_counter()
+    try:
+        result = {"status": "ok", **bench_module().measure(params, name, **sizes)}
+    except Exception as e:  # recorded; the run goes on and exits 1 at the end
+        traceback.print_exc()
+        result = {"model": name, "status": f"{type(e).__name__}: {e}".splitlines()[0][:300]}
+    result["wall_s"] = round(time.perf_counter() - t0, 2)
+    for mode in result.get("modes", {}).values():
+        for arm in ("engine", "generate"):
+            rate = mode[arm]["tokens_per_s"]
+            if rate is None or not math.isfinite(rate) or rate <= 0:
+                result["status"] = f"no finite tokens/s for {arm}"
     return result
 
 
@@ -366,6 +433,25 @@ def projection(rows: list[dict], name: str) -> dict:
     return {**hours, "total": total}
 
 
+def plan_targets(result: dict) -> list[dict]:
+    """The GPU plan's targets: every model's from its generation benchmark, then the projected hours."""
+    rows = [{"model": b["model"], **t} for b in result.get("generate", []) for t in b.get("targets", [])]
+    for names, most in PLAN_HOURS:
+        label = " and ".join(names) if len(names) < 3 else "all four models"
+        totals = [result["projection"].get(n, {}).get("total") for n in names]
+        hours = None if None in totals else round(sum(totals), 2)
+        if result["tiny"]:
+            status = "not measured (tiny widths on the CPU)"
+        elif not set(names) <= set(result["models"]):
+            status = ("not measured (needs ALL=1: --all-models)" if len(names) > 2 else
+                      "not measured (needs both models: --models left one out)")
+        else:
+            status = "not measured (no projection)" if hours is None else ("met" if hours <= most else "not met")
+        rows.append({"model": label, "target": f"projected hours of the GPU profile <= {most}", "measured": hours,
+                     "status": status})
+    return rows
+
+
 # ---- output ---------------------------------------------------------------------------------------
 
 def fmt(value, digits=1) -> str:
@@ -397,6 +483,20 @@ def table(result: dict) -> str:
         lines.append(f"| {r['model']} | {r['stage']} | {r['status']} | {fmt(r.get('wall_s'))} | {fmt(r.get('work_s'))} | "
                      f"{fmt(r.get('peak_cuda_gib'), 2)} | {fmt(r.get('syncs'))} | {per} | {fmt(r.get('tokens'))}{kind} | "
                      f"{rate} |")
+    if result.get("generate"):
+        lines += ["", "Generation (benchmarks/bench_gpu_generate.py): the evaluate engine vs model.generate with its "
+                  "default cache, same prompts and batch; steady tokens/s, the warm-up (first batch's excess) apart:", "",
+                  "| model | mode | status | batch | new tokens | engine tokens/s | generate tokens/s | ratio | "
+                  "engine warm-up s | generate warm-up s | rows at limit | rows differ |",
+                  "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for b in result["generate"]:
+            for mode, m in (b.get("modes") or {"n/a": None}).items():
+                e, g = (m["engine"], m["generate"]) if m else ({}, {})
+                lines.append(f"| {b['model']} | {mode} | {b['status']} | {fmt(b.get('batch_size'))} | "
+                             f"{fmt(b.get('new_tokens'))} | {fmt(e.get('tokens_per_s'))} | {fmt(g.get('tokens_per_s'))} | "
+                             f"{fmt(m and m['ratio'], 2)} | {fmt(e.get('warmup_s'), 2)} | {fmt(g.get('warmup_s'), 2)} | "
+                             + (f"{e['rows_at_limit']}/{e['rows']}, {g['rows_at_limit']}/{g['rows']} | "
+                                f"{m['rows_differ']}/{m['rows_compared']} |" if m else "n/a | n/a |"))
     lines += ["", f"Projected hours of the GPU profile at {PROBLEMS} problems from these rates (every generated row to "
               "its token limit: random weights write no end-of-sequence; a real model stops earlier):", "",
               "| model | evaluate | sampling | sweep accuracy | likelihood | extraction | total |",
@@ -406,6 +506,13 @@ def table(result: dict) -> str:
                                                   ("evaluate", "sampling", "sweep accuracy", "likelihood",
                                                    "extraction", "total")) + " |")
     lines.append(f"| all models run | | | | | | {fmt(result['projected_hours'], 2)} |")
+    if result.get("targets"):
+        lines += ["", "The GPU plan's targets (one H100 or H200, random weights, batch 64):", "",
+                  "| model | target | measured | status |", "|---|---|---:|---|"]
+        for t in result["targets"]:
+            v = t["measured"]
+            shown = f"{v:.3g}" if isinstance(v, float) and abs(v) < 10 else fmt(v)
+            lines.append(f"| {t['model']} | {t['target']} | {shown} | {t['status']} |")
     lines += ["", f"result: {'ok' if result['ok'] else 'FAILED'}"]
     return "\n".join(lines)
 
@@ -418,6 +525,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", help="comma-separated model names instead (of "
                     f"{', '.join(DEFAULT_MODELS + MORE_MODELS)})")
     ap.add_argument("--no-tier", action="store_true", help="skip the CUDA tier's subprocess")
+    ap.add_argument("--no-bench", action="store_true", help="skip the generation benchmark")
+    ap.add_argument("--bench", action="append", default=[], metavar="KEY=N",
+                    help="a size of the generation benchmark over the check's (batch_size, new_tokens, batches)")
     ap.add_argument("--work", type=Path, help="folder of the saved models and the run's project "
                     "(default: <tmp>/meaningless-tokens-gpu-check[-tiny])")
     ap.add_argument("--json", type=Path, help="where the result goes (default: gpu-check.json, tiny: gpu-check-tiny.json)")
@@ -442,14 +552,24 @@ def main(argv: list[str] | None = None) -> int:
             print(f"gpu-check: --models: unknown {unknown}; known: {', '.join(DEFAULT_MODELS + MORE_MODELS)}",
                   file=sys.stderr)
             return 2
+    bench = dict(TINY_BENCH if args.tiny else BENCH)
+    for item in args.bench:
+        key, _, value = item.partition("=")
+        if key not in bench or not value.isdigit() or int(value) < 1:
+            print(f"gpu-check: --bench {item}: expected KEY=N with KEY one of {', '.join(bench)} and N >= 1",
+                  file=sys.stderr)
+            return 2
+        bench[key] = int(value)
     result = {"tiny": args.tiny, "machine": machine(), "models": list(names),
               "sizes": {**SIZES, **({k: {**SIZES.get(k, {}), **v} for k, v in TINY_SIZES.items()} if args.tiny else {})},
               "syncs_counted": None if args.tiny else "inside each stage's run(), the model load included",
               "tier": {"status": "not run", "reason": NOT_RUN} if args.no_tier else None, "stages": [],
-              "projection": {}, "projected_hours": None, "ok": False, "wall_s": 0.0}
+              "generate": [], "bench_sizes": None if args.no_bench else bench,
+              "projection": {}, "projected_hours": None, "targets": [], "ok": False, "wall_s": 0.0}
 
     def finish(ok: bool) -> int:
         result["ok"] = ok
+        result["targets"] = plan_targets(result)
         result["wall_s"] = round(time.perf_counter() - t_start, 1)
         out_json.write_text(json.dumps(result, indent=2) + "\n")
         print(table(result))
@@ -484,6 +604,14 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"gpu-check: {name} {stage}: {row['status']} in {row['wall_s']} s")
                 result["stages"].append(row)
                 out_json.write_text(json.dumps(result, indent=2) + "\n")  # what is measured stays measured
+            if not args.no_bench:
+                gc.collect()
+                if cuda:
+                    torch.cuda.empty_cache()
+                b = run_bench(params, name, bench)
+                print(f"gpu-check: {name} generation benchmark: {b['status']} in {b['wall_s']} s")
+                result["generate"].append(b)
+                out_json.write_text(json.dumps(result, indent=2) + "\n")
             result["projection"][name] = projection(result["stages"], name)
     finally:
         if before is None:
@@ -492,7 +620,8 @@ def main(argv: list[str] | None = None) -> int:
             os.environ["MLESS_CACHE"] = before
     totals = [p["total"] for p in result["projection"].values()]
     result["projected_hours"] = None if None in totals else round(sum(totals), 2)
-    ok = result["tier"]["status"] in ("ok", "not run") and all(r["status"] == "ok" for r in result["stages"])
+    ok = (result["tier"]["status"] in ("ok", "not run") and all(r["status"] == "ok" for r in result["stages"])
+          and all(b["status"] == "ok" for b in result["generate"]))
     return finish(ok)
 
 

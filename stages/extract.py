@@ -1,6 +1,6 @@
 """extract@<model>: attention weights of the first layers for the none / mless / mful prompts.
 
-Loads only the embeddings and layers 0..max(layers) (meaningless_tokens/models.py), runs the decoder up to the
+Loads only the embeddings and layers 0..max(layers) (meaningless_tokens/models/partial.py), runs the decoder up to the
 last configured layer (never the LM head), with eager attention captured by a registered attention
 function (meaningless_tokens/capture.py; checked against the model's own eager output_attentions on the first
 prompt), and stores per sample, condition, layer and head the
@@ -65,7 +65,8 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
     cap = capture(params, setup, chosen)
     write_artifact(out, params, setup, cap, data_sha)
     n_prompts = len(cap.prompts) * len(cap.conditions)
-    write_prompt_timing(ctx.where["timing"], cap.seconds, n_prompts, out)
+    tokens = sum(len(pr[c].input_ids) for pr in cap.prompts for c in cap.conditions)
+    write_prompt_timing(ctx.where["timing"], cap.seconds, n_prompts, out, tokens)
     if cap.skipped:
         print(f"{name}: conditions {cap.skipped} not extracted (the none prompt; layer-0 attention equals none's)")
     print(f"{name}: {len(cap.prompts)} problems x {len(cap.conditions)} conditions in {cap.seconds:.1f} s "

@@ -1,6 +1,7 @@
 """`make gpu-check` in its tiny mode (benchmarks/gpu_check.py --tiny): every model stage of the default models on
-tiny widths of the paper models' families, on the CPU, through the same code as on a GPU; the JSON's structure,
-the printed table, the projection's arithmetic and a non-zero exit when a stage fails."""
+tiny widths of the paper models' families, on the CPU, through the same code as on a GPU, and the generation
+benchmark on each; the JSON's structure, the printed table, the sidecars' token rates, the projection's arithmetic,
+the GPU plan's targets and a non-zero exit when a stage fails."""
 
 import importlib.util
 import json
@@ -32,8 +33,13 @@ def run(tmp, *args):
 
 
 @pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory):
-    return run(tmp_path_factory.mktemp("gpu-check"))
+def tiny_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("gpu-check")
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tiny_dir):
+    return run(tiny_dir)
 
 
 def test_every_stage_runs_for_every_model_with_finite_numbers(tiny_run):
@@ -66,6 +72,81 @@ def test_every_stage_runs_for_every_model_with_finite_numbers(tiny_run):
         assert all(math.isfinite(v) and v > 0 for v in p.values()), p
         assert p["total"] == pytest.approx(sum(v for k, v in p.items() if k != "total"), abs=0.02)
     assert result["projected_hours"] == pytest.approx(sum(p["total"] for p in result["projection"].values()), abs=0.01)
+
+
+def test_extract_and_likelihood_rates_are_their_sidecars(tiny_run, tiny_dir):
+    from meaningless_tokens import store
+
+    rc, out, result = tiny_run
+    assert rc == 0, out[-3000:]
+    project = tiny_dir / "work" / "project"
+    rows = {(r["model"], r["stage"]): r for r in result["stages"]}
+    for name in gpu_check.DEFAULT_MODELS:
+        timing = {s: json.loads((project / store.path(f"timing/{s}", name)).read_text())
+                  for s in ("extract", "likelihood")}
+        with h5py.File(project / store.path("attention", name), "r") as f:  # the prompts' tokens, as stored
+            stored = sum(int(f[c]["offsets"][-1]) for c in ("none", "mless", "mful"))
+        assert timing["extract"]["tokens"] == stored
+        for stage, seconds in (("extract", "seconds"), ("likelihood", "scoring_seconds")):
+            t, r = timing[stage], rows[(name, stage)]
+            assert t["tokens_per_second"] == pytest.approx(t["tokens"] / t[seconds], rel=0.05, abs=1.0)
+            assert r["tokens"] == t["tokens"] and r["tokens_per_s"] == t["tokens_per_second"], (name, stage)
+            assert f"| {name} | {stage} | ok | {r['wall_s']:,.1f} |" in out
+            assert f" | {r['tokens']:,} prompt | {r['tokens_per_s']:,.1f} |" in out, (name, stage)
+
+
+def test_the_generation_benchmark_runs_on_every_model(tiny_run):
+    rc, out, result = tiny_run
+    assert result["bench_sizes"] == gpu_check.TINY_BENCH
+    assert [b["model"] for b in result["generate"]] == list(gpu_check.DEFAULT_MODELS)
+    rows = gpu_check.TINY_BENCH["batch_size"] * gpu_check.TINY_BENCH["batches"]
+    for b in result["generate"]:
+        assert b["status"] == "ok" and b["device"] == "cpu" and b["dtype"] == "bfloat16", b.get("status")
+        assert (b["batch_size"], b["new_tokens"]) == (gpu_check.TINY_BENCH["batch_size"], gpu_check.TINY_BENCH["new_tokens"])
+        for mode in ("greedy", "sampled"):
+            m = b["modes"][mode]
+            assert m["engine"]["rows"] == m["generate"]["rows"] == m["rows_compared"] == rows
+            assert all(math.isfinite(m[a]["tokens_per_s"]) and m[a]["tokens_per_s"] > 0 for a in ("engine", "generate"))
+            e, g = m["engine"], m["generate"]
+            assert (f"| {b['model']} | {mode} | ok | {b['batch_size']} | {b['new_tokens']} | {e['tokens_per_s']:,.1f} | "
+                    f"{g['tokens_per_s']:,.1f} | {m['ratio']:,.2f} |") in out
+            assert (f" | {e['rows_at_limit']}/{e['rows']}, {g['rows_at_limit']}/{g['rows']} | "
+                    f"{m['rows_differ']}/{m['rows_compared']} |") in out
+    targets = result["targets"]
+    assert len(targets) == 3 * len(gpu_check.DEFAULT_MODELS) + len(gpu_check.PLAN_HOURS)
+    assert all(t["status"].startswith("not measured") for t in targets), targets
+    assert [t["status"] for t in targets[-2:]] == ["not measured (tiny widths on the CPU)"] * 2
+    assert "| model | target | measured | status |" in out
+    for t in targets:
+        assert f"| {t['model']} | {t['target']} | " in out and f" | {t['status']} |" in out
+
+
+def test_the_projected_hours_are_judged_against_the_plan():
+    def judged(models, totals, tiny=False):
+        result = {"tiny": tiny, "models": list(models), "generate": [],
+                  "projection": {n: {"total": t} for n, t in zip(models, totals)}}
+        return [(t["measured"], t["status"]) for t in gpu_check.plan_targets(result)]
+
+    two, four = gpu_check.DEFAULT_MODELS, gpu_check.DEFAULT_MODELS + gpu_check.MORE_MODELS
+    assert judged(two, [0.5, 1.0]) == [(1.5, "met"), (None, "not measured (needs ALL=1: --all-models)")]
+    assert judged(two, [0.5, 1.01]) == [(1.51, "not met"), (None, "not measured (needs ALL=1: --all-models)")]
+    assert judged(four, [0.5, 0.5, 1.0, 1.0]) == [(1.0, "met"), (3.0, "met")]
+    assert judged(four, [0.5, 0.5, 1.0, 1.1]) == [(1.0, "met"), (3.1, "not met")]
+    assert judged(four, [0.5, None, 1.0, 1.0]) == [(None, "not measured (no projection)")] * 2
+    assert judged(two[:1], [0.5]) == [(None, "not measured (needs both models: --models left one out)"),
+                                      (None, "not measured (needs ALL=1: --all-models)")]
+    assert [s for _, s in judged(two, [0.5, 1.0], tiny=True)] == ["not measured (tiny widths on the CPU)"] * 2
+
+
+def test_a_failing_benchmark_is_its_status():
+    b = gpu_check.run_bench(None, "m", dict(gpu_check.TINY_BENCH))
+    assert b["model"] == "m" and b["status"].startswith("AttributeError: ") and "modes" not in b
+
+
+def test_a_bad_bench_size_is_one_line(tmp_path):
+    rc, out, result = run(tmp_path, "--bench", "batches=0")
+    assert rc == 2 and result is None
+    assert "--bench batches=0: expected KEY=N with KEY one of batch_size, new_tokens, batches and N >= 1" in out
 
 
 def test_the_table_is_printed(tiny_run):

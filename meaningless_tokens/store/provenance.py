@@ -119,7 +119,10 @@ def write_timing(path: str | os.PathLike, data: dict) -> None:
     write_json_atomic(path, {**data, **run_info(), "peak_rss_mb": round(peak_mb, 1)})
 
 
-def write_prompt_timing(path: str | os.PathLike, seconds: float, n_prompts: int, artifact: Path) -> None:
-    """The sidecar of a stage that runs the model on prompts: wall time, per prompt, the artifact's size."""
+def write_prompt_timing(path: str | os.PathLike, seconds: float, n_prompts: int, artifact: Path,
+                        tokens: int | None = None) -> None:
+    """The sidecar of a stage that runs the model on prompts: wall time, per prompt, the artifact's size, and (given
+    the prompts' tokens) tokens per second."""
+    rate = {"tokens": tokens, "tokens_per_second": round(tokens / seconds, 1) if seconds else None} if tokens else {}
     write_timing(path, {"seconds": round(seconds, 2), "ms_per_prompt": round(1000 * seconds / n_prompts, 1),
-                        "prompts": n_prompts, "bytes": artifact.stat().st_size})
+                        "prompts": n_prompts, "bytes": artifact.stat().st_size, **rate})
