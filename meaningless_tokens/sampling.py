@@ -1,10 +1,12 @@
 """Sampled decoding (`evaluate.sampling`): per-sample seeded draws, pass@k, maj@n and distinct-n diversity.
 
-Each sample of (problem, condition) draws its tokens from a generator of its own, seeded with
-(evaluate.sampling.seed, problem index, condition, sample index): one uniform per decode step, turned into a
-token by the inverse CDF of the warped distribution (temperature, then top-k, then top-p, as transformers orders
-its warpers). A row's tokens therefore depend on its own logits and its own seed only, never on the other rows of
-its batch or on what ran before (tests/test_sampling.py generates a sample alone and inside a batch).
+Each sample of (problem, condition) draws one uniform per decode step t, a pure function of
+(evaluate.sampling.seed, problem index, condition, sample index, t): the splitmix64 hash that ARM's draws use
+(meaningless_tokens/arm.py), computed in integer arithmetic on the device that holds the logits, so every device
+draws the same uniforms. The uniform becomes a token by the inverse CDF of the warped distribution (temperature,
+then top-k, then top-p, as transformers orders its warpers), batched over the rows on the logits' device with no
+copy to the host. A row's tokens therefore depend on its own logits and its own key only, never on the other rows
+of its batch or on what ran before (tests/test_sampling.py generates a sample alone and inside a batch).
 
 Metrics per condition, macro-averaged over problems (the paper's pass@3 is `1 - C(n-c, 3) / C(n, 3)`, averaged
 over problems, c correct of n samples):
@@ -23,6 +25,7 @@ from math import comb
 
 import numpy as np
 
+from meaningless_tokens import arm
 from meaningless_tokens.config import CONDITIONS, Evaluate
 from meaningless_tokens.intervals import bootstrap_mean_ci
 
@@ -50,8 +53,9 @@ def settings_for(cfg: Evaluate, generation_config) -> dict:
     values["temperature"], values["top_p"] = float(values["temperature"]), float(values["top_p"])
     return {"n": s.n, "max_new_tokens": s.max_new_tokens or cfg.max_new_tokens, "seed": s.seed,
             **values, "origin": origin,
-            "draw": "one uniform per step from numpy PCG64 seeded with (seed, problem index, condition, sample "
-                    "index); inverse CDF of the distribution after temperature, top-k, top-p (float64)"}
+            "draw": "one uniform per decode step t: the top 53 bits of splitmix64 over (seed, problem index, "
+                    "condition, sample index, t), computed on the logits' device; the token: inverse CDF of the "
+                    "distribution after temperature, top-k (ties kept), top-p (ties by token id), in float64"}
 
 
 def sample_seed(seed: int, index: int, condition: str, sample: int) -> list[int]:
@@ -82,26 +86,120 @@ def sample_token(logits: np.ndarray, u: float, temperature: float, top_p: float,
     return int(min(np.searchsorted(cdf, u * cdf[-1], side="right"), len(p) - 1))
 
 
+def row_state(key: list[int]) -> int:
+    """The hash state of one sample's draws from its `sample_seed` [seed, problem index, condition, sample index]:
+    arm.key_state of the seed and one key of three words (ARM's keys have one or two, so the streams differ)."""
+    return arm.key_state(key[0], [tuple(key[1:])])
+
+
+def step_uniforms(states, step: int):
+    """The uniforms (float64 on [0, 1), 53 bits) of decode step `step` (0: the first new token) for rows whose
+    `row_state`s are lanes [rows, 2] (arm.lanes): the top 53 bits of the state after absorbing `step`, computed on
+    the lanes' device."""
+    import torch
+
+    h = arm.step_states(states, step)
+    # hi < 2**32, so hi * 2**21 + (lo >> 11) < 2**53: exact in int64 and in float64
+    return ((h[:, 0] << 21) + (h[:, 1] >> 11)).to(torch.float64) * (1.0 / (1 << 53))
+
+
+def draw(logits, u, temperature: float, top_p: float, top_k: int):
+    """`sample_token` of every row of `logits` [rows, vocab] with its uniform `u` [rows] (float64), batched on
+    their device without a copy to the host: the token ids, int64 [rows].
+
+    In float64 as `sample_token`. Top-p keeps the smallest prefix, in (probability descending, token id) order, whose
+    running sum reaches top_p: every token above the cut's probability and the first m by id of those equal to it.
+    So only the probabilities in descending order are needed, never a sort of the token ids: under top-k the top k
+    (torch.topk) followed by the other tokens tied with the k-th value (each of that probability), without top-k a
+    sort of all. The running sums are float64 cumsums, sequential on the CPU (the same bits as numpy's); a GPU's
+    parallel scan can round a sum differently in its last bit, which moves the cut only where top_p equals a
+    partial sum to about 1e-16."""
+    import torch
+
+    x = logits.to(torch.float64, copy=True).div_(temperature)
+    rows, vocab = x.shape
+    k = min(top_k, vocab) if top_k else vocab
+    if top_k:  # ties with the k-th value stay (transformers' TopKLogitsWarper); with fewer finite values kth = -inf
+        kth = torch.topk(x, k, dim=-1).values[:, -1:]
+        x.masked_fill_(x < kth, float("-inf"))
+    p = x.sub_(x.max(dim=-1, keepdim=True).values).exp_()
+    p.div_(p.sum(dim=-1, keepdim=True))
+    if top_p < 1.0:
+        if k < vocab:  # the top k, then the tokens tied with the k-th value past the k-th place (`extra` of them)
+            top = torch.topk(p, k, dim=-1).values
+            q = top[:, -1:]
+            extra = (p == q).sum(-1, keepdim=True) - (top == q).sum(-1, keepdim=True)
+            run = torch.cumsum(torch.cat([top, q.expand(rows, vocab - k)], dim=1), dim=-1)
+        else:
+            top = torch.sort(p, dim=-1, descending=True).values
+            q, extra = top[:, -1:], 0
+            run = torch.cumsum(top, dim=-1)
+        target = torch.full((rows, 1), top_p, dtype=torch.float64, device=p.device)
+        cut = torch.searchsorted(run, target)                             # the first place the sum reaches top_p
+        keep_all = cut >= k + extra
+        tau = torch.where(cut < k, top.gather(1, cut.clamp(max=k - 1)), q)
+        m = cut + 1 - (top > tau).sum(-1, keepdim=True)                   # how many tokens equal to tau stay
+        tie = p == tau
+        kept = (p > tau) | (tie & (torch.cumsum(tie, dim=-1, dtype=torch.int32) <= m)) | keep_all
+        p.masked_fill_(~kept, 0.0)
+    cdf = torch.cumsum(p, dim=-1)
+    tok = torch.searchsorted(cdf, u.to(torch.float64)[:, None] * cdf[:, -1:], right=True)
+    return tok[:, 0].clamp(max=vocab - 1)
+
+
+ON_HOST = ("cpu",)  # devices whose rows are drawn one by one with NumPy (tests point it elsewhere to run the other)
+
+
 class RowSampler:
-    """A transformers logits processor that draws each row's next token with the row's own generator and leaves
-    only that token finite, so greedy search (do_sample=False) takes it; rows marked None are left alone."""
+    """A transformers logits processor that draws each sampled row's next token (`draw` with the row's uniform of
+    the step) and leaves only that token finite, so greedy search (do_sample=False) takes it; rows marked None are
+    left alone. `seeds`: per row its `sample_seed` or None.
+
+    No host-device synchronisation at a step: the step is counted on the host, and the rows' hash states (with
+    their batch indices where the sampled rows are not one run) go to the logits' device once, at the first step."""
 
     def __init__(self, seeds: list[list[int] | None], temperature: float, top_p: float, top_k: int):
-        self.rngs = [None if s is None else np.random.Generator(np.random.PCG64(np.random.SeedSequence(s)))
-                     for s in seeds]
         self.temperature, self.top_p, self.top_k = temperature, top_p, top_k
+        self.rows = [r for r, s in enumerate(seeds) if s is not None]
+        self.host = arm.lanes([row_state(seeds[r]) for r in self.rows])
+        run = self.rows == list(range(self.rows[0], self.rows[-1] + 1)) if self.rows else True
+        self.run = slice(self.rows[0], self.rows[-1] + 1) if self.rows and run else None
+        self.step, self.prepared = 0, None
+
+    def prepare(self, device) -> tuple:
+        """(the sampled rows: a slice when they are one run, else their indices on the device; their states)."""
+        import torch
+
+        if self.run is not None:
+            return self.run, self.host.to(device)
+        dev = torch.cat([torch.tensor(self.rows)[:, None], self.host], dim=1).to(device)
+        return dev[:, 0], dev[:, 1:]
 
     def __call__(self, input_ids, scores):
         import torch
 
-        rows = scores.detach().to("cpu", torch.float32).numpy()
+        step, self.step = self.step, self.step + 1
+        if not self.rows:
+            return scores
+        if self.prepared is None:
+            self.prepared = self.prepare(scores.device)
+        where, states = self.prepared
+        picked = scores[where] if isinstance(where, slice) else scores.index_select(0, where)
+        u = step_uniforms(states, step)
+        if scores.device.type in ON_HOST:
+            # the host's own rows: NumPy's partition-based draw per row, faster there than the batched sort and the
+            # same token (`draw` equals `sample_token` for the same uniform; tests/test_sampling.py)
+            rows, us = picked.float().numpy(), u.tolist()
+            tok = torch.tensor([sample_token(rows[r], us[r], self.temperature, self.top_p, self.top_k)
+                                for r in range(len(us))], dtype=torch.long)
+        else:
+            tok = draw(picked, u, self.temperature, self.top_p, self.top_k)
+        only = torch.full_like(picked, float("-inf")).scatter_(1, tok[:, None], 0.0)
         out = scores.clone()
-        for r, rng in enumerate(self.rngs):
-            if rng is None:
-                continue
-            tok = sample_token(rows[r], float(rng.random()), self.temperature, self.top_p, self.top_k)
-            out[r] = float("-inf")
-            out[r, tok] = 0.0
+        if isinstance(where, slice):
+            out[where] = only
+        else:
+            out.index_copy_(0, where, only)
         return out
 
 
