@@ -100,6 +100,7 @@ def main() -> None:
     gen = torch.Generator().manual_seed(0)
     logits = [torch.randn(args.batch, args.vocab, generator=gen) * 4 for _ in range(args.steps)]
     seeds = [sampling.sample_seed(0, r, "none", 0) for r in range(args.batch)]
+    sampling.ON_HOST = ()  # arm `device`: the batched draw a GPU runs (the CPU's own path draws per row with NumPy)
     arms = {"numpy": NumpyRowSampler, "device": sampling.RowSampler}
     rows = []
     for temperature, top_p, top_k in SETTINGS:
