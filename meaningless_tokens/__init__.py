@@ -11,7 +11,7 @@ LAYERS = (
     ("store", "cli", "envlock", "runcache", "verify", "forkserver"),  # artifacts on disk, command line, environment, warm start
     ("capture", "prompts", "sampling", "models", "arm", "stage"),  # attention capture, prompts, model sources, stage prelude
     ("engines", "vllm_engine", "scoring"),                         # generation and teacher-forced scoring
-    ("charts", "add_model"),                                       # one module per chart kind; `mless add-model`
+    ("charts", "report", "add_model"),  # chart kinds (draw, explain); what the report says (traced numbers, verdict); `mless add-model`
 )
 
 TEMPLATES = Path(__file__).parent / "templates"  # the report's and the explorer's Jinja templates

@@ -206,6 +206,7 @@ def run(params: Params, root: Path | None = None) -> Path:
     """The page of the project's showcase prompts, written under `root` (default: the project)."""
     import time
 
+    params = store.params_view(params, "explorer")  # the keys dvc.yaml lists for it, no other
     started = time.perf_counter()
     out = store.outputs(params, None, root, **OUTPUTS)["out"]
     blobs: list[str] = []

@@ -93,6 +93,7 @@ def draw_all(plt, ctx: Context):
 def run(params: Params, root: Path | None = None) -> list[Path]:
     """Draw every chart of the project's data (returned: the chart files) and write the accuracy table and the
     likelihood's links, under `root` (default: the project)."""
+    params = store.params_view(params, "figures")  # the keys dvc.yaml lists for it, no other
     plt = _setup()
     where = store.outputs(params, None, root, **OUTPUTS)
     folder = where["folder"]

@@ -2,7 +2,7 @@
 workspace), and its manifest `artifacts/models/<model>.json` (source, weights sha256, architecture facts, the
 attention probe) for later stages.
 
-Sources, conversion and the cache: meaningless_tokens/models.py. A GGUF source is converted whole when a
+Sources, conversion and the cache: meaningless_tokens/models/. A GGUF source is converted whole when a
 whole-model stage runs the model (evaluate.models, likelihood.models, the sweep's accuracy or likelihood), so
 one conversion serves every stage; otherwise only up to the layers the layer-only stages run (extract's,
 activations', the sweep's attention). `metrics/timing/prepare-<model>.json`: the run's seconds and peak RSS

@@ -26,12 +26,12 @@ import numpy as np
 from markupsafe import Markup
 
 from meaningless_tokens import TEMPLATES, arm, charts, cli, grading, store
-from meaningless_tokens.charts import paper, verdict
 from meaningless_tokens.charts.context import load_context
-from meaningless_tokens.charts.phrases import label
-from meaningless_tokens.charts.trace import Num, Sources, Text, artifact, md_escape
 from meaningless_tokens.config import Params
 from meaningless_tokens.errors import ArtifactError
+from meaningless_tokens.report import paper, verdict
+from meaningless_tokens.report.phrases import label
+from meaningless_tokens.report.trace import Num, Sources, Text, artifact, md_escape
 from meaningless_tokens.store import FIGURES_DIR, atomic_path, read_h5, read_texts
 
 # the stage's outputs beside the verdict and docs/results.md (write_results): role -> artifact kind (store.PATHS)
@@ -213,7 +213,7 @@ def power_lines(ctx, power: dict) -> list[Text]:
         return [num(key, fmt, scale), f" {unit}"]
 
     gains = ", ".join(f"{k} +{v:g}" for k, v in power["paper_gains"].items())
-    gain = f"+{power['paper_gain_points']:g} points"  # the paper's smallest MATH-500 gain (charts/verdict.py)
+    gain = f"+{power['paper_gain_points']:g} points"  # the paper's smallest MATH-500 gain (report/verdict.py)
     for n, a in power["accuracy"].items():
         key = f"power.accuracy.{n}"
         head = [f"Accuracy, {ctx.disp(n)}: with ", num(f"{key}.n", "d"), " problems "]
@@ -336,6 +336,7 @@ def render(context: dict) -> tuple[str, str]:
 
 def run(params: Params, root: Path | None = None) -> list[Path]:
     """The report from the project's data, written under `root` (default: the project)."""
+    params = store.params_view(params, "report")  # the keys dvc.yaml lists for it, no other
     project = params.project_path(".")
     where = store.outputs(params, None, root, **OUTPUTS)
     fig_dir = project / FIGURES_DIR
@@ -349,7 +350,7 @@ def run(params: Params, root: Path | None = None) -> list[Path]:
     study = {k.KIND: k.explain(ctx, None) for k in charts.STUDY}
     for k in charts.STUDY:
         study[k.KIND].extra["unavailable"] = charts.unavailable(k, ctx)
-    # the paper beside this run: each seed chart's claims with this run's numbers (meaningless_tokens/charts/paper.py)
+    # the paper beside this run: each seed chart's claims with this run's numbers (meaningless_tokens/report/paper.py)
     for m in per_model:
         for chart, kind in zip(m["charts"], [k for k in charts.PER_MODEL if m["name"] in ctx.chart_models(k.KIND)]):
             chart.extra["paper"] = paper.claims(ctx, kind.KIND, m["name"])

@@ -57,6 +57,8 @@ def edited(**changes):
     ({"models__smollm2-135m__display_name": ...}, ["models.smollm2-135m.display_name", "Field required"]),
     ({"dataset__sha256": "0" * 63}, ["dataset.sha256"]),
     ({"runtime__dtype": "int8"}, ["runtime.dtype", "(got 'int8')"]),
+    ({"evaluate__compile": "yes"}, ["evaluate.compile", "'auto', 'on' or 'off'", "(got 'yes')"]),
+    ({"evaluate__batch_size": "max"}, ["evaluate.batch_size: Input should be a valid integer", "(or 'auto')", "(got 'max')"]),
     ({"models": {}}, ["models", "at least 1 item"]),
     ({"evaluate__models": ["smollm2-135m", "gpt-5"]}, ["params.yaml: evaluate.models: ['gpt-5'] not configured"]),
     ({"evaluate__models": ["smollm2-135m", "smollm2-135m"]}, ["params.yaml: evaluate.models:", "names a model twice"]),
@@ -134,11 +136,13 @@ def test_the_tests_profile_only_overlays_keys_of_the_cpu_profile():
 
 def test_the_model_keys_dvc_lists_are_those_every_entry_must_spell_out():
     """prepare lists each entry whole; the other stages list keys one by one: together, every key but display_name."""
-    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
-    listed = {p.split(".", 2)[2] for st in stages.values() for p in (st.get("do") or st).get("params", [])
-              if isinstance(p, str) and p.startswith("models.${") and p.count(".") >= 2}
+    from meaningless_tokens.store import dvc_stage
+
+    stages = {name: dvc_stage(name) for name in yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]}
+    listed = {p.split(".", 2)[2] for st in stages.values() for p in st["params"]
+              if p.startswith("models.${") and p.count(".") >= 2}  # a group's keys (`params.yaml: [...]`) included
     assert listed == set(config.DVC_MODEL_KEYS)
-    assert "models.${key}" in stages["prepare"]["do"]["params"]
+    assert "models.${key}" in stages["prepare"]["params"]
 
 
 def test_an_entry_without_a_listed_key_is_refused_with_the_flags_that_add_it(write_params):

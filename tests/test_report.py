@@ -300,7 +300,7 @@ def test_html_opens_in_headless_chromium(project):
 def test_a_model_of_a_paper_models_shape_is_described_with_traced_numbers(project, monkeypatch):
     """The "at a glance" note for a model shaped exactly like one of the paper's (its manifest's facts): the
     Layer 1 drop, λ and the activation shift, each number read back from its file."""
-    from meaningless_tokens.charts import paper
+    from meaningless_tokens.report import paper
     from meaningless_tokens.charts.context import load_context
 
     root, params, _ = project
@@ -357,7 +357,7 @@ KEYS_BEFORE = ROOT / "tests" / "data" / "report_keys_before.json"  # traced keys
 
 
 def test_the_verdict_rule_on_hand_made_intervals():
-    from meaningless_tokens.charts.verdict import word
+    from meaningless_tokens.report.verdict import word
 
     assert word(0.1, 2.0) == "reproduced" and word(0.1, 2.0, +1) == "reproduced"
     assert word(-2.0, -0.1) == "contradicted"
@@ -376,7 +376,7 @@ def test_the_verdict_rule_on_hand_made_intervals():
 def test_five_words_one_rule_each():
     """'ruled out' apart from 'inconclusive': the far end on the predicted side below the smallest effect of
     interest, whether or not the interval excludes zero; 'contradicted' stays; no width decides nothing."""
-    from meaningless_tokens.charts.verdict import RULES, WORDS, word
+    from meaningless_tokens.report.verdict import RULES, WORDS, word
 
     assert list(RULES) == list(WORDS)
     assert word(-0.5, 1.5, +1, 2.0) == "ruled out"       # includes zero, excludes 2 or more
@@ -391,8 +391,8 @@ def test_five_words_one_rule_each():
 
 
 def test_p_values_agree_with_the_words_and_holm_corrects_them():
-    from meaningless_tokens.charts import pooling
-    from meaningless_tokens.charts.verdict import word
+    from meaningless_tokens.report import pooling
+    from meaningless_tokens.report.verdict import word
 
     rng = np.random.default_rng(0)
     for _ in range(500):
@@ -407,7 +407,7 @@ def test_p_values_agree_with_the_words_and_holm_corrects_them():
 
 
 def test_pooling_across_models_by_random_effects():
-    from meaningless_tokens.charts import pooling
+    from meaningless_tokens.report import pooling
 
     se = 0.5
     half = pooling.Z95 * se
@@ -424,8 +424,8 @@ def test_pooling_across_models_by_random_effects():
 def test_the_paper_beside_a_cell_of_its_own_model():
     """A model the paper ran: the cell states the paper's number, whether it lies in our interval and the ratio;
     the paper's effect is then the smallest effect of interest."""
-    from meaningless_tokens.charts import paper
-    from meaningless_tokens.charts.verdict import Cell, judge
+    from meaningless_tokens.report import paper
+    from meaningless_tokens.report.verdict import Cell, judge
 
     g1 = paper.reported("g1")
     assert g1.values == {"Qwen2.5-Math-1.5B": 2, "Qwen2.5-Math-7B": 3, "Llama-3.1-8B-Instruct": 2}
@@ -449,7 +449,7 @@ def _text(html_path):
 
 
 def test_both_formats_open_with_the_verdict_table(project):
-    from meaningless_tokens.charts.verdict import WORDS
+    from meaningless_tokens.report.verdict import WORDS
 
     root, params, (html_path, md_path) = project
     md = md_path.read_text(encoding="utf-8")
@@ -478,7 +478,7 @@ def test_both_formats_open_with_the_verdict_table(project):
     ids = set(re.findall(r' id="([^"]+)"', page))
     assert set(re.findall(r'href="#([^"]+)"', verdict_html)) <= ids
     # the rule is stated once, under the table
-    from meaningless_tokens.charts.verdict import RULE
+    from meaningless_tokens.report.verdict import RULE
     assert _text(html_path).count(RULE) == 1 and md.count("Reproduced: the 95 % interval excludes zero") == 1
     assert md.count("After a Holm correction over the table's") == 1
 
@@ -487,7 +487,7 @@ def test_arm_rows_state_their_setting_and_never_vanish(project, tmp_path):
     """(f2) says which setting it judged and how it was chosen (tuned on other problems for tiny-llama, the
     variant's fallback for tiny-gemma); the ARM section sets the tuning beside the in-sample choice; where ARM did
     not run, the (f) rows stay, their cells naming the command that runs it."""
-    from meaningless_tokens.charts import verdict
+    from meaningless_tokens.report import verdict
     from meaningless_tokens.charts.context import load_context
 
     root, params, (_, md_path) = project
@@ -522,7 +522,7 @@ def test_arm_rows_state_their_setting_and_never_vanish(project, tmp_path):
 
 def test_verdict_cells_follow_the_rule_from_the_files(project):
     """Each cell's word equals the rule applied to the interval read back with h5py/json (not the report's reader)."""
-    from meaningless_tokens.charts.verdict import word
+    from meaningless_tokens.report.verdict import word
 
     root, params, _ = project
     v = json.loads((root / "metrics/verdict.json").read_text())
@@ -683,3 +683,69 @@ def test_verdict_above_the_fold_the_first_figure_under_it_and_the_page_half_as_t
     assert table <= 1000 and figure[0] < table + 250 and figure[1] > 0, (table, figure)
     before = json.loads(KEYS_BEFORE.read_text())["height_1280"]
     assert folded and height <= before / 2, (height, before)
+
+
+def test_lookups_name_their_axes_and_write_the_same_keys():
+    """A traced number's element is named by its axes; the key a reader sees is the index text it always was."""
+    from meaningless_tokens.report.trace import ALL, index_text
+
+    cases = [("stats", "mless/orig_mean", dict(sample=ALL, layer=1, head=2), ":,1,2"),
+             ("stats", "mless/drop_pct_ci", dict(bound="high", layer=0, head=3), "1,0,3"),
+             ("stats", "mless/drop_pct", dict(layer=2, head=ALL), "2,:"),
+             ("stats", "none/original_avg", dict(layer=0, head=1, position=slice(1, 30)), "0,1,1:30"),
+             ("stats", "mless/full_avg", dict(layer=0, head=1, position=7), "0,1,7"),
+             ("stats", "mless/layer_drop_pct_ci", dict(bound="low", layer=0), "0,0"),
+             ("activations", "mless/original/near_zero_robust_diff_ci", dict(bound="high", layer=0), "1,0"),
+             ("activations", "mless/original/l1_diff_p", dict(layer=0), "0"),
+             ("activations", "mless/lambda_mean", dict(layer=0, head=ALL), "0,:"),
+             ("sweep", "token_0/drop_heads_pct_ci", dict(count=2, bound="low"), "2,0"),
+             ("sweep", "token_1/accuracy", dict(count=1), "1"),
+             ("likelihood", "contrasts/mless-none/solution/ci", dict(group=0, bound="high"), "0,1"),
+             ("likelihood", "contrasts/mless-none/solution/level_n", dict(level=3), "3"),
+             ("arm_tuning", "out_of_sample/ci", dict(bound="low"), "0")]
+    for kind, ds, at, text in cases:
+        assert index_text(kind, ds, at) == text, (kind, ds, at)
+    with pytest.raises(ValueError, match=r"no axis \['hi'\].*layer, head"):
+        index_text("stats", "mless/drop_pct", dict(layer=0, hi=1))
+    with pytest.raises(ValueError, match=r"name the axes \['sample'\]"):
+        index_text("stats", "mless/orig_mean", dict(layer=0, head=1))
+    with pytest.raises(ValueError, match="no axes known"):
+        index_text("stats", "mless/not_a_dataset", dict(layer=0))
+
+
+def test_a_lookup_refuses_an_index_in_its_key(project):
+    from meaningless_tokens.report.trace import Sources
+
+    root, _, _ = project
+    src = Sources(root)
+    n = src.h5("artifacts/stats/tiny-llama.h5", "mless/drop_pct_ci", fmt="+.1f", bound="high", layer=0, head=1)
+    assert (n.key, n.src) == ("mless/drop_pct_ci[1,0,1]", "artifacts/stats/tiny-llama.h5")
+    with h5py.File(root / n.src, "r") as f:
+        assert n.value == float(f["mless/drop_pct_ci"][1, 0, 1])
+    with pytest.raises(ValueError, match=r"name the index by its axes"):
+        src.h5("artifacts/stats/tiny-llama.h5", "mless/drop_pct_ci[1,0,1]")
+
+
+def test_prose_macros_keep_their_values_and_wrap_freely(tmp_path, monkeypatch):
+    """A sentence written in a template becomes a Text: a Num keeps its trace, a string from data is escaped for
+    each format and keeps its own line breaks, the template's line breaks are one space, a constant is kept."""
+    from markupsafe import Markup
+
+    from meaningless_tokens.report import prose
+    from meaningless_tokens.report.trace import Num
+
+    (tmp_path / "t.j2").write_text('{% macro s(name, x, xs) -%}\n{{ name }} has\n   {{ x }} [{{ xs | join(", ") }}]'
+                                   '{{ " " }}\n{%- endmacro %}\n', encoding="utf-8")
+    monkeypatch.setattr(prose, "TEMPLATES", tmp_path)
+    prose._environment.cache_clear()
+    try:
+        num = Num(0.25, "artifacts/stats/m.h5", "mless/drop_pct[0,1]", fmt=".2f")
+        text = prose.say("t.j2", "s", name="a_<b>\nc", x=num, xs=[1, 2])
+        assert list(text.parts) == ["a_<b>\nc", " has ", num, " [", "1, 2", "]", " "]
+        assert str(text) == "a\\_\\<b\\>\nc has 0.25 \\[1, 2\\] "
+        assert Markup(text.__html__()).startswith("a_&lt;b&gt;\nc has <span class=\"num\"")
+        assert 'data-key="mless/drop_pct[0,1]"' in text.__html__()
+        # a second call renders the compiled macro with its own values
+        assert str(prose.say("t.j2", "s", name="d", x=num, xs=[])) == "d has 0.25 \\[\\] "
+    finally:
+        prose._environment.cache_clear()

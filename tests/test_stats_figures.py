@@ -7,7 +7,8 @@ import pytest
 
 from meaningless_tokens import charts
 from stages import activations, extract, figures, likelihood, stats, sweep
-from meaningless_tokens.charts import paper, span_accuracy, style
+from meaningless_tokens.charts import span_accuracy, style
+from meaningless_tokens.report import paper
 from meaningless_tokens.charts.context import load_context
 from meaningless_tokens.config import load_params
 from meaningless_tokens.errors import ArtifactError, ConfigError

@@ -47,10 +47,14 @@ def test_provenance_records_the_code_the_stage_declares_by_content():
     report = provenance("report")["code_sha256"]
     assert {p for p in report if p.startswith("meaningless_tokens/charts/")} == {
         f"meaningless_tokens/charts/{p.name}" for p in (ROOT / "meaningless_tokens/charts").iterdir()
-        if p.is_file() and p.suffix in (".py", ".yaml")}  # the chart code and the paper's numbers beside it
+        if p.is_file() and p.suffix in (".py", ".yaml")}  # the chart code
+    assert {p for p in report if p.startswith("meaningless_tokens/report/")} == {
+        f"meaningless_tokens/report/{p.name}" for p in (ROOT / "meaningless_tokens/report").iterdir()
+        if p.is_file() and p.suffix in (".py", ".yaml")}  # the verdict's code and the paper's numbers beside it
     assert {p for p in report if p.startswith("meaningless_tokens/templates/")} == {
         "meaningless_tokens/templates/report.html.j2", "meaningless_tokens/templates/report.md.j2",
-        "meaningless_tokens/templates/results.md.j2"}
+        "meaningless_tokens/templates/results.md.j2"} | {
+        f"meaningless_tokens/templates/charts/{p.name}" for p in (ROOT / "meaningless_tokens/templates/charts").iterdir()}
 
 
 def test_provenance_of_a_stage_dvc_yaml_does_not_define_names_the_file_and_key():
@@ -241,3 +245,97 @@ def test_the_params_an_artifact_records_are_exactly_those_dvc_yaml_lists():
         for r in recorded:
             assert any(r == key or r.startswith(key + ".") for key in params_keys(stage, name)), (stage, r)
     assert "arm" not in stage_params(params, "evaluate", name, unused=("arm",))
+
+
+def test_the_stages_read_dvc_yaml_as_dvc_resolves_it(tmp_path):
+    """store.dvc_stage reads dvc.yaml as DVC does: for every stage DVC generates (arm_tuning's too, its models listed
+    here), the params keys and deps the project reads, `${key}` / `${item}` replaced by the model, are exactly those
+    DVC tracks: anchors and aliases resolved, a `params.yaml: [...]` group's keys included."""
+    import shutil
+
+    from dvc.dependency.param import ParamsDependency
+    from dvc.repo import Repo
+
+    from meaningless_tokens.store import dvc_stage, params_keys
+
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    raw["arm_tuning"]["models"] = raw["likelihood"]["models"][:1]
+    shutil.copy(ROOT / "dvc.yaml", tmp_path / "dvc.yaml")
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    Repo.init(tmp_path, no_scm=True).close()
+    seen = set()
+    with Repo(tmp_path) as repo:
+        for st in repo.index.stages:
+            group, _, name = st.name.partition("@")
+            seen.add(group)
+            spec = dvc_stage(group)
+            tracked = {p.def_path: set(p.params) for p in st.deps if isinstance(p, ParamsDependency)}
+            assert tracked == {"params.yaml": set(params_keys(group, name or None))}, st.name
+            assert len(params_keys(group, name or None)) == len(set(params_keys(group, name or None))), st.name
+            deps = {d.def_path for d in st.deps if not isinstance(d, ParamsDependency)}
+            assert deps == {d.replace("${key}", name).replace("${item}", name) for d in spec["deps"]}, st.name
+    assert seen == set(yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"])
+    assert "arm_tuning" in seen and "models.${key}.family" in params_keys("extract")
+
+
+@pytest.mark.parametrize("entry, says", [
+    ("- other.yaml: [seed]", r"other\.yaml: \['seed'\]; the stages read params\.yaml only"),
+    ("- params.yaml: []", r"params\.yaml: \[\]; the stages read params\.yaml only, and a group lists its keys"),
+    ("- ${chosen}.seed", r"'\$\{chosen\}\.seed'; the stages expand only \$\{key\} and \$\{item\}"),
+    ("- params.yaml: [stats, 3]", r"3; the stages expand only \$\{key\} and \$\{item\}"),
+])
+def test_a_params_entry_the_stages_cannot_read_as_dvc_does_is_refused(tmp_path, monkeypatch, entry, says):
+    """A form DVC reads one way and the stages another (another params file, a whole file, a `vars` or params.yaml
+    interpolation) would have a stage read other keys than DVC tracks: one line naming the file and the stage."""
+    from meaningless_tokens.store import params_keys, stages
+
+    text = (ROOT / "dvc.yaml").read_text()
+    listed = "      params: [stats]\n"
+    assert text.count(listed) == 1
+    (tmp_path / "dvc.yaml").write_text(text.replace(listed, f"      params:\n        - stats\n        {entry}\n"))
+    monkeypatch.setattr(stages, "DVC_YAML", tmp_path / "dvc.yaml")
+    with pytest.raises(StageError, match=rf"^{tmp_path}/dvc\.yaml: stages\.stats\.params: .*{says}"):
+        params_keys("stats", "any")
+    params_keys("extract", "any")  # the other stages still read
+
+
+def test_a_dep_the_stages_cannot_expand_is_refused(tmp_path, monkeypatch):
+    from meaningless_tokens.store import code_hashes, stages
+
+    text = (ROOT / "dvc.yaml").read_text()
+    (tmp_path / "dvc.yaml").write_text(text.replace("deps: [stages/stats.py,", "deps: [stages/stats.py, \"${lib}/store\","))
+    monkeypatch.setattr(stages, "DVC_YAML", tmp_path / "dvc.yaml")
+    with pytest.raises(StageError, match=r"stages\.stats\.deps: '\$\{lib\}/store'; the stages expand only"):
+        code_hashes("stats")
+
+
+@pytest.mark.parametrize("stage", ["figures", "report", "explorer"])
+def test_figures_report_and_explorer_read_only_the_keys_dvc_yaml_lists(tmp_path, monkeypatch, stage):
+    """The stages without a model have a params view too: each key they read is listed (the charts' model lists
+    included), any other raises; a stage whose list lacks what it reads fails at that read with UnlistedParam."""
+    import importlib
+
+    from meaningless_tokens.config import load_params
+    from meaningless_tokens.errors import UnlistedParam
+    from meaningless_tokens.store import params_keys, params_view, stages
+
+    params = load_params(ROOT / "params.yaml")
+    view = params_view(params, stage)
+    assert view.models == params.models and view.figures == params.figures and view.file == params.file
+    if stage in ("figures", "report"):  # the charts' Context reads which models were evaluated and scored
+        assert (view.evaluated, view.scored) == (params.evaluated, params.scored)
+    if stage == "report":  # and the verdict which were tuned
+        assert view.arm_tuning.models == params.arm_tuning.models
+    with pytest.raises(UnlistedParam, match=rf"stage '{stage}' reads params key 'sweep', which dvc.yaml does not"):
+        view.sweep
+    # the stage itself, its list emptied: its first read raises before any artifact is opened
+    text = (ROOT / "dvc.yaml").read_text()
+    data = yaml.safe_load(text)
+    data["stages"][stage]["params"] = []
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    monkeypatch.setattr(stages, "DVC_YAML", tmp_path / "dvc.yaml")
+    assert params_keys(stage) == []
+    module = importlib.import_module(f"stages.{stage}")
+    with pytest.raises(UnlistedParam, match=rf"stage '{stage}' reads params key '(figures|models)'"):
+        module.run(params_view(params, stage), root=tmp_path / "out")
+    assert not (tmp_path / "out").exists()

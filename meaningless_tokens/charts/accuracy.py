@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 
 from meaningless_tokens.charts.context import Chart, Context
-from meaningless_tokens.charts.phrases import count_of
 from meaningless_tokens.charts.style import COLORS, colour_key
-from meaningless_tokens.charts.trace import Text, artifact, interval
 from meaningless_tokens.config import CONDITIONS
+from meaningless_tokens.report.phrases import count_of
+from meaningless_tokens.report.trace import Text, artifact, interval
 
 KIND = "accuracy"
 PER_MODEL = False

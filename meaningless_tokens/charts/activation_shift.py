@@ -8,9 +8,9 @@ import numpy as np
 
 from meaningless_tokens.charts.activations import NAMES, views
 from meaningless_tokens.charts.context import Chart, Context
-from meaningless_tokens.charts.phrases import count_of, label
 from meaningless_tokens.charts.style import COLORS, LABELS
-from meaningless_tokens.charts.trace import Text, excludes_zero, interval
+from meaningless_tokens.report.phrases import count_of, label
+from meaningless_tokens.report.trace import ALL, Text, excludes_zero, interval
 
 KIND = "activation-shift"
 PER_MODEL = False
@@ -64,7 +64,7 @@ def draw(plt, ctx: Context, name: None = None):
 def explain(ctx: Context, name: None = None) -> Chart:
     rows, shifts = [], []
     for v in views(ctx):
-        lam = {c: v.n(f"{c}/lambda_mean[0,:]", ".3f", "mean") for c in v.conds}
+        lam = {c: v.n(f"{c}/lambda_mean", ".3f", "mean", layer=0, head=ALL) for c in v.conds}
         parts = [f"{v.disp}, {label(v.layer)}: original queries after the span keep λ = "]
         for c in v.conds:
             parts += [lam[c], f" ({c})", ", " if c != v.conds[-1] else ""]

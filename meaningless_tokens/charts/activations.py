@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 
 from meaningless_tokens.charts.context import Chart, Context
-from meaningless_tokens.charts.phrases import count_of, label
 from meaningless_tokens.charts.style import COLORS, LABELS, colour_key
-from meaningless_tokens.charts.trace import Num, Text, artifact, excludes_zero, interval
+from meaningless_tokens.report.phrases import count_of, label
+from meaningless_tokens.report.trace import Num, Text, artifact, excludes_zero, interval
 
 KIND = "activations"
 PER_MODEL = False
@@ -71,22 +71,22 @@ class ActivationView:
         self.conds = self.act["conditions"]
         self.set = ctx.params.figures.activation_set  # the token set the charts show
 
-    def n(self, key: str, fmt: str = ".4g", op: str = "value", scale: float = 1.0) -> Num:
-        return self.ctx.src.h5(self.file, key, op, scale, fmt)
+    def n(self, ds: str, fmt: str = ".4g", op: str = "value", scale: float = 1.0, **at) -> Num:
+        return self.ctx.src.h5(self.file, ds, op, scale, fmt, **at)
 
     def mean(self, c: str, m: str, s: str | None = None) -> tuple[Num, Num, Num]:
         """Mean over problems and its interval; shares in percent."""
         s = s or self.set
         kw = dict(fmt=".2f", scale=100) if m.startswith("near_zero") else dict(fmt=".4g")
-        return (self.n(f"{c}/{s}/{m}_mean[0]", **kw), self.n(f"{c}/{s}/{m}_ci[0,0]", **kw),
-                self.n(f"{c}/{s}/{m}_ci[1,0]", **kw))
+        return (self.n(f"{c}/{s}/{m}_mean", layer=0, **kw), self.n(f"{c}/{s}/{m}_ci", bound="low", layer=0, **kw),
+                self.n(f"{c}/{s}/{m}_ci", bound="high", layer=0, **kw))
 
     def diff(self, c: str, m: str, s: str | None = None) -> tuple[Num, Num, Num, Num]:
         """Paired difference to none, its interval (shares in percentage points) and the Wilcoxon p."""
         s = s or self.set
         kw = dict(fmt="+.2f", scale=100) if m.startswith("near_zero") else dict(fmt="+.3g")
-        return (self.n(f"{c}/{s}/{m}_diff[0]", **kw), self.n(f"{c}/{s}/{m}_diff_ci[0,0]", **kw),
-                self.n(f"{c}/{s}/{m}_diff_ci[1,0]", **kw), self.n(f"{c}/{s}/{m}_diff_p[0]", ".2g"))
+        return (self.n(f"{c}/{s}/{m}_diff", layer=0, **kw), self.n(f"{c}/{s}/{m}_diff_ci", bound="low", layer=0, **kw),
+                self.n(f"{c}/{s}/{m}_diff_ci", bound="high", layer=0, **kw), self.n(f"{c}/{s}/{m}_diff_p", ".2g", layer=0))
 
     def verdict(self, c: str, s: str | None = None) -> tuple[list[str], list[str], list[str]]:
         """Measures of CLAIM whose paired interval lies on the claimed side, on the other side, or spans 0."""

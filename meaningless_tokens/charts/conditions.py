@@ -5,9 +5,9 @@ Head 14" chart."""
 from __future__ import annotations
 
 from meaningless_tokens.charts.context import Chart, Context
-from meaningless_tokens.charts.phrases import AXES_LAYERS, AXES_ORIGINAL, AXES_WEIGHT, HYPOTHESIS, label
 from meaningless_tokens.charts.style import attention_axes, curve, shade_span
-from meaningless_tokens.charts.trace import Text, interval
+from meaningless_tokens.report.phrases import AXES_LAYERS, AXES_ORIGINAL, AXES_WEIGHT, HYPOTHESIS, label
+from meaningless_tokens.report.trace import Text, interval
 
 KIND = "conditions"
 PER_MODEL = True

@@ -14,9 +14,9 @@ from pathlib import Path
 
 from meaningless_tokens.charts.load import load_activations, load_arm_tuning, load_likelihood, load_metrics, load_stats, load_sweep
 from meaningless_tokens.charts.style import Labels
-from meaningless_tokens.charts.trace import Num, Sources, artifact
 from meaningless_tokens.config import Params, chart_selection, figure_models
 from meaningless_tokens.errors import ConfigError
+from meaningless_tokens.report.trace import ALL, Num, Sources, artifact
 
 
 def selected_models(params: Params) -> list[str]:
@@ -182,24 +182,25 @@ class ModelView:
     def hi(self, head: int) -> int:
         return self.st["heads"].index(head)
 
-    def n(self, cond: str, ds: str, idx: str, op: str = "value", fmt: str = ".3g", scale: float = 1.0) -> Num:
-        return self.src.h5(self.file, f"{cond}/{ds}[{idx}]", op, scale, fmt)
+    def n(self, cond: str, ds: str, op: str = "value", fmt: str = ".3g", scale: float = 1.0, **at) -> Num:
+        """Dataset `ds` of condition `cond` at the element its axes name (indices into the file's layers and heads)."""
+        return self.src.h5(self.file, f"{cond}/{ds}", op, scale, fmt, **at)
 
-    def orig_mean(self, cond: str, li: int, hi: int) -> Num:
-        return self.n(cond, "orig_mean", f":,{li},{hi}", "mean", ".4f")
+    def orig_mean(self, cond: str, layer: int, head: int) -> Num:
+        return self.n(cond, "orig_mean", "mean", ".4f", sample=ALL, layer=layer, head=head)
 
-    def drop_pct(self, cond: str, li: int, hi: int) -> tuple[Num, Num, Num]:
-        return (self.n(cond, "drop_pct", f"{li},{hi}", fmt="+.1f"),
-                self.n(cond, "drop_pct_ci", f"0,{li},{hi}", fmt="+.1f"),
-                self.n(cond, "drop_pct_ci", f"1,{li},{hi}", fmt="+.1f"))
+    def drop_pct(self, cond: str, layer: int, head: int) -> tuple[Num, Num, Num]:
+        return (self.n(cond, "drop_pct", fmt="+.1f", layer=layer, head=head),
+                self.n(cond, "drop_pct_ci", fmt="+.1f", bound="low", layer=layer, head=head),
+                self.n(cond, "drop_pct_ci", fmt="+.1f", bound="high", layer=layer, head=head))
 
-    def span_mass(self, cond: str, li: int, hi: int) -> tuple[Num, Num, Num]:
-        return (self.n(cond, "span_mass", f"{li},{hi}", fmt=".1f", scale=100),
-                self.n(cond, "span_mass_ci", f"0,{li},{hi}", fmt=".1f", scale=100),
-                self.n(cond, "span_mass_ci", f"1,{li},{hi}", fmt=".1f", scale=100))
+    def span_mass(self, cond: str, layer: int, head: int) -> tuple[Num, Num, Num]:
+        return (self.n(cond, "span_mass", fmt=".1f", scale=100, layer=layer, head=head),
+                self.n(cond, "span_mass_ci", fmt=".1f", scale=100, bound="low", layer=layer, head=head),
+                self.n(cond, "span_mass_ci", fmt=".1f", scale=100, bound="high", layer=layer, head=head))
 
-    def peak(self, cond: str, li: int, hi: int) -> tuple[Num, Num]:
+    def peak(self, cond: str, layer: int, head: int) -> tuple[Num, Num]:
         """Where the average attention over original positions 1..P-1 is largest (position 0, the
         attention sink, is left out) and its value."""
-        rng = f"{li},{hi},1:{self.P}"
-        return self.n(cond, "original_avg", rng, "argmax", "d"), self.n(cond, "original_avg", rng, "max", ".4f")
+        at = dict(layer=layer, head=head, position=slice(1, self.P))
+        return self.n(cond, "original_avg", "argmax", "d", **at), self.n(cond, "original_avg", "max", ".4f", **at)

@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 from meaningless_tokens.charts.context import Chart, Context
-from meaningless_tokens.charts.phrases import AXES_LAYERS, AXES_WEIGHT, HYPOTHESIS, change, count_of, label
 from meaningless_tokens.charts.style import attention_axes, curve, shade_span
-from meaningless_tokens.charts.trace import Text
+from meaningless_tokens.report.phrases import AXES_LAYERS, AXES_WEIGHT, HYPOTHESIS, change, count_of, label
+from meaningless_tokens.report.trace import ALL, Text
 
 KIND = "cross-model"
 PER_MODEL = False
@@ -36,7 +36,7 @@ def explain(ctx: Context, name: None = None) -> Chart:
     for v in views:
         h = v.heads[0]
         li, hi = v.li, v.hi(h)
-        mean_drop = v.n("mless", "drop_pct", f"{li},:", "mean", "+.1f")
+        mean_drop = v.n("mless", "drop_pct", "mean", "+.1f", layer=li, head=ALL)
         ml = v.span_mass("mless", li, hi)[0]
         parts = [f"{v.disp}, {label(v.layer, h)}: the meaningless span takes ", ml, " % of the original queries' attention"]
         if "mful" in v.conds:

@@ -4,10 +4,10 @@ vs mless over original positions (top) and the full mless prompt with the span s
 from __future__ import annotations
 
 from meaningless_tokens.charts.context import Chart, Context
-from meaningless_tokens.charts.phrases import (AXES_LAYERS, AXES_ORIGINAL, AXES_WEIGHT, HYPOTHESIS, change, head_list,
-                                               label)
 from meaningless_tokens.charts.style import attention_axes, curve, shade_span
-from meaningless_tokens.charts.trace import Text, excludes_zero, interval
+from meaningless_tokens.report.phrases import (AXES_LAYERS, AXES_ORIGINAL, AXES_WEIGHT, HYPOTHESIS, change, head_list,
+                                               label)
+from meaningless_tokens.report.trace import Text, excludes_zero, interval
 
 KIND = "heads"
 PER_MODEL = True
@@ -49,8 +49,8 @@ def explain(ctx: Context, name: str) -> Chart:
                  change(pct), " % (the drop's interval ", interval(lo, up), "); the span takes ", mass, " % ", interval(mlo, mhi),
                  " of the original queries' attention."]
         if 0 <= s < e - 1 and e <= v.F:
-            first_tok = v.n("mless", "full_avg", f"{li},{hi},{s}", fmt=".4f")
-            rest = v.n("mless", "full_avg", f"{li},{hi},{s + 1}:{e}", "mean", ".4f")
+            first_tok = v.n("mless", "full_avg", fmt=".4f", layer=li, head=hi, position=s)
+            rest = v.n("mless", "full_avg", "mean", ".4f", layer=li, head=hi, position=slice(s + 1, e))
             parts += [" In the full mless prompt the span's first token (position ", str(s), ") receives ", first_tok,
                       ", its other tokens ", rest, " on average."]
             collapse.append((h, rest.value < first_tok.value / 2))

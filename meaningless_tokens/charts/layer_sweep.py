@@ -4,10 +4,10 @@ head of figures.heads), none vs mless over original positions."""
 from __future__ import annotations
 
 from meaningless_tokens.charts.context import Chart, Context, chart_layers, layer_index
-from meaningless_tokens.charts.phrases import (AXES_LAYERS, AXES_ORIGINAL, AXES_WEIGHT, HYPOTHESIS, change, label,
-                                               verdict_drop)
 from meaningless_tokens.charts.style import attention_axes, curve
-from meaningless_tokens.charts.trace import Text, excludes_zero, interval
+from meaningless_tokens.report.phrases import (AXES_LAYERS, AXES_ORIGINAL, AXES_WEIGHT, HYPOTHESIS, change, label,
+                                               verdict_drop)
+from meaningless_tokens.report.trace import Text, excludes_zero, interval
 
 KIND = "layer-sweep"
 PER_MODEL = True

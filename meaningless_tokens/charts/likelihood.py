@@ -15,9 +15,10 @@ import numpy as np
 
 from meaningless_tokens import store
 from meaningless_tokens.charts.context import Chart, Context
-from meaningless_tokens.charts.phrases import count_of, label
 from meaningless_tokens.charts.style import COLORS
-from meaningless_tokens.charts.trace import Text, artifact, excludes_zero, interval
+from meaningless_tokens.report.phrases import label
+from meaningless_tokens.report.prose import say
+from meaningless_tokens.report.trace import artifact, excludes_zero
 from meaningless_tokens.store import read_h5
 
 KIND = "likelihood"
@@ -34,6 +35,7 @@ SHIFTS = {
     "l1_shift": ("activations", "change of the mean |a| of the MLP activations (condition − none)"),
 }
 UNITS = {"solution": "nats/token", "answer": "nats"}
+TEXT = "charts/likelihood.j2"  # the explanation's sentences (report/prose.py renders them)
 
 
 def path(name: str) -> str:
@@ -209,109 +211,68 @@ def explain(ctx: Context, name: None = None) -> Chart:
     rows, verdicts, link_rows, proxy_rows = [], [], [], []
     for n in ctx.likelihood:
         f, lk = path(n), ctx.likelihood[n]
-        parts = [f"{ctx.disp(n)} (", src.h5(f, "@n_samples", fmt="d"), " problems, ",
-                 src.h5(f, "none/solution/tokens", "mean", fmt=".0f"), " scored tokens of the reference solution on "
-                 "average): "]
+        contrasts = []
         for contrast in lk["contrasts"]:
             g = f"contrasts/{contrast}"
-            sol = [src.h5(f, f"{g}/solution/mean[0]", fmt="+.4f"), src.h5(f, f"{g}/solution/ci[0,0]", fmt="+.4f"),
-                   src.h5(f, f"{g}/solution/ci[0,1]", fmt="+.4f"), src.h5(f, f"{g}/solution/p[0]", fmt=".2g"),
-                   src.h5(f, f"{g}/solution/improved[0]", fmt=".0f", scale=100)]
-            ans = [src.h5(f, f"{g}/answer/mean[0]", fmt="+.3f"), src.h5(f, f"{g}/answer/ci[0,0]", fmt="+.3f"),
-                   src.h5(f, f"{g}/answer/ci[0,1]", fmt="+.3f"), src.h5(f, f"{g}/answer/p[0]", fmt=".2g")]
-            parts += [f"{contrast}: solution ", sol[0], " nats/token ", interval(sol[1], sol[2]), ", Wilcoxon p = ",
-                      sol[3], ", improved on ", sol[4], " % of problems; answer ", ans[0], " nats ",
-                      interval(ans[1], ans[2]), ", p = ", ans[3], ". "]
-            verdicts.append((n, contrast, sol[0], sol[1], sol[2]))
-        rows.append(Text(*parts))
+            sol = {"mean": src.h5(f, f"{g}/solution/mean", fmt="+.4f", group=0),
+                   "low": src.h5(f, f"{g}/solution/ci", fmt="+.4f", group=0, bound="low"),
+                   "high": src.h5(f, f"{g}/solution/ci", fmt="+.4f", group=0, bound="high"),
+                   "p": src.h5(f, f"{g}/solution/p", fmt=".2g", group=0),
+                   "improved": src.h5(f, f"{g}/solution/improved", fmt=".0f", scale=100, group=0)}
+            ans = {"mean": src.h5(f, f"{g}/answer/mean", fmt="+.3f", group=0),
+                   "low": src.h5(f, f"{g}/answer/ci", fmt="+.3f", group=0, bound="low"),
+                   "high": src.h5(f, f"{g}/answer/ci", fmt="+.3f", group=0, bound="high"),
+                   "p": src.h5(f, f"{g}/answer/p", fmt=".2g", group=0)}
+            contrasts.append({"name": contrast, "solution": sol, "answer": ans})
+            verdicts.append((n, contrast, sol["mean"], sol["low"], sol["high"]))
+        rows.append(say(TEXT, "scores", disp=ctx.disp(n), n=src.h5(f, "@n_samples", fmt="d"),
+                        tokens=src.h5(f, "none/solution/tokens", "mean", fmt=".0f"), contrasts=contrasts))
         res = lk["contrasts"].get("mless-none")
         if res is not None:
-            s = res["solution"]
-            parts = [f"{ctx.disp(n)}, mless − none by level: "]
-            for j, lv in enumerate(s["levels"]):
-                parts += [f"level {int(lv)} ", src.h5(f, f"contrasts/mless-none/solution/level_mean[{j}]", fmt="+.4f"),
-                          " (n ", src.h5(f, f"contrasts/mless-none/solution/level_n[{j}]", fmt="d"), ")",
-                          "; " if j < len(s["levels"]) - 1 else "."]
-            rows.append(Text(*parts))
+            g = "contrasts/mless-none/solution"
+            rows.append(say(TEXT, "levels", disp=ctx.disp(n), rows=[
+                {"level": int(lv), "mean": src.h5(f, f"{g}/level_mean", fmt="+.4f", level=j),
+                 "n": src.h5(f, f"{g}/level_n", fmt="d", level=j)} for j, lv in enumerate(res["solution"]["levels"])]))
         for contrast, per in problem_links(ctx)["models"][n]["contrasts"].items():
-            entries = per["solution"]
-            parts = [f"{ctx.disp(n)}, {contrast}: rank correlation of the solution gain with "]
-            shown = [k for k in SHIFTS if k in entries and entries[k]["rho"] is not None]
-            for k in shown:
+            shown = []
+            for k in [k for k in SHIFTS if k in per["solution"] and per["solution"][k]["rho"] is not None]:
                 key = f"models.{n}.contrasts.{contrast}.solution.{k}"
-                r = src.js(link_src, f"{key}.rho", fmt="+.2f")
-                lo, hi = src.js(link_src, f"{key}.ci95_low", fmt="+.2f"), src.js(link_src, f"{key}.ci95_high", fmt="+.2f")
-                parts += [f"{k.replace('_', ' ')} ρ = ", r, " ", interval(lo, hi), " (n ",
-                          src.js(link_src, f"{key}.n", fmt="d"), ")", ", " if k != shown[-1] else "."]
-                link_rows.append((n, contrast, k, r, lo, hi))
+                shown.append({"shift": k.replace("_", " "), "rho": src.js(link_src, f"{key}.rho", fmt="+.2f"),
+                              "low": src.js(link_src, f"{key}.ci95_low", fmt="+.2f"),
+                              "high": src.js(link_src, f"{key}.ci95_high", fmt="+.2f"),
+                              "n": src.js(link_src, f"{key}.n", fmt="d")})
+                link_rows.append((n, contrast, k, shown[-1]["rho"], shown[-1]["low"], shown[-1]["high"]))
             if shown:
-                rows.append(Text(*parts))
+                rows.append(say(TEXT, "links", disp=ctx.disp(n), contrast=contrast, rows=shown))
         for contrast, acc in problem_links(ctx)["models"][n]["accuracy"].items():
             key = f"models.{n}.accuracy.{contrast}"
-            parts = [f"{ctx.disp(n)}, {contrast} against generated accuracy on the ",
-                     src.js(link_src, f"{key}.n", fmt="d"), " problems both measured: "]
-            for g, words in (("to_right", "flipped to right"), ("to_wrong", "flipped to wrong"),
-                             ("unchanged", "unchanged")):
-                parts += [src.js(link_src, f"{key}.{g}.n", fmt="d"), f" {words}"]
-                if acc[g]["mean_gain"] is not None:
-                    parts += [" (mean solution gain ", src.js(link_src, f"{key}.{g}.mean_gain", fmt="+.4f"), ")"]
-                parts.append(", " if g != "unchanged" else ".")
-            rows.append(Text(*parts))
+            groups = [{"n": src.js(link_src, f"{key}.{g}.n", fmt="d"), "words": words,
+                       "gain": None if acc[g]["mean_gain"] is None else
+                       src.js(link_src, f"{key}.{g}.mean_gain", fmt="+.4f")}
+                      for g, words in (("to_right", "flipped to right"), ("to_wrong", "flipped to wrong"),
+                                       ("unchanged", "unchanged"))]
+            rows.append(say(TEXT, "flips", disp=ctx.disp(n), contrast=contrast,
+                            n=src.js(link_src, f"{key}.n", fmt="d"), groups=groups))
             proxy_rows.append((n, contrast, acc))
     obs = []
     mless = [(n, d, lo, hi) for n, c, d, lo, hi in verdicts if c == "mless-none"]
     if mless:
         up = [ctx.disp(n) for n, d, lo, hi in mless if excludes_zero(lo, hi) and d.value > 0]
         down = [ctx.disp(n) for n, d, lo, hi in mless if excludes_zero(lo, hi) and d.value < 0]
-        obs.append(Text(f"Meaningless tokens make the reference solution more likely, with an interval above zero, for "
-                        f"{count_of(up, len(mless))}; less likely, with an interval below zero, for "
-                        f"{count_of(down, len(mless))}."))
+        obs.append(say(TEXT, "direction", up=up, down=down, total=len(mless)))
     sure = [(n, c, k) for n, c, k, r, lo, hi in link_rows if excludes_zero(lo, hi) and k == "attention_drop"]
     tried = [(n, c) for n, c, k, r, lo, hi in link_rows if k == "attention_drop"]
-    obs.append(Text(f"The rank correlation between a problem's solution gain and its {label(0)} attention drop has an "
-                    "interval that excludes zero for "
-                    + count_of([f"{ctx.disp(n)}, {c}" for n, c, _ in sure], len(tried), "model/contrast pairs",
-                               "model/contrast pair") + "."))
+    obs.append(say(TEXT, "correlation", sure=[f"{ctx.disp(n)}, {c}" for n, c, _ in sure], tried=len(tried)))
     agree = [(n, c) for n, c, a in proxy_rows if a["to_right"]["mean_gain"] is not None
              and a["to_wrong"]["mean_gain"] is not None and a["to_right"]["mean_gain"] > a["to_wrong"]["mean_gain"]]
     both = [(n, c) for n, c, a in proxy_rows if a["to_right"]["n"] and a["to_wrong"]["n"]]
     if both:
-        obs.append(Text(f"Where generated answers flipped both ways, problems that flipped to right gained more "
-                        f"likelihood than those that flipped to wrong for "
-                        + count_of([f"{ctx.disp(n)}, {c}" for n, c in agree], len(both), "model/contrast pairs",
-                                   "model/contrast pair") + " (few flips: read this as a sanity check, not a test)."))
+        obs.append(say(TEXT, "flipped_both_ways", agree=[f"{ctx.disp(n)}, {c}" for n, c in agree], both=len(both)))
     elif proxy_rows:
-        obs.append(Text(f"No model/contrast pair has generated answers that flipped both ways on the problems both "
-                        f"stages measured ({len(proxy_rows)} pairs compared), so accuracy cannot check the proxy "
-                        "here; more evaluated problems (evaluate.n_samples) can."))
+        obs.append(say(TEXT, "no_flips", pairs=len(proxy_rows)))
     n0 = ctx.likelihood[next(iter(ctx.likelihood))]
     return Chart(
         KIND, "Likelihood of the reference solution and the gold answer",
-        [Text("A continuous, paired outcome that needs one forward pass per problem and condition instead of "
-              "generation: the log-probability the model gives, under each prompt condition, to MATH-500's reference "
-              "solution (its first likelihood.solution_tokens tokens, mean per token) and to the gold answer placed "
-              "right after the prompt in a fixed frame (likelihood.answer_frame). The same tokens are scored in every "
-              "condition, so each problem is compared with itself. ", f"{n0['n']} problems per model (seeded and "
-              "stratified by level as the extraction's subset, so the two overlap)."),
-         Text("Likelihood is a proxy: it measures how well the prompt prepares the model to read a correct solution, "
-              "not whether the model would write one. A gain can come from a change of style or length preference "
-              "that generated accuracy never sees, and a model can solve a problem whose reference solution it finds "
-              "unlikely. It can show a direction and a per-problem link with the mechanism at a cost that allows "
-              "hundreds of problems; it cannot replace accuracy.")],
-        [Text("Top: one row per model and contrast; dot: mean paired difference to none over problems; whiskers: "
-              "seeded bootstrap 95 % interval. Left in nats per token of the reference solution, right in nats for "
-              "the whole answer (answer tokens and the frame's closing part). Colours: red mless, green mful, purple "
-              "arm."),
-         Text("Bottom left: the solution's mless − none difference by MATH level (1 easiest, 5 hardest), one colour "
-              "per model, with bootstrap intervals (few problems per level: wide)."),
-         Text(f"Bottom right: one dot per problem that both this stage and the extraction measured: x, its "
-              f"{label(0)} drop of attention on original tokens under mless (mean over heads, from the statistics); y, "
-              "its solution gain; the legend gives Spearman's ρ (its interval is in the text)."),
-         Text("Layers are numbered from 1 (Layer 1 is index 0 in the files).")],
-        rows, obs,
-        [Text("The paper predicts that meaningless tokens help (mless − none above zero) and that a meaningful span "
-              "does so less; and, through its mechanism, that problems whose first-layer attention shifts more should "
-              "gain more (a positive correlation with the attention drop and the span mass, a negative one with the "
-              "near-zero share). An interval that includes zero neither confirms nor refutes a claim; the likelihood "
-              "intervals are narrower than generated accuracy's on as many problems, which is the reason for this "
-              "outcome, but they answer a nearby question, not the paper's.")])
+        [say(TEXT, "overview", n=n0["n"]), say(TEXT, "proxy")],
+        [say(TEXT, m) for m in ("axes_contrasts", "axes_levels", "axes_problems", "axes_numbering")],
+        rows, obs, [say(TEXT, "interpretation")])

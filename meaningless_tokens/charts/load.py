@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from meaningless_tokens.charts.trace import artifact
 from meaningless_tokens.config import Params
 from meaningless_tokens.errors import ArtifactError
+from meaningless_tokens.report.trace import artifact
 from meaningless_tokens.store import read_h5
 
 

@@ -8,8 +8,8 @@ import numpy as np
 
 from meaningless_tokens.charts.context import Chart, Context
 from meaningless_tokens.charts.style import COLORS, LABELS, colour_key
-from meaningless_tokens.charts.trace import Text, artifact, interval
 from meaningless_tokens.config import CONDITIONS
+from meaningless_tokens.report.trace import Text, artifact, interval
 
 KIND = "pass-at-k"
 PER_MODEL = False

@@ -7,7 +7,7 @@ import numpy as np
 
 from meaningless_tokens.charts.context import Chart, Context
 from meaningless_tokens.charts.span_sweep import MARKERS, model_colors, token_label
-from meaningless_tokens.charts.trace import Text, artifact, interval
+from meaningless_tokens.report.trace import Text, artifact, interval
 
 KIND = "span-accuracy"
 PER_MODEL = False
@@ -56,15 +56,15 @@ def explain(ctx: Context, name: None = None) -> Chart:
             for t in sw["tokens"]:
                 g = t["group"]
                 who = f"{ctx.disp(n)}, token {token_label(t['token'])}"
-                acc = [ctx.src.h5(f, f"{g}/accuracy[{i}]", fmt=".1f", scale=100) for i in range(len(counts))]
+                acc = [ctx.src.h5(f, f"{g}/accuracy", fmt=".1f", scale=100, count=i) for i in range(len(counts))]
                 parts = [f"{who} ({sw['accuracy_samples']} problems): "]
                 for i, c in enumerate(counts):
                     parts += [f"{c}: ", acc[i], " %"]
                     if c:
-                        d = ctx.src.h5(f, f"{g}/accuracy_delta[{i}]", fmt="+.1f", scale=100)
-                        lo = ctx.src.h5(f, f"{g}/accuracy_delta_ci[{i},0]", fmt="+.1f", scale=100)
-                        hi = ctx.src.h5(f, f"{g}/accuracy_delta_ci[{i},1]", fmt="+.1f", scale=100)
-                        p = ctx.src.h5(f, f"{g}/mcnemar_p[{i}]", fmt=".2f")
+                        d = ctx.src.h5(f, f"{g}/accuracy_delta", fmt="+.1f", scale=100, count=i)
+                        lo = ctx.src.h5(f, f"{g}/accuracy_delta_ci", fmt="+.1f", scale=100, count=i, bound="low")
+                        hi = ctx.src.h5(f, f"{g}/accuracy_delta_ci", fmt="+.1f", scale=100, count=i, bound="high")
+                        p = ctx.src.h5(f, f"{g}/mcnemar_p", fmt=".2f", count=i)
                         parts += [" (", d, " points ", interval(lo, hi), ", McNemar p = ", p, ")"]
                     parts.append("; " if i < len(counts) - 1 else ".")
                 rows.append(Text(*parts))

@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 
 from meaningless_tokens.charts.context import Chart, Context
-from meaningless_tokens.charts.phrases import AXES_LAYERS, count_of, label
-from meaningless_tokens.charts.trace import Num, Text, artifact, interval
+from meaningless_tokens.report.phrases import AXES_LAYERS, count_of, label
+from meaningless_tokens.report.trace import Num, Text, artifact, interval
 
 KIND = "span-sweep"
 PER_MODEL = False
@@ -79,7 +79,7 @@ def draw(plt, ctx: Context, name: None = None):
 
 def series(ctx: Context, name: str, k: int, ds: str, fmt: str, scale: float = 1.0) -> list[Num]:
     src = artifact("sweep", name)
-    return [ctx.src.h5(src, f"token_{k}/{ds}[{i}]", fmt=fmt, scale=scale) for i in range(len(ctx.sweep[name]["counts"]))]
+    return [ctx.src.h5(src, f"token_{k}/{ds}", fmt=fmt, scale=scale, count=i) for i in range(len(ctx.sweep[name]["counts"]))]
 
 
 def monotone(values: list[Num]) -> tuple[bool, list[int]]:
@@ -96,8 +96,8 @@ def explain(ctx: Context, name: None = None) -> Chart:
         src = artifact("sweep", n)
         for k, t in enumerate(sw["tokens"]):
             drop = series(ctx, n, k, "drop_heads_pct", "+.1f")
-            lo = [ctx.src.h5(src, f"token_{k}/drop_heads_pct_ci[{i},0]", fmt="+.1f") for i in range(len(counts))]
-            hi = [ctx.src.h5(src, f"token_{k}/drop_heads_pct_ci[{i},1]", fmt="+.1f") for i in range(len(counts))]
+            lo = [ctx.src.h5(src, f"token_{k}/drop_heads_pct_ci", fmt="+.1f", count=i, bound="low") for i in range(len(counts))]
+            hi = [ctx.src.h5(src, f"token_{k}/drop_heads_pct_ci", fmt="+.1f", count=i, bound="high") for i in range(len(counts))]
             top = series(ctx, n, k, "drop_top_pct", "+.1f")
             mass = series(ctx, n, k, "span_mass_heads", ".1f", 100)
             toks = series(ctx, n, k, "span_tokens", "d")
@@ -115,8 +115,8 @@ def explain(ctx: Context, name: None = None) -> Chart:
             rows.append(Text(*parts))
             if sw["likelihood_samples"]:
                 lik = series(ctx, n, k, "likelihood_delta", "+.4f")
-                llo = [ctx.src.h5(src, f"token_{k}/likelihood_delta_ci[{i},0]", fmt="+.4f") for i in range(len(counts))]
-                lhi = [ctx.src.h5(src, f"token_{k}/likelihood_delta_ci[{i},1]", fmt="+.4f") for i in range(len(counts))]
+                llo = [ctx.src.h5(src, f"token_{k}/likelihood_delta_ci", fmt="+.4f", count=i, bound="low") for i in range(len(counts))]
+                lhi = [ctx.src.h5(src, f"token_{k}/likelihood_delta_ci", fmt="+.4f", count=i, bound="high") for i in range(len(counts))]
                 parts = [f"{who}: reference solution's log-prob gain over count 0 ({sw['likelihood_samples']} problems, "
                          "nats/token) "]
                 parts += sum(([f"{c}: ", lik[i], " ", interval(llo[i], lhi[i]), ", " if i < len(counts) - 1 else "."]

@@ -336,7 +336,7 @@ SESOI_CLAIMS = ("f1", "f2", "g1", "g2", "h1", "h2")
 
 
 class Verdict(Strict):
-    """The verdict table's declared inputs (meaningless_tokens/charts/verdict.py; docs/report.md, "The verdict")."""
+    """The verdict table's declared inputs (meaningless_tokens/report/verdict.py; docs/report.md, "The verdict")."""
 
     sesoi: dict[Literal[SESOI_CLAIMS], PositiveFloat] = Field(
         description="per claim, the smallest effect of interest (the row's unit) for a model the paper reports no "

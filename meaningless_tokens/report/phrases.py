@@ -3,7 +3,7 @@ and the stock sentences of the hypothesis and the axes."""
 
 from __future__ import annotations
 
-from meaningless_tokens.charts.trace import Num, Text, excludes_zero, interval
+from meaningless_tokens.report.trace import Num, Text, excludes_zero, interval
 
 
 def label(layer: int, head: int | None = None) -> str:

@@ -16,8 +16,8 @@ from pathlib import Path
 import yaml
 
 from meaningless_tokens.charts.context import Context
-from meaningless_tokens.charts.phrases import label
-from meaningless_tokens.charts.trace import Num, Text, artifact, excludes_zero, interval
+from meaningless_tokens.report.phrases import label
+from meaningless_tokens.report.trace import ALL, Num, Text, artifact, excludes_zero, interval
 
 # params model name (profiles/gpu.yaml) -> the paper's name for that model
 PAPER_MODELS = {"qwen2_5-math-1_5b": "Qwen2.5-Math-1.5B", "qwen2_5-math-7b": "Qwen2.5-Math-7B",
@@ -86,7 +86,7 @@ def _span_rest(v, li: int, hi: int, cond: str) -> Num | None:
     s, e = v.st["span"].get(cond, (-1, -1))
     if not (0 <= s < e - 1):
         return None
-    return v.n(cond, "full_avg", f"{li},{hi},{s + 1}:{e}", "mean", ".5f")
+    return v.n(cond, "full_avg", "mean", ".5f", layer=li, head=hi, position=slice(s + 1, e))
 
 
 def _missing(kind: str, paper: str, layer: int, heads: list[int]) -> dict:
@@ -197,13 +197,13 @@ def shape_notes(ctx: Context) -> list[Text]:
         shape = [ctx.src.js(f, f"facts.{k}", fmt="d") for k in SHAPE_KEYS]
         v = ctx.view(n)
         li = v.li
-        drop = v.n("mless", "drop_pct", f"{li},:", "mean", "+.1f")
+        drop = v.n("mless", "drop_pct", "mean", "+.1f", layer=li, head=ALL)
         parts = [f"{ctx.disp(n)} has the shape of the paper's {paper} (", shape[0], " layers, ", shape[1], " query / ",
                  shape[2], " kv heads, hidden ", shape[3], ", vocabulary ", shape[4], f"). At {label(v.layer)} under "
                  "mless its original tokens lose ", drop, " % of their attention on average over heads"]
         if n in ctx.activations and "mless" in ctx.activations[n]["conditions"]:
             a = ActivationView(ctx, n)
-            lam = a.n("mless/lambda_mean[0,:]", ".3f", "mean")
+            lam = a.n("mless/lambda_mean", ".3f", "mean", layer=0, head=ALL)
             d, lo, hi, _ = a.diff("mless", "z_var")
             nz, nlo, nhi, _ = a.diff("mless", "near_zero_robust")
             parts += [f"; original queries after the span keep λ = ", lam, f" of their attention on original keys; "

@@ -1,5 +1,8 @@
 """Numbers that know where they come from: `Num` (a value with its file and key), `Text` (a sentence of strings
-and Nums rendered escaped for HTML or Markdown) and `Sources` (reads and caches them from the artifacts)."""
+and Nums rendered escaped for HTML or Markdown) and `Sources` (reads and caches them from the artifacts).
+
+A lookup names the element it reads by its axes (`layer=`, `head=`, `bound="low"`, ...: `AXES` holds each dataset's
+axes in the order its file stores them); the key a reader sees, `ds[i,j]`, is written from those names."""
 
 from __future__ import annotations
 
@@ -70,6 +73,65 @@ def artifact(kind: str, name: str | None = None) -> str:
     return store.path(kind, name).as_posix()
 
 
+# each dataset's axes, in the order its stage stores them (the stages' docstrings): per artifact kind, by the
+# dataset's last name, or by a suffix ("*_ci") for the families of measures. Values are indices into the file's
+# axes: `layer` counts the file's layers (the extracted or measured ones), `head` its heads.
+ALL = slice(None)  # every index of an axis (":" in a key)
+_LH, _BLH, _L, _BL = ("layer", "head"), ("bound", "layer", "head"), ("layer",), ("bound", "layer")
+AXES = {
+    "stats": {"orig_mean": ("sample", "layer", "head"), "span_mass_per_sample": ("sample", "layer", "head"),
+              "drop": _LH, "drop_pct": _LH, "span_mass": _LH, "head_rank": _LH,
+              "drop_ci": _BLH, "drop_pct_ci": _BLH, "span_mass_ci": _BLH,
+              "original_avg": ("layer", "head", "position"), "full_avg": ("layer", "head", "position"),
+              "layer_drop_pct": _L, "mful_gap_pct": _L, "first_layer_lead_pct": _L,  # the first analysed layer only
+              "layer_drop_pct_ci": _BL, "mful_gap_pct_ci": _BL, "first_layer_lead_pct_ci": _BL},
+    "activations": {"lambda": ("sample", "layer", "head"), "lambda_mean": _LH,
+                    "*_diff_ci": _BL, "*_diff_p": _L, "*_diff": _L, "*_ci": _BL, "*_mean": _L},
+    "sweep": {**dict.fromkeys(("drop", "drop_pct", "span_mass"), ("count", "head")),
+              **dict.fromkeys(("drop_ci", "drop_pct_ci", "span_mass_ci"), ("count", "bound", "head")),
+              **dict.fromkeys(("orig_mean", "span_mass_per_sample"), ("count", "sample", "head")),
+              "correct": ("count", "problem"), "likelihood": ("count", "problem"),
+              "*_ci": ("count", "bound"), "*": ("count",)},
+    "likelihood": {"level_ci": ("level", "bound"), "level_mean": ("level",), "level_n": ("level",),
+                   "tokens": ("problem",), "diff": ("problem",), "ci": ("group", "bound"), "*": ("group",)},
+    "arm_tuning": {"ci": ("bound",)},
+}
+BOUNDS = {"low": 0, "high": 1}  # an interval's ends, as its `bound` axis stores them
+
+
+def axes(kind: str, ds: str) -> tuple[str, ...]:
+    """The axes of dataset `ds` of an artifact of `kind`, outermost first."""
+    table, base = AXES.get(kind, {}), ds.rsplit("/", 1)[-1]
+    if base in table:
+        return table[base]
+    suffix = max((k for k in table if k.startswith("*") and base.endswith(k[1:])), key=len, default=None)
+    if suffix is None:
+        raise ValueError(f"{kind}: {ds}: no axes known for this dataset (report/trace.py, AXES)")
+    return table[suffix]
+
+
+def index_text(kind: str, ds: str, at: dict) -> str:
+    """The index `ds[...]` of the element named by axis in `at` (an int or a slice each), as a key states it: every
+    axis up to the last one named, in the file's order."""
+    names = axes(kind, ds)
+    unknown = sorted(set(at) - set(names))
+    if unknown:
+        raise ValueError(f"{kind}: {ds}: no axis {unknown} (its axes: {', '.join(names)})")
+    last = max(names.index(a) for a in at)
+    skipped = [a for a in names[:last] if a not in at]
+    if skipped:
+        raise ValueError(f"{kind}: {ds}: name the axes {skipped} too (ALL for every index)")
+
+    def one(axis: str, v) -> str:
+        if isinstance(v, slice):
+            if v.step is not None:
+                raise ValueError(f"{kind}: {ds}: {axis}: a step is not a key's slice")
+            return f"{'' if v.start is None else int(v.start)}:{'' if v.stop is None else int(v.stop)}"
+        return str(BOUNDS[v] if axis == "bound" and v in BOUNDS else int(v))
+
+    return ",".join(one(a, at[a]) for a in names[:last + 1])
+
+
 def parse_index(text: str | None) -> tuple:
     if not text:
         return ()
@@ -91,11 +153,15 @@ class Sources:
         self._arrays: dict[tuple[str, str], np.ndarray] = {}
         self._json: dict[str, dict] = {}
 
-    def h5(self, src: str, key: str, op: str = "value", scale: float = 1.0, fmt: str = ".3g") -> Num:
-        m = _INDEX.match(key)
-        ds, idx = m["ds"], parse_index(m["idx"])
+    def h5(self, src: str, ds: str, op: str = "value", scale: float = 1.0, fmt: str = ".3g", **at) -> Num:
+        """Dataset (or `@attribute`) `ds` of file `src`, at the element its axes name (`layer=0, head=2`; none:
+        the whole dataset), reduced by `op`."""
+        if "[" in ds:
+            raise ValueError(f"{src}: {ds}: name the index by its axes (layer=, head=, ...), not in the key")
+        kind = next(k for prefix, k in H5_KINDS.items() if src.startswith(prefix))
+        key = f"{ds}[{index_text(kind, ds, at)}]" if at else ds
+        idx = parse_index(_INDEX.match(key)["idx"])
         if (src, ds) not in self._arrays:
-            kind = next(k for prefix, k in H5_KINDS.items() if src.startswith(prefix))
             with read_h5(self.root / src, kind) as f:
                 if ds.startswith("@"):  # a root attribute
                     self._arrays[(src, ds)] = np.asarray(f.attrs[ds[1:]])

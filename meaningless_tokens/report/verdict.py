@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from meaningless_tokens import store
-from meaningless_tokens.charts import paper, pooling
 from meaningless_tokens.charts.context import Context
-from meaningless_tokens.charts.phrases import label
-from meaningless_tokens.charts.trace import Num, Text, artifact, interval
+from meaningless_tokens.report import paper, pooling
+from meaningless_tokens.report.phrases import label
+from meaningless_tokens.report.trace import Num, Text, artifact, interval
 from meaningless_tokens.store import read_h5
 
 WORDS = ("reproduced", "contradicted", "ruled out", "inconclusive", "not run")
@@ -72,7 +72,7 @@ class Cell:
     sesoi: float | None = None   # the smallest effect of interest applied, and where it comes from
     sesoi_from: str = ""
     paper: float | None = None   # the paper's effect for this very model (its own models only)
-    p: float | None = None       # two-sided, against zero (charts/pooling.py)
+    p: float | None = None       # two-sided, against zero (report/pooling.py)
     holm: bool | None = None     # a reproduced or contradicted cell: whether its word survives Holm over the table
     detail: str = ""             # what the word rests on, in words (the smallest detectable effect, the paper's)
 
@@ -100,19 +100,21 @@ def _not_run(why: str, run: str = "") -> Cell:
 
 # ---- the claims ------------------------------------------------------------------------------------------
 
-def _stats_layer(ctx: Context, name: str, cond: str, ds: str, index: str, unit: str) -> Cell:
+def _stats_layer(ctx: Context, name: str, cond: str, ds: str, layer: int, unit: str) -> Cell:
     st, f = ctx.stats[name], artifact("stats", name)
     if cond not in st["conditions"]:
         return _not_run(f"{cond} not extracted")
     if ds not in st[cond]:
         return _not_run("one layer extracted" if ds == "first_layer_lead_pct" else "not in the statistics file")
-    return _cell(ctx.src.h5(f, f"{cond}/{ds}[{index}]", fmt="+.1f"), ctx.src.h5(f, f"{cond}/{ds}_ci[0,{index}]",
-                 fmt="+.1f"), ctx.src.h5(f, f"{cond}/{ds}_ci[1,{index}]", fmt="+.1f"), unit)
+    return _cell(ctx.src.h5(f, f"{cond}/{ds}", fmt="+.1f", layer=layer),
+                 ctx.src.h5(f, f"{cond}/{ds}_ci", fmt="+.1f", bound="low", layer=layer),
+                 ctx.src.h5(f, f"{cond}/{ds}_ci", fmt="+.1f", bound="high", layer=layer), unit)
 
 
-def _layer1(ctx: Context, name: str) -> str | None:
+def _layer1(ctx: Context, name: str) -> int | None:
+    """Layer 1's index among the statistics file's layers, or None when it was not extracted."""
     layers = ctx.stats[name]["layers"]
-    return str(layers.index(0)) if 0 in layers else None
+    return layers.index(0) if 0 in layers else None
 
 
 def attention_drop(ctx: Context, name: str) -> Cell:
@@ -122,9 +124,9 @@ def attention_drop(ctx: Context, name: str) -> Cell:
 
 
 def first_layer_lead(ctx: Context, name: str) -> Cell:
-    if _layer1(ctx, name) != "0":
+    if _layer1(ctx, name) != 0:
         return _not_run("Layer 1 not extracted first")
-    return _stats_layer(ctx, name, "mless", "first_layer_lead_pct", "0", " points")
+    return _stats_layer(ctx, name, "mless", "first_layer_lead_pct", 0, " points")
 
 
 def mful_gap(ctx: Context, name: str) -> Cell:
@@ -143,12 +145,13 @@ def span_growth(ctx: Context, name: str) -> Cell:
     if len(nonzero) < 2:
         return _not_run("fewer than two span lengths")
     a, b = nonzero[0], nonzero[-1]
-    n = {(i, j): ctx.src.h5(f, f"token_0/drop_heads_pct_ci[{i},{j}]", fmt="+.1f") for i in (a, b) for j in (0, 1)}
-    da = ctx.src.h5(f, f"token_0/drop_heads_pct[{a}]", fmt="+.1f")
-    db = ctx.src.h5(f, f"token_0/drop_heads_pct[{b}]", fmt="+.1f")
-    low, high = n[b, 0].value - n[a, 1].value, n[b, 1].value - n[a, 0].value
-    return Cell("", Text(f"{counts[a]}: ", da, " % ", interval(n[a, 0], n[a, 1]), f"; {counts[b]}: ",
-                         db, " % ", interval(n[b, 0], n[b, 1])), "", None, low, high, estimate=db.value - da.value,
+    n = {(i, j): ctx.src.h5(f, "token_0/drop_heads_pct_ci", fmt="+.1f", count=i, bound=j) for i in (a, b)
+         for j in ("low", "high")}
+    da = ctx.src.h5(f, "token_0/drop_heads_pct", fmt="+.1f", count=a)
+    db = ctx.src.h5(f, "token_0/drop_heads_pct", fmt="+.1f", count=b)
+    low, high = n[b, "low"].value - n[a, "high"].value, n[b, "high"].value - n[a, "low"].value
+    return Cell("", Text(f"{counts[a]}: ", da, " % ", interval(n[a, "low"], n[a, "high"]), f"; {counts[b]}: ",
+                         db, " % ", interval(n[b, "low"], n[b, "high"])), "", None, low, high, estimate=db.value - da.value,
                 unit="points", fmt="+.1f")
 
 
@@ -205,8 +208,8 @@ def likelihood(cond: str, part: str):
             return _not_run("arm not scored", exp_run("likelihood.conditions=" + _with_arm(conds)))
         f, g = artifact("likelihood", name), f"contrasts/{cond}-none/{part}"
         fmt = "+.4f" if part == "solution" else "+.3f"
-        out = _cell(ctx.src.h5(f, f"{g}/mean[0]", fmt=fmt), ctx.src.h5(f, f"{g}/ci[0,0]", fmt=fmt),
-                    ctx.src.h5(f, f"{g}/ci[0,1]", fmt=fmt), " nats/token" if part == "solution" else " nats")
+        out = _cell(ctx.src.h5(f, f"{g}/mean", fmt=fmt, group=0), ctx.src.h5(f, f"{g}/ci", fmt=fmt, group=0, bound="low"),
+                    ctx.src.h5(f, f"{g}/ci", fmt=fmt, group=0, bound="high"), " nats/token" if part == "solution" else " nats")
         if cond == "arm":
             s = ctx.likelihood[name]["arm"]
             out.note = f"{setting(s['variant'], s['c'], s['percentage'])}, {s['origin']['c']}; not tuned"
@@ -226,8 +229,8 @@ def arm_likelihood(ctx: Context, name: str) -> Cell:
     if tuned is None:
         return likelihood("arm", "solution")(ctx, name)
     f, s = artifact("arm_tuning", name), tuned
-    out = _cell(ctx.src.h5(f, "out_of_sample/mean", fmt="+.4f"), ctx.src.h5(f, "out_of_sample/ci[0]", fmt="+.4f"),
-                ctx.src.h5(f, "out_of_sample/ci[1]", fmt="+.4f"), " nats/token")
+    out = _cell(ctx.src.h5(f, "out_of_sample/mean", fmt="+.4f"), ctx.src.h5(f, "out_of_sample/ci", fmt="+.4f", bound="low"),
+                ctx.src.h5(f, "out_of_sample/ci", fmt="+.4f", bound="high"), " nats/token")
     c, own = s["chosen"], s["own"]
     out.note = (f"{setting(s['variant'], c['c'], c['percentage'])}, chosen on {s['n_tuning']} other problems among "
                 f"{len(s['grid'])} settings (untuned: {setting(s['variant'], own['c'], own['percentage'])}, {own['origin']})")
@@ -332,7 +335,7 @@ def paper_context(rep) -> str:
 
 
 def pooled(r: Claim, sesoi: float | None) -> dict | None:
-    """The claim's random-effects pooled cell over the models it was measured on (charts/pooling.py)."""
+    """The claim's random-effects pooled cell over the models it was measured on (report/pooling.py)."""
     cells = [c for c in r.cells.values() if c.low is not None]
     res = pooling.pool([c.estimate for c in cells], [c.low for c in cells], [c.high for c in cells])
     if res is None:
@@ -390,7 +393,7 @@ def counts(rows: list[Claim]) -> dict[str, int]:
 # ---- power -----------------------------------------------------------------------------------------------
 
 Z = pooling.Z95 + pooling.Z80  # two-sided 5 % test, 80 % power
-PAPER_GAINS = paper.reported("g1").values  # points: the paper's mless − none gains on MATH-500 (charts/paper.yaml)
+PAPER_GAINS = paper.reported("g1").values  # points: the paper's mless − none gains on MATH-500 (report/paper.yaml)
 PAPER_GAIN = float(min(PAPER_GAINS.values()))  # the smallest of them
 
 
