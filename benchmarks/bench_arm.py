@@ -39,7 +39,7 @@ def main() -> None:
 
     import torch
 
-    from meaningless_tokens import arm, models
+    from meaningless_tokens import arm, hooks, models
     from meaningless_tokens.engines import ATTENTION, Item, generate, make_batches, stop_ids
     from meaningless_tokens.prompts import builder_for, dataset_spec, load_math500, select_problems
 
@@ -54,7 +54,7 @@ def main() -> None:
     settings = arm.settings_for(params.arm, params.dataset.benchmark, setup)
     model, tokenizer = models.load(setup, attn_implementation=ATTENTION)
     torch.set_num_threads(args.threads)
-    hook = arm.ArmHook(arm.layer0_mlp(model, setup), settings)
+    hook = hooks.Hooks().arm(arm.ArmHook(arm.layer0_mlp(model, setup), settings))  # for the process's life
     builder = builder_for(params.prompt, setup, tokenizer)
     problems, _ = load_math500(dataset_spec(params.dataset, params.file))
     chosen = select_problems(problems, n, cfg.seed)

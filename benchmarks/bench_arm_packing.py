@@ -23,7 +23,7 @@ def main() -> None:
     import numpy as np
     import torch
 
-    from meaningless_tokens import arm, models, scoring, store
+    from meaningless_tokens import arm, hooks, models, scoring, store
     from meaningless_tokens.prompts import builder_for, dataset_spec, load_problems, select_problems
     from stages import likelihood
 
@@ -42,8 +42,8 @@ def main() -> None:
     builder = builder_for(likelihood.scoring_prompt(params), setup, tok)
     seqs = [s for s in likelihood.build_sequences(params, args.model, builder, chosen, None) if s.condition == "arm"]
     pad = scoring.pad_id(tok)
-    hook = scoring.TeacherForcedArm(arm.layer0_mlp(model, setup, "likelihood.conditions"),
-                                    arm.settings_for(params.arm, params.dataset.benchmark, setup))
+    hook = hooks.Hooks().arm(scoring.TeacherForcedArm(arm.layer0_mlp(model, setup, "likelihood.conditions"),
+                                                      arm.settings_for(params.arm, params.dataset.benchmark, setup)))
     print(common.machine(torch.get_num_threads()))
     load = common.OtherLoad()
     arms = {"packed": scoring.score_packed, "whole": scoring.score}

@@ -22,7 +22,7 @@ def main() -> None:
     import numpy as np
     import torch
 
-    from meaningless_tokens import arm, models, scoring, store
+    from meaningless_tokens import arm, hooks, models, scoring, store
     from meaningless_tokens.prompts import builder_for, dataset_spec, load_problems, select_problems
     from stages import likelihood
 
@@ -45,7 +45,8 @@ def main() -> None:
     hook = None  # likelihood.conditions' arm rows are scored with the stage's hook, as the stage does
     if "arm" in params.likelihood.conditions:
         settings = arm.settings_for(params.arm, params.dataset.benchmark, setup)
-        hook = scoring.TeacherForcedArm(arm.layer0_mlp(model, setup, "likelihood.conditions"), settings)
+        hook = hooks.Hooks().arm(scoring.TeacherForcedArm(arm.layer0_mlp(model, setup, "likelihood.conditions"),
+                                                          settings))  # for the process's life
     print(common.machine(torch.get_num_threads()))
     seconds = {b: [] for b in sizes}
     ref, diff = None, {}

@@ -449,7 +449,7 @@ def _quantile_rows(v, q: float):
 
 
 class ArmHook:
-    """Forward hook on layer 0's act_fn applying ARM to the rows `begin` marks.
+    """Forward hook on layer 0's act_fn applying ARM to the rows `begin` marks; installed by hooks.Hooks.arm.
 
     Steps are counted by the hook's own calls since `begin` (step 0: the prompt). `begin(rows, valid)`:
     rows[r] is the problem index of an arm row or None (that row is left alone); valid[r, t] (bool, the
@@ -460,7 +460,7 @@ class ArmHook:
     where they are not one run, and each row's key state)."""
 
     def __init__(self, mlp, settings: ArmSettings, identity: bool = False, compiled: bool = False):
-        self.settings, self.identity = settings, identity
+        self.mlp, self.settings, self.identity = mlp, settings, identity
         self.begin([])
         hook = self
         if compiled:
@@ -473,16 +473,13 @@ class ArmHook:
             def hook(module, inputs, a):
                 out = self(module, inputs, a)
                 return a if out is None else out
-        self.handle = mlp.act_fn.register_forward_hook(hook)
+        self.fn = hook  # what hooks.Hooks.arm registers on mlp.act_fn, for one block
 
     def begin(self, rows: list, valid=None) -> None:
         """Arm the hook for one batch: per row its problem index (or (index, sample)) when it is an arm row, else None."""
         self.rows, self.valid, self.step = list(rows), valid, 0
         self.arm_rows = [r for r, p in enumerate(self.rows) if p is not None]
         self.prepared = None  # (the arm rows: a slice or indices on the device, the keys' states), made at step 0
-
-    def remove(self) -> None:
-        self.handle.remove()
 
     def prepare(self, device) -> tuple:
         """The arm rows (a slice when they are one run, else their indices on the device) and their draws' key

@@ -75,16 +75,36 @@ def _capture(module, query, key, value, attention_mask, **kwargs):
     return out, weights
 
 
-def install_capture(model) -> None:
-    """Switch `model` to the capturing attention (eager math; the eager mask, incl. sliding windows)."""
+def install_capture(model):
+    """Switch `model` to the capturing attention (eager math; the eager mask, incl. sliding windows). Returns the
+    undo (meaningless_tokens/hooks.py runs it when its block ends): the model's previous attention implementation
+    back, and the interfaces' entries dropped when this call made them (a capture another caller installed before
+    stays)."""
     from transformers import AttentionInterface, AttentionMaskInterface
     from transformers.masking_utils import eager_mask
 
+    previous = model.config._attn_implementation
+    ours = [i for i in (AttentionInterface, AttentionMaskInterface) if CAPTURE not in i._global_mapping]
     AttentionInterface.register(CAPTURE, _capture)
     # without the eager mask function the custom attention gets attention_mask=None for an unpadded
     # batch and silently computes non-causal probabilities
     AttentionMaskInterface.register(CAPTURE, eager_mask)
     model.set_attn_implementation(CAPTURE)
+
+    def undo() -> None:
+        if previous != CAPTURE:
+            model.set_attn_implementation(previous)
+        for interface in ours:
+            interface._global_mapping.pop(CAPTURE, None)
+
+    return undo
+
+
+def registered() -> list[str]:
+    """The transformers interfaces that hold this module's capturing attention (none once every block is closed)."""
+    from transformers import AttentionInterface, AttentionMaskInterface
+
+    return [i.__name__ for i in (AttentionInterface, AttentionMaskInterface) if CAPTURE in i._global_mapping]
 
 
 @contextlib.contextmanager

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator
 
-from meaningless_tokens import arm, models, progress, sampling, vllm_engine
+from meaningless_tokens import arm, hooks, models, progress, sampling, vllm_engine
 from meaningless_tokens.config import CONDITIONS, Evaluate, Runtime
 from meaningless_tokens.errors import ArtifactError, ConfigError
 from meaningless_tokens.grading import grade, has_complete_box
@@ -188,12 +188,14 @@ class Shape:
 def generate(model, tokenizer, batch: list[Item], max_new_tokens: int, stop_at_boxed: bool,
              eos: list[int], arm_hook: arm.ArmHook | None = None,
              sampler: sampling.RowSampler | None = None, shape: Shape | None = None,
-             compile_config=None) -> list[tuple[str, int, str]]:
+             compile_config=None, cache=None) -> list[tuple[str, int, str]]:
     """Greedy continuations of a batch of prompts: [(text, n_tokens, stop reason)]; `arm_hook` (installed on
     the model) edits the rows whose condition is `arm`; `sampler` draws each sampled row's tokens with its own seed
     (greedy search then takes the one token it leaves). `shape`: the plan's (rows beyond the batch are fillers: a
     copy of its first prompt, never an arm row, their outputs dropped); None: the batch's own width and cache.
-    `compile_config` (transformers' CompileConfig): compile the decode step; None: never compile."""
+    `compile_config` (transformers' CompileConfig): compile the decode step; None: never compile. `cache`: the plan
+    shape's StaticCache, reused (zeroed) by every batch, so the compiled step's cache tensors keep their addresses
+    (a new cache per batch would record new CUDA graphs); None: a new one sized by the shape or the batch."""
     import torch
     from transformers import LogitsProcessorList, StaticCache, StoppingCriteriaList
 
@@ -216,8 +218,11 @@ def generate(model, tokenizer, batch: list[Item], max_new_tokens: int, stop_at_b
         criteria.append(_Fillers(torch.arange(n_rows, device=model.device) >= len(batch)))
     # sized by this batch or by the plan, never by what ran before: generate's own static cache grows to the
     # longest of all earlier calls, which would make a batch's arithmetic depend on the order (and on resuming)
-    cache = StaticCache(config=model.config.get_text_config(decoder=True),
-                        max_cache_len=shape.cache_len if shape is not None else width + max_new_tokens)
+    if cache is not None:
+        cache.reset()  # zeroed as a new one is: the batch computes what it would with a fresh cache
+    else:
+        cache = StaticCache(config=model.config.get_text_config(decoder=True),
+                            max_cache_len=shape.cache_len if shape is not None else width + max_new_tokens)
     # a sampled arm row's ARM draws are seeded with its sample index too
     rows = [(it.index if it.sample < 0 else (it.index, it.sample)) if it.condition == "arm" else None for it in padded]
     if arm_hook is not None:
@@ -403,8 +408,9 @@ class TransformersEngine:
                 # and past dynamo's 8 recompiles a code object runs uncompiled (layer 9 on). Room for every layer:
                 layers = self.model.config.get_text_config(decoder=True).num_hidden_layers
                 torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, layers + 8)
-        self.arm_hook = arm.ArmHook(arm.layer0_mlp(self.model, setup), arm_settings,
-                                    compiled=self.compiled) if arm_settings else None
+        self.hooks = hooks.Hooks()  # the ARM hook's life is the engine's: `close` (the stage's finally) removes it
+        self.arm_hook = self.hooks.arm(arm.ArmHook(arm.layer0_mlp(self.model, setup), arm_settings,
+                                                   compiled=self.compiled)) if arm_settings else None
         self.eos = stop_ids(self.model.generation_config, self.tokenizer)
         self.sampling = sampling.settings_for(cfg, self.model.generation_config) if sampled and cfg.sampling.n else None
         self.batch_size = cfg.batch_size if cfg.batch_size != "auto" else None  # resolved by fit
@@ -415,6 +421,16 @@ class TransformersEngine:
         self.warm = False
         self.filler: tuple[int, ...] | None = None
         self.stats: dict = {}
+
+    def close(self) -> None:
+        """The model's hooks removed (the ARM hook): the model generates unedited from here on."""
+        self.hooks.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def fit(self, groups: list[tuple[list[Item], int]]) -> int:
         """The plan's batch size and shape from every item the stage generates, `groups`: (items, their
@@ -452,6 +468,17 @@ class TransformersEngine:
             self.filler = groups[0][0][0].input_ids
         return size
 
+    def plan_cache(self):
+        """The plan shape's one StaticCache (compiled stages), made at its first use; None without a shape."""
+        if self.shape is None:
+            return None
+        if getattr(self, "_cache", None) is None:
+            from transformers import StaticCache
+
+            self._cache = StaticCache(config=self.model.config.get_text_config(decoder=True),
+                                      max_cache_len=self.shape.cache_len)
+        return self._cache
+
     def warm_up(self) -> None:
         """One generate of a filler batch at the plan's shape: the decode step compiled (and its CUDA graph recorded)
         before any journaled batch, its seconds in `stats` apart from the batches'."""
@@ -459,7 +486,7 @@ class TransformersEngine:
 
         t0 = time.perf_counter()
         generate(self.model, self.tokenizer, [Item(-1, "filler", self.filler)], WARMUP_TOKENS, False, self.eos,
-                 self.arm_hook, None, self.shape, self.compile_config)
+                 self.arm_hook, None, self.shape, self.compile_config, self.plan_cache())
         if self.model.device.type == "cuda":
             torch.cuda.synchronize()
         self.warm = True
@@ -480,7 +507,7 @@ class TransformersEngine:
                 sampler = sampling.RowSampler(seeds + [None] * fillers, s["temperature"], s["top_p"], s["top_k"])
                 limit = s["max_new_tokens"]
             outs = generate(self.model, self.tokenizer, batch, limit, cfg.stop_at_boxed, self.eos,
-                            self.arm_hook, sampler, self.shape, self.compile_config)
+                            self.arm_hook, sampler, self.shape, self.compile_config, self.plan_cache())
             share = (time.perf_counter() - t0) / len(batch)
             yield [(it, text, n, reason, share) for it, (text, n, reason) in zip(batch, outs)]
 
@@ -506,6 +533,15 @@ class VllmEngine:
                          **vllm_engine.settings(cfg, conditions, setup)}
         self.stats: dict = {}
         self.batch_size = cfg.batch_size
+
+    def close(self) -> None:
+        """Nothing to remove: no model here, and the workers stop with `run`'s generator."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def fit(self, groups: list[tuple[list[Item], int]]) -> int:
         """The batch size of the journal's batches (vLLM schedules its own): auto is every row in one."""
@@ -553,7 +589,8 @@ def open_engine(cfg: Evaluate, conditions: list[str], setup: models.ModelSetup,
                 arm_settings: arm.ArmSettings | None = None, sampled: bool = True):
     """The engine `evaluate.engine` names, loaded for the stage's model: `.tokenizer`, `.eos`, `.settings` (what
     the outputs depend on beyond prompts and weights: provenance and journal key), `.fit(groups)` (the batch size,
-    and the compiled shape, from the plan's items: called before `.settings` is read), `.run(batches, done)`.
+    and the compiled shape, from the plan's items: called before `.settings` is read), `.run(batches, done)`,
+    `.close()` (the stage's finally: the ARM hook removed; a `with` block closes it too).
     `sampled`: whether sampled rows may come (evaluate.sampling is read only then: the sweep generates greedily)."""
     if cfg.engine == "vllm":
         return VllmEngine(cfg, conditions, setup, sampled)

@@ -95,7 +95,8 @@ def check_alignment(seqs: list[Seq]) -> None:
 
 
 class TeacherForcedArm:
-    """ARM on layer 0's act_fn for the rows `begin` marks, mapped onto teacher forcing (see the module text).
+    """ARM on layer 0's act_fn for the rows `begin` marks, mapped onto teacher forcing (see the module text);
+    installed by hooks.Hooks.arm.
 
     begin(rows): rows[r] = (problem index, prompt length, steps) of an arm row, or None: positions
     [0, prompt length) are the prompt (step 0, one pool), and position prompt length + i is edited alone as decode
@@ -104,15 +105,12 @@ class TeacherForcedArm:
     evaluation's: key (problem index,), the step as above; one copy of the steps' states to the device per call."""
 
     def __init__(self, mlp, settings: arm.ArmSettings):
-        self.settings = settings
+        self.mlp, self.settings = mlp, settings
         self.rows: list = []
-        self.handle = mlp.act_fn.register_forward_hook(self)
+        self.fn = self  # what hooks.Hooks.arm registers on mlp.act_fn, for one block
 
     def begin(self, rows: list) -> None:
         self.rows = list(rows)
-
-    def remove(self) -> None:
-        self.handle.remove()
 
     def __call__(self, module, inputs, a):
         import torch

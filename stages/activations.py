@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from meaningless_tokens import arm, cli, models, progress, store
-from meaningless_tokens.capture import capturing, install_capture, prompt_inputs
+from meaningless_tokens import arm, cli, hooks, models, progress, store
+from meaningless_tokens.capture import capturing, prompt_inputs
 from meaningless_tokens.config import Params
 from meaningless_tokens.errors import ConfigError, StopForward
 from meaningless_tokens.intervals import bootstrap_mean_ci, wilcoxon_p
@@ -92,28 +92,15 @@ def forward(model, mlps, layers: list[int], input_ids) -> tuple[dict, dict, dict
     {layer: z [T, I]}), float32 numpy arrays."""
     import torch
 
-    a, z = {}, {}
-    last = max(layers)
-    hooks = []
-    for layer, mlp in zip(layers, mlps):
-        hooks.append(mlp.gate_proj.register_forward_hook(lambda m, i, o, layer=layer: z.__setitem__(layer, o[0])))
-        hooks.append(mlp.act_fn.register_forward_hook(lambda m, i, o, layer=layer: a.__setitem__(layer, o[0])))
-
-    def stop(module, inputs, output):
-        raise StopForward
-
-    # after a of the last layer: its up_proj and down_proj (two of the MLP's three matrices) never run
-    hooks.append(mlps[layers.index(last)].act_fn.register_forward_hook(stop))
     inputs = prompt_inputs(model, input_ids)
-    try:
-        with capturing(layers, stop_after_attention=False) as request, torch.no_grad():
-            try:
-                model.get_decoder()(**inputs, use_cache=False)
-            except StopForward:
-                pass
-    finally:
-        for h in hooks:
-            h.remove()
+    with hooks.Hooks() as h, capturing(layers, stop_after_attention=False) as request, torch.no_grad():
+        a, z = h.capture_mlp(mlps, layers)
+        # after a of the last layer: its up_proj and down_proj (two of the MLP's three matrices) never run
+        h.stop_after(mlps[layers.index(max(layers))].act_fn)
+        try:
+            model.get_decoder()(**inputs, use_cache=False)
+        except StopForward:
+            pass
     missing = sorted(set(layers) - set(a) | set(layers) - set(request.captured))
     if missing:
         raise RuntimeError(f"layers {missing}: MLP activations or attention not captured")
@@ -233,9 +220,18 @@ def measure(params: Params, setup: models.ModelSetup, chosen: list) -> Measured:
     arm_settings = arm.settings_for(params.arm, params.dataset.benchmark, setup) if "arm" in conditions else None
     model, tokenizer = models.load(setup, layers=layers)
     mlps = gated_mlps(model, setup, layers)
-    # registered before forward()'s capturing hooks, which therefore see the edited a
-    arm_hook = arm.ArmHook(arm.layer0_mlp(model, setup), arm_settings) if arm_settings else None
-    install_capture(model)
+    with hooks.Hooks() as h:
+        # installed before forward()'s capturing hooks, which therefore see the edited a
+        arm_hook = h.arm(arm.ArmHook(arm.layer0_mlp(model, setup), arm_settings)) if arm_settings else None
+        h.attention(model)
+        return _measure(params, setup, chosen, model, tokenizer, mlps, arm_hook, arm_settings)
+
+
+def _measure(params: Params, setup: models.ModelSetup, chosen: list, model, tokenizer, mlps, arm_hook,
+             arm_settings) -> Measured:
+    """`measure` with the model's hooks installed."""
+    cfg, name, conditions = params.activations, setup.name, params.prompt.conditions
+    layers = list(cfg.layers)
     builder = builder_for(params.prompt, setup, tokenizer)
     insertion = len(builder.prefix) + (0 if builder.before else len(builder.instruction))
     prompts = [builder.build(p) for p in chosen]

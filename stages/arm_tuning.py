@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from meaningless_tokens import arm, cli, progress, scoring, store
+from meaningless_tokens import arm, cli, hooks, progress, scoring, store
 from meaningless_tokens.config import Params
 from meaningless_tokens.errors import ConfigError
 from meaningless_tokens.intervals import bootstrap_mean_ci
@@ -163,16 +163,17 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
     bar = progress.bar(total=len(none_seqs) * (1 + len(settings)), desc=f"arm tuning {name}", unit="seq")
     t0 = time.perf_counter()
     none_lp, how = scoring.score_fastest(model, none_seqs, params.likelihood.batch_tokens, pad, None, bar, warn)
-    hook = TeacherForcedArm(arm.layer0_mlp(model, setup, "arm_tuning.models"), settings[0])
     arm_lp, checks = [], []
     try:
-        for s in settings:
-            hook.settings = s
-            lps, info = scoring.score_fastest(model, arm_seqs, params.likelihood.batch_tokens, pad, hook, bar, warn)
-            arm_lp.append(lps)
-            checks.append(info)
+        with hooks.Hooks() as h:
+            hook = h.arm(TeacherForcedArm(arm.layer0_mlp(model, setup, "arm_tuning.models"), settings[0]))
+            for s in settings:
+                hook.settings = s
+                lps, info = scoring.score_fastest(model, arm_seqs, params.likelihood.batch_tokens, pad, hook, bar,
+                                                  warn)
+                arm_lp.append(lps)
+                checks.append(info)
     finally:
-        hook.remove()
         bar.close()
     seconds = time.perf_counter() - t0
 

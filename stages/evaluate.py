@@ -108,35 +108,38 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
         raise ConfigError(f"{params.file}: evaluate.models: model '{name}' is not among the models evaluated "
                           f"{params.evaluated}; add it there to evaluate it")
     plan = make_plan(params, ctx.setup(), chosen)
-    gold = {p.index: p.answer for p in chosen}
-    if cfg.shard is not None:
-        return run_shard(plan, where["journal"], gold, cfg.shard, conditions)
+    try:
+        gold = {p.index: p.answer for p in chosen}
+        if cfg.shard is not None:
+            return run_shard(plan, where["journal"], gold, cfg.shard, conditions)
 
-    if cfg.batch_size == "auto":
-        say_resized(where["journal"], plan)
-    journal = Journal(where["journal"], plan.key)
-    merged = merge_parts(journal, where["journal"])
-    started = time.perf_counter()
-    done = run_journaled(plan.engine, plan.batches, journal, gold, f"evaluate {name}", name, conditions)
-    seconds = time.perf_counter() - started
-    by_cond = {c: [journal.records[(p.index, c)] for p in chosen] for c in conditions}
-    samples = {c: [[journal.records[(p.index, c, j)] for j in range(plan.n_sampled)] for p in chosen]
-               for c in conditions} if plan.n_sampled else None
-    metrics = measure(params, by_cond, samples)
+        if cfg.batch_size == "auto":
+            say_resized(where["journal"], plan)
+        journal = Journal(where["journal"], plan.key)
+        merged = merge_parts(journal, where["journal"])
+        started = time.perf_counter()
+        done = run_journaled(plan.engine, plan.batches, journal, gold, f"evaluate {name}", name, conditions)
+        seconds = time.perf_counter() - started
+        by_cond = {c: [journal.records[(p.index, c)] for p in chosen] for c in conditions}
+        samples = {c: [[journal.records[(p.index, c, j)] for j in range(plan.n_sampled)] for p in chosen]
+                   for c in conditions} if plan.n_sampled else None
+        metrics = measure(params, by_cond, samples)
 
-    write_artifact(where["out"], params, plan, chosen, by_cond, samples, metrics, data_sha)
-    write_json_atomic(where["metrics"], metrics)
-    write_run_timing(where["timing"], params, plan, by_cond, samples, seconds, done, merged)
-    where["journal"].unlink(missing_ok=True)
-    for p in merged:
-        p.unlink(missing_ok=True)
-    acc = ", ".join(f"{c} {metrics['accuracy'][c]:.3f}" for c in conditions)
-    if samples:
-        k = min(3, plan.n_sampled)
-        acc += f"; pass@{k} " + ", ".join(f"{c} {metrics['sampling'][f'pass@{k}'][c]:.3f}" for c in conditions)
-    print(f"{name}: {len(chosen)} problems x {len(conditions)} conditions in {seconds:.1f} s; accuracy {acc} "
-          f"-> {where['out']}")
-    return where["out"]
+        write_artifact(where["out"], params, plan, chosen, by_cond, samples, metrics, data_sha)
+        write_json_atomic(where["metrics"], metrics)
+        write_run_timing(where["timing"], params, plan, by_cond, samples, seconds, done, merged)
+        where["journal"].unlink(missing_ok=True)
+        for p in merged:
+            p.unlink(missing_ok=True)
+        acc = ", ".join(f"{c} {metrics['accuracy'][c]:.3f}" for c in conditions)
+        if samples:
+            k = min(3, plan.n_sampled)
+            acc += f"; pass@{k} " + ", ".join(f"{c} {metrics['sampling'][f'pass@{k}'][c]:.3f}" for c in conditions)
+        print(f"{name}: {len(chosen)} problems x {len(conditions)} conditions in {seconds:.1f} s; accuracy {acc} "
+              f"-> {where['out']}")
+        return where["out"]
+    finally:
+        plan.engine.close()  # the ARM hook off the model, whatever ends the stage
 
 
 def make_plan(params: Params, setup: models.ModelSetup, chosen: list) -> Plan:
@@ -145,26 +148,30 @@ def make_plan(params: Params, setup: models.ModelSetup, chosen: list) -> Plan:
     # ARM's values are checked before the model is loaded (its variant needs only the model_type)
     arm_settings = arm.settings_for(params.arm, params.dataset.benchmark, setup) if "arm" in conditions else None
     engine = open_engine(cfg, conditions, setup, arm_settings)
-    builder = builder_for(params.prompt, setup, engine.tokenizer)
-    built = {p.index: builder.build(p) for p in chosen}
-    items = [Item(p.index, c, built[p.index][c].input_ids) for p in chosen for c in conditions]
-    n_sampled = cfg.sampling.n
-    sampled = [Item(p.index, c, built[p.index][c].input_ids, j) for p in chosen for c in conditions
-               for j in range(n_sampled)]
-    longest = max(len(it.input_ids) for it in items)
-    for key_name, limit in (("evaluate.max_new_tokens", cfg.max_new_tokens),
-                            ("evaluate.sampling.max_new_tokens", (cfg.sampling.max_new_tokens or 0) if n_sampled else 0)):
-        check_context(setup, key_name, f"a prompt of {longest} tokens plus {limit} new tokens", longest + limit)
-    # the batch size (auto resolved) and, compiled, the one shape of every batch: from the whole plan, before the key
-    batch_size = engine.fit([(items, cfg.max_new_tokens)]
-                            + ([(sampled, engine.sampling["max_new_tokens"])] if n_sampled else []))
-    # `.sampling` (resolved values and their origin) is evaluate's alone: the sweep shares the engine, not its samples
-    settings = {**engine.settings, **({"arm": arm_settings.describe()} if arm_settings else {}),
-                **({"sampling": engine.sampling} if n_sampled else {})}
-    key = plan_key(setup, settings, items, n_sampled)
-    # sampled rows in batches of their own (their own max_new_tokens), after the greedy ones
-    batches = make_batches(items, batch_size) + make_batches(sampled, batch_size)
-    return Plan(setup, engine, builder, built, batches, settings, key, arm_settings, n_sampled, batch_size, items)
+    try:
+        builder = builder_for(params.prompt, setup, engine.tokenizer)
+        built = {p.index: builder.build(p) for p in chosen}
+        items = [Item(p.index, c, built[p.index][c].input_ids) for p in chosen for c in conditions]
+        n_sampled = cfg.sampling.n
+        sampled = [Item(p.index, c, built[p.index][c].input_ids, j) for p in chosen for c in conditions
+                   for j in range(n_sampled)]
+        longest = max(len(it.input_ids) for it in items)
+        for key_name, limit in (("evaluate.max_new_tokens", cfg.max_new_tokens),
+                                ("evaluate.sampling.max_new_tokens", (cfg.sampling.max_new_tokens or 0) if n_sampled else 0)):
+            check_context(setup, key_name, f"a prompt of {longest} tokens plus {limit} new tokens", longest + limit)
+        # the batch size (auto resolved) and, compiled, the one shape of every batch: from the whole plan, before the key
+        batch_size = engine.fit([(items, cfg.max_new_tokens)]
+                                + ([(sampled, engine.sampling["max_new_tokens"])] if n_sampled else []))
+        # `.sampling` (resolved values and their origin) is evaluate's alone: the sweep shares the engine, not its samples
+        settings = {**engine.settings, **({"arm": arm_settings.describe()} if arm_settings else {}),
+                    **({"sampling": engine.sampling} if n_sampled else {})}
+        key = plan_key(setup, settings, items, n_sampled)
+        # sampled rows in batches of their own (their own max_new_tokens), after the greedy ones
+        batches = make_batches(items, batch_size) + make_batches(sampled, batch_size)
+        return Plan(setup, engine, builder, built, batches, settings, key, arm_settings, n_sampled, batch_size, items)
+    except BaseException:
+        engine.close()
+        raise
 
 
 def plan_key(setup: models.ModelSetup, settings: dict, items: list, n_sampled: int) -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from meaningless_tokens import arm, cli, models, scoring, store
+from meaningless_tokens import arm, cli, hooks, models, scoring, store
 from meaningless_tokens.config import Params, Prompt
 from meaningless_tokens.errors import ConfigError
 from meaningless_tokens.intervals import bootstrap_mean_ci, wilcoxon_p
@@ -216,10 +216,11 @@ def measure(params: Params, setup: models.ModelSetup, chosen: list[Problem]) -> 
     seqs = build_sequences(params, name, builder, chosen, setup.prepared.facts["max_position_embeddings"])
     pad = pad_id(tokenizer)
     head_check = check_head(model, min(seqs, key=lambda s: len(s.input_ids)), pad)
-    hook = TeacherForcedArm(arm.layer0_mlp(model, setup, "likelihood.conditions"), arm_settings) if arm_settings else None
-    logprobs, how, seconds = scoring.score_shown(model, seqs, cfg.batch_tokens, pad, hook, f"likelihood {name}", name)
-    if hook is not None:
-        hook.remove()
+    with hooks.Hooks() as h:
+        hook = (h.arm(TeacherForcedArm(arm.layer0_mlp(model, setup, "likelihood.conditions"), arm_settings))
+                if arm_settings else None)
+        logprobs, how, seconds = scoring.score_shown(model, seqs, cfg.batch_tokens, pad, hook, f"likelihood {name}",
+                                                     name)
     conts = scoring.Continuations(params.likelihood, builder, dataset_spec(params.dataset, params.file).path)
     how = {"attn_implementation": attn, "batch_tokens": cfg.batch_tokens, "pad_token_id": pad, **how,
            "head_check_max_abs_diff": head_check, "separator_ids": conts.sep, "frame_head_ids": conts.head,

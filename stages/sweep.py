@@ -177,27 +177,27 @@ def accuracy_sweep(params: Params, setup: models.ModelSetup, problems, where: di
     """Per (token, count): per-problem correctness (count 0 is the none prompt, generated once);
     and the generation settings. Journaled like evaluation: an interrupted run resumes."""
     ev, name = params.evaluate, setup.name
-    engine = open_engine(ev, CONDITIONS, setup, sampled=False)
-    prompts = _build(builders(params, setup, engine.tokenizer), params, name, problems)
-    cond = {key: f"{key[0]}x{key[1]}" for key in prompts if key != "none" and key[1] > 0}
-    items = [Item(p.index, "none", pr.input_ids) for p, pr in zip(problems, prompts["none"])]
-    items += [Item(p.index, c, pr.input_ids) for key, c in cond.items() for p, pr in zip(problems, prompts[key])]
-    longest = max(len(it.input_ids) for it in items)
-    check_context(setup, "sweep.counts", f"a prompt of {longest} tokens plus evaluate.max_new_tokens {ev.max_new_tokens}",
-                  longest + ev.max_new_tokens)
-    # the plan's batch size (evaluate.batch_size: auto) and, compiled, its one shape: before the key, which records both
-    batch_size = engine.fit([(items, ev.max_new_tokens)])
-    settings = engine.settings
-    journal = Journal(where["journal"], journal_key(setup.prepared.weights_sha256, settings, items,
-                                                    version=JOURNAL_VERSION))
-    # equal lengths by problem, then by the condition's name (`<token>x<count>`): the batches this stage has always run
-    batches = make_batches(items, batch_size, condition_rank=str)
-    run_journaled(engine, batches, journal, {p.index: p.answer for p in problems},
-                  f"sweep accuracy {name}", name)
-    correct = {key: np.array([journal.records[(p.index, "none" if key == "none" or key[1] == 0 else cond[key])].correct
-                              for p in problems]) for key in prompts}
-    where["journal"].unlink(missing_ok=True)
-    return correct, settings
+    with open_engine(ev, CONDITIONS, setup, sampled=False) as engine:
+        prompts = _build(builders(params, setup, engine.tokenizer), params, name, problems)
+        cond = {key: f"{key[0]}x{key[1]}" for key in prompts if key != "none" and key[1] > 0}
+        items = [Item(p.index, "none", pr.input_ids) for p, pr in zip(problems, prompts["none"])]
+        items += [Item(p.index, c, pr.input_ids) for key, c in cond.items() for p, pr in zip(problems, prompts[key])]
+        longest = max(len(it.input_ids) for it in items)
+        check_context(setup, "sweep.counts", f"a prompt of {longest} tokens plus evaluate.max_new_tokens {ev.max_new_tokens}",
+                      longest + ev.max_new_tokens)
+        # the plan's batch size (evaluate.batch_size: auto) and, compiled, its one shape: before the key, which records both
+        batch_size = engine.fit([(items, ev.max_new_tokens)])
+        settings = engine.settings
+        journal = Journal(where["journal"], journal_key(setup.prepared.weights_sha256, settings, items,
+                                                        version=JOURNAL_VERSION))
+        # equal lengths by problem, then by the condition's name (`<token>x<count>`): the batches this stage has always run
+        batches = make_batches(items, batch_size, condition_rank=str)
+        run_journaled(engine, batches, journal, {p.index: p.answer for p in problems},
+                      f"sweep accuracy {name}", name)
+        correct = {key: np.array([journal.records[(p.index, "none" if key == "none" or key[1] == 0 else cond[key])].correct
+                                  for p in problems]) for key in prompts}
+        where["journal"].unlink(missing_ok=True)
+        return correct, settings
 
 
 # ---- likelihood ------------------------------------------------------------------------------------

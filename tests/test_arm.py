@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from meaningless_tokens import arm, engines, models, scoring
+from meaningless_tokens import arm, engines, hooks, models, scoring
 from stages import activations, evaluate
 from meaningless_tokens.config import load_params
 from meaningless_tokens.errors import ConfigError
@@ -263,7 +263,6 @@ def test_hook_edits_only_arm_rows_over_their_valid_positions(path):
     hook.settings = s
     hook.begin([(17, 2), None, None], valid)
     assert torch.equal(hook(None, (), a)[0, 2:], arm.edit(a[0, 2:], s, arm.stream(SEED, [(17, 2)], 0)))
-    hook.remove()
 
 
 def test_a_left_padded_arm_row_edits_as_the_same_prompt_alone(path):
@@ -295,8 +294,6 @@ def test_a_left_padded_arm_row_edits_as_the_same_prompt_alone(path):
                 alone.begin([row])
                 alone.step = step
                 assert torch.equal(alone(None, (), d[r:r + 1])[0], out[r])
-        together.remove()
-        alone.remove()
 
 
 # ---- no host-device synchronisation ---------------------------------------------------------------------
@@ -361,7 +358,6 @@ def test_no_host_sync_at_a_decode_step_and_a_constant_at_the_prompt(variant, poo
     # the mask to the host (.cpu, .numpy), the rows' key states to the device, the holes' positions to the device
     assert all(len(calls) <= 4 for calls in at_prompt), at_prompt
     assert at_prompt[0] == at_prompt[2], at_prompt  # 2 or 6 arm rows: the same calls
-    hook.remove()
 
 
 def test_teacher_forcing_copies_once_per_call(monkeypatch):
@@ -373,7 +369,6 @@ def test_teacher_forcing_copies_once_per_call(monkeypatch):
     for rows in ([(3, 4, range(1, 7)), None], [(3, 4, range(1, 7)), (5, 2, [1, 2, 2, 3]), None, (8, 6, range(1, 5))]):
         hook.begin(rows)
         assert syncs.during(hook, None, (), torch.randn(len(rows), 10, 32)) == [".to(device)"]
-    hook.remove()
 # ---- on tiny models of three families ------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -402,7 +397,8 @@ def loaded(params, identity=False):
     setup = models.setup_for(params, "tiny")
     model, tokenizer = models.load(setup, attn_implementation=engines.ATTENTION)
     s = arm.settings_for(params.arm, params.dataset.benchmark, setup)
-    hook = arm.ArmHook(arm.layer0_mlp(model, setup), s, identity=identity)
+    # on the test's own model for the rest of the test (the model is not shared)
+    hook = hooks.Hooks().arm(arm.ArmHook(arm.layer0_mlp(model, setup), s, identity=identity))
     return model, tokenizer, hook, engines.stop_ids(model.generation_config, tokenizer), setup
 
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from meaningless_tokens import scoring
-from meaningless_tokens import prompts, arm, models, store
+from meaningless_tokens import prompts, arm, hooks, models, store
 from stages import likelihood
 from meaningless_tokens.config import load_params
 from meaningless_tokens.errors import ConfigError, DatasetError
@@ -85,10 +85,10 @@ def test_stored_logprobs_equal_a_plain_forward_with_log_softmax(arch, tiny_dirs,
 def arm_decoding_logprobs(model, setup, settings, index: int, ids: list[int], prompt_len: int, start: int) -> np.ndarray:
     """The evaluation's ARM hook (meaningless_tokens/arm.py) in step-by-step decoding with a KV cache: the prompt as step 0,
     then one token per step, as generation feeds them; log-probs of the scored tokens."""
-    hook = arm.ArmHook(arm.layer0_mlp(model, setup), settings)
-    hook.begin([index])
     lps = []
-    try:
+    with hooks.Hooks() as h:
+        hook = h.arm(arm.ArmHook(arm.layer0_mlp(model, setup), settings))
+        hook.begin([index])
         with torch.no_grad():
             out = model(torch.tensor([ids[:prompt_len]]), use_cache=True)
             cache, logits = out.past_key_values, [out.logits[0, -1]]
@@ -96,8 +96,6 @@ def arm_decoding_logprobs(model, setup, settings, index: int, ids: list[int], pr
                 out = model(torch.tensor([[ids[t]]]), past_key_values=cache, use_cache=True)
                 cache = out.past_key_values
                 logits.append(out.logits[0, -1])
-    finally:
-        hook.remove()
     for t in range(start, len(ids)):
         lps.append(float(torch.log_softmax(logits[t - prompt_len].double(), -1)[ids[t]]))
     return np.array(lps)
@@ -263,13 +261,11 @@ def test_packed_arm_gives_the_whole_sequence_sums_with_the_hook(family, family_d
     params, setup, model, seqs, pad = family_sequences(write_params, family_dirs[family], ["none", "mless", "arm"],
                                                        batch_tokens=900)
     settings = arm.settings_for(params.arm, params.dataset.benchmark, setup)
-    hook = scoring.TeacherForcedArm(arm.layer0_mlp(model, setup), settings)
-    try:
+    with hooks.Hooks() as h:
+        hook = h.arm(scoring.TeacherForcedArm(arm.layer0_mlp(model, setup), settings))
         whole = scoring.score(model, seqs, 900, pad, hook)
         packed = scoring.score_packed(model, seqs, 900, pad, hook)
         got, info = scoring.score_fastest(model, seqs, 900, pad, hook)
-    finally:
-        hook.remove()
     assert info["method"] == "packed"
     plain = scoring.score_packed(model, [s for s in seqs if s.condition != "arm"], 900, pad)
     by_key = {(s.index, s.condition, s.continuation): k for k, s in enumerate(seqs)}
@@ -366,14 +362,12 @@ def test_in_bfloat16_the_packed_scoring_is_taken_and_agrees_with_whole_scoring(f
     params, setup, model, seqs, pad = family_sequences(write_params, family_dirs[family], ["none", "mless", "arm"],
                                                        batch_tokens=900)
     model.to(torch.bfloat16)
-    hook = scoring.TeacherForcedArm(arm.layer0_mlp(model, setup), arm.settings_for(params.arm, params.dataset.benchmark,
-                                                                                     setup))
-    try:
+    with hooks.Hooks() as h:
+        hook = h.arm(scoring.TeacherForcedArm(arm.layer0_mlp(model, setup),
+                                              arm.settings_for(params.arm, params.dataset.benchmark, setup)))
         why = []
         got, info = scoring.score_fastest(model, seqs, 900, pad, hook, warn=why.append)
         whole = scoring.score(model, seqs, 900, pad, hook)
-    finally:
-        hook.remove()
     assert info["method"] == "packed" and not why, why
     assert info["mask_check_max_abs_diff"] == 0.0 and info["packed_check_compared"] is False
     assert info["packed_check_max_abs_diff"] > 0  # bfloat16 rounds the two scorings apart
