@@ -39,9 +39,9 @@ def main() -> None:
     import torch
 
     from meaningless_tokens import models
-    from stages.evaluate import ATTENTION, Item, generate, make_batches, stop_ids
+    from meaningless_tokens.engines import ATTENTION, Item, generate, make_batches, stop_ids
     from meaningless_tokens.grading import grade
-    from meaningless_tokens.prompts import builder_for, dataset_spec, load_math500, select_problems
+    from meaningless_tokens.prompts import builder_for, dataset_spec, load_problems, select_problems
 
     params = common.load_params()
     cfg = params.evaluate
@@ -54,7 +54,7 @@ def main() -> None:
     model, tokenizer = models.load(setup, attn_implementation=ATTENTION)
     torch.set_num_threads(args.threads)
     builder = builder_for(params.prompt, setup, tokenizer)
-    problems, _ = load_math500(dataset_spec(params.dataset, params.file))
+    problems, _ = load_problems(dataset_spec(params.dataset, params.file))
     chosen = select_problems(problems, n, cfg.seed)
     gold = {p.index: p.answer for p in chosen}
     built = {p.index: builder.build(p) for p in chosen}
