@@ -7,7 +7,7 @@ LAYERS lists its modules lowest first; a module imports only from its own layer 
 from pathlib import Path
 
 LAYERS = (
-    ("errors", "config", "progress", "intervals", "grading", "attention"),  # exceptions, params schema, plain helpers
+    ("errors", "config", "progress", "intervals", "grading", "attention", "attention_drops"),  # exceptions, params schema, plain helpers
     ("store", "cli", "envlock", "runcache", "verify", "forkserver"),  # artifacts on disk, command line, environment, warm start
     ("capture", "hooks", "prompts", "sampling", "models", "arm", "stage"),  # attention capture, hooks, prompts, model sources, stage prelude
     ("engines", "vllm_engine", "scoring"),                         # generation and teacher-forced scoring
