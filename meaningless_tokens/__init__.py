@@ -10,7 +10,7 @@ LAYERS = (
     ("errors", "config", "progress", "intervals", "grading", "attention", "attention_drops"),  # exceptions, params schema, plain helpers
     ("store", "cli", "envlock", "runcache", "verify", "forkserver"),  # artifacts on disk, command line, environment, warm start
     ("capture", "hooks", "prompts", "sampling", "models", "arm", "stage", "mlp_activations"),  # attention capture, hooks, prompts, model sources, stage prelude
-    ("engines", "vllm_engine", "scoring", "arm_selection"),        # generation, teacher-forced scoring, ARM tuning
+    ("engines", "vllm_engine", "scoring", "evaluation", "arm_selection"),  # generation, scoring, accuracy, ARM tuning
     ("charts", "report", "add_model"),  # chart kinds (draw, explain); what the report says (traced numbers, verdict); `mless add-model`
 )
 
