@@ -11,7 +11,7 @@ LAYERS = (
     ("store", "cli", "envlock", "runcache", "verify", "forkserver"),  # artifacts on disk, command line, environment, warm start
     ("capture", "hooks", "prompts", "sampling", "models", "arm", "stage", "mlp_activations"),  # attention capture, hooks, prompts, model sources, stage prelude
     ("engines", "vllm_engine", "scoring", "evaluation", "arm_selection"),  # generation, scoring, accuracy, ARM tuning
-    ("charts", "report", "add_model"),  # chart kinds (draw, explain); what the report says (traced numbers, verdict); `mless add-model`
+    ("charts", "report", "showcase", "add_model"),  # chart kinds; what the report says; the explorer's data; `mless add-model`
 )
 
 TEMPLATES = Path(__file__).parent / "templates"  # the report's and the explorer's Jinja templates
