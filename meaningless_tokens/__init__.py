@@ -7,11 +7,11 @@ LAYERS lists its modules lowest first; a module imports only from its own layer 
 from pathlib import Path
 
 LAYERS = (
-    ("errors", "config", "progress", "intervals", "grading", "attention"),  # exceptions, params schema, plain helpers
+    ("errors", "config", "progress", "intervals", "grading", "attention", "attention_drops", "paired"),  # exceptions, params schema, plain helpers
     ("store", "cli", "envlock", "runcache", "verify", "forkserver"),  # artifacts on disk, command line, environment, warm start
-    ("capture", "hooks", "prompts", "sampling", "models", "arm", "stage"),  # attention capture, hooks, prompts, model sources, stage prelude
-    ("engines", "vllm_engine", "scoring"),                         # generation and teacher-forced scoring
-    ("charts", "report", "add_model"),  # chart kinds (draw, explain); what the report says (traced numbers, verdict); `mless add-model`
+    ("capture", "hooks", "prompts", "sampling", "models", "arm", "stage", "mlp_activations"),  # attention capture, hooks, prompts, model sources, stage prelude
+    ("engines", "vllm_engine", "scoring", "teacher_forced", "span_sweep", "evaluation", "arm_selection"),  # generation, scoring, accuracy, ARM tuning
+    ("charts", "report", "showcase", "add_model"),  # chart kinds; what the report says; the explorer's data; `mless add-model`
 )
 
 TEMPLATES = Path(__file__).parent / "templates"  # the report's and the explorer's Jinja templates

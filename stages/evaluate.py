@@ -28,69 +28,27 @@ uninterrupted run's. Outputs:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from pydantic import ValidationError
 
-from meaningless_tokens import arm, cli, grading, models, sampling, store
+from meaningless_tokens import arm, cli, evaluation, grading, store
 from meaningless_tokens.config import Params, Shard
-from meaningless_tokens.engines import (Item, Journal, Record, check_engine, journal_key, make_batches, merge_parts,
-                                        open_engine, part_path, run_journaled)
+from meaningless_tokens.engines import check_engine
 from meaningless_tokens.errors import ConfigError
-from meaningless_tokens.grading import has_complete_box
-from meaningless_tokens.intervals import paired
-from meaningless_tokens.prompts import PromptBuilder, builder_for, check_context, dataset_spec, load_problems, put_problems, select_problems
+from meaningless_tokens.evaluation import Evaluation, Plan
+# tests/test_stats_figures.py summarizes hand-made records through these names
+from meaningless_tokens.engines import Record  # noqa: F401
+from meaningless_tokens.evaluation import summarize  # noqa: F401
+from meaningless_tokens.prompts import dataset_spec, load_problems, put_problems, select_problems
 from meaningless_tokens.stage import header, stage_context
 from meaningless_tokens.store import put, put_json_attr, put_texts, write_h5, write_json_atomic, write_timing
 
 # the stage's outputs (and its journal): role -> artifact kind (store.PATHS)
 OUTPUTS = {"out": "eval", "metrics": "metrics/accuracy", "timing": "timing/evaluate", "journal": "journal/eval"}
-
-
-# ---- metrics --------------------------------------------------------------------------------------
-
-def summarize(records: dict[str, list[Record]], seed: int) -> dict:
-    conditions = list(records)
-    correct = {c: np.array([r.correct for r in records[c]]) for c in conditions}
-    paper = {c: np.array([r.paper_correct for r in records[c]]) for c in conditions}
-    m = {
-        "n_problems": len(records["none"]),
-        "accuracy": {c: float(correct[c].mean()) for c in conditions},
-        "correct": {c: int(correct[c].sum()) for c in conditions},
-        "paper_accuracy": {c: float(paper[c].mean()) for c in conditions},
-        "boxed_rate": {c: float(np.mean([has_complete_box(r.output) for r in records[c]])) for c in conditions},
-        "mean_tokens": {c: float(np.mean([r.n_tokens for r in records[c]])) for c in conditions},
-        "stopped_at_length": {c: int(sum(r.stop == "length" for r in records[c])) for c in conditions},
-    }
-    for c in conditions:
-        if c != "none":
-            m[f"{c}-none"] = paired(correct[c], correct["none"], seed)
-            m[f"{c}-none_paper"] = paired(paper[c], paper["none"], seed)
-    return m
-
-
-# ---- the stage ------------------------------------------------------------------------------------
-
-@dataclass
-class Plan:
-    """What a run generates: each (problem, condition) greedily, then `n_sampled` samples of each, in fixed batches."""
-    setup: models.ModelSetup
-    engine: object
-    builder: PromptBuilder
-    built: dict                # problem index -> condition -> PromptIds
-    batches: list
-    settings: dict             # what the outputs depend on beyond prompts and weights
-    key: str                   # the journal's: weights, settings and every item
-    arm_settings: object       # arm.ArmSettings, None without the arm condition
-    n_sampled: int
-    batch_size: int            # evaluate.batch_size, `auto` resolved
-    items: list                # the greedy items (the journal's key)
 
 
 def run(params: Params, name: str, root: Path | None = None) -> Path:
@@ -107,30 +65,19 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
     if name not in params.evaluated:
         raise ConfigError(f"{params.file}: evaluate.models: model '{name}' is not among the models evaluated "
                           f"{params.evaluated}; add it there to evaluate it")
-    plan = make_plan(params, ctx.setup(), chosen)
+    plan = evaluation.make_plan(params, ctx.setup(), chosen)
     try:
-        gold = {p.index: p.answer for p in chosen}
         if cfg.shard is not None:
-            return run_shard(plan, where["journal"], gold, cfg.shard, conditions)
-
-        if cfg.batch_size == "auto":
-            say_resized(where["journal"], plan)
-        journal = Journal(where["journal"], plan.key)
-        merged = merge_parts(journal, where["journal"])
-        started = time.perf_counter()
-        done = run_journaled(plan.engine, plan.batches, journal, gold, f"evaluate {name}", name, conditions)
-        seconds = time.perf_counter() - started
-        by_cond = {c: [journal.records[(p.index, c)] for p in chosen] for c in conditions}
-        samples = {c: [[journal.records[(p.index, c, j)] for j in range(plan.n_sampled)] for p in chosen]
-                   for c in conditions} if plan.n_sampled else None
-        metrics = measure(params, by_cond, samples)
-
-        write_artifact(where["out"], params, plan, chosen, by_cond, samples, metrics, data_sha)
-        write_json_atomic(where["metrics"], metrics)
-        write_run_timing(where["timing"], params, plan, by_cond, samples, seconds, done, merged)
+            return evaluation.run_shard(plan, where["journal"], {p.index: p.answer for p in chosen}, cfg.shard,
+                                        conditions)
+        e = evaluation.evaluate(params, plan, chosen, where["journal"])
+        write_artifact(where["out"], params, plan, chosen, e, data_sha)
+        write_json_atomic(where["metrics"], e.metrics)
+        write_run_timing(where["timing"], params, plan, e)
         where["journal"].unlink(missing_ok=True)
-        for p in merged:
+        for p in e.merged:
             p.unlink(missing_ok=True)
+        metrics, samples, seconds = e.metrics, e.samples, e.seconds
         acc = ", ".join(f"{c} {metrics['accuracy'][c]:.3f}" for c in conditions)
         if samples:
             k = min(3, plan.n_sampled)
@@ -142,89 +89,9 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
         plan.engine.close()  # the ARM hook off the model, whatever ends the stage
 
 
-def make_plan(params: Params, setup: models.ModelSetup, chosen: list) -> Plan:
-    """The engine, the prompts and the batches; refuses a prompt plus its new tokens longer than the context."""
-    cfg, conditions = params.evaluate, params.prompt.conditions
-    # ARM's values are checked before the model is loaded (its variant needs only the model_type)
-    arm_settings = arm.settings_for(params.arm, params.dataset.benchmark, setup) if "arm" in conditions else None
-    engine = open_engine(cfg, conditions, setup, arm_settings)
-    try:
-        builder = builder_for(params.prompt, setup, engine.tokenizer)
-        built = {p.index: builder.build(p) for p in chosen}
-        items = [Item(p.index, c, built[p.index][c].input_ids) for p in chosen for c in conditions]
-        n_sampled = cfg.sampling.n
-        sampled = [Item(p.index, c, built[p.index][c].input_ids, j) for p in chosen for c in conditions
-                   for j in range(n_sampled)]
-        longest = max(len(it.input_ids) for it in items)
-        for key_name, limit in (("evaluate.max_new_tokens", cfg.max_new_tokens),
-                                ("evaluate.sampling.max_new_tokens", (cfg.sampling.max_new_tokens or 0) if n_sampled else 0)):
-            check_context(setup, key_name, f"a prompt of {longest} tokens plus {limit} new tokens", longest + limit)
-        # the batch size (auto resolved) and, compiled, the one shape of every batch: from the whole plan, before the key
-        batch_size = engine.fit([(items, cfg.max_new_tokens)]
-                                + ([(sampled, engine.sampling["max_new_tokens"])] if n_sampled else []))
-        # `.sampling` (resolved values and their origin) is evaluate's alone: the sweep shares the engine, not its samples
-        settings = {**engine.settings, **({"arm": arm_settings.describe()} if arm_settings else {}),
-                    **({"sampling": engine.sampling} if n_sampled else {})}
-        key = plan_key(setup, settings, items, n_sampled)
-        # sampled rows in batches of their own (their own max_new_tokens), after the greedy ones
-        batches = make_batches(items, batch_size) + make_batches(sampled, batch_size)
-        return Plan(setup, engine, builder, built, batches, settings, key, arm_settings, n_sampled, batch_size, items)
-    except BaseException:
-        engine.close()
-        raise
-
-
-def plan_key(setup: models.ModelSetup, settings: dict, items: list, n_sampled: int) -> str:
-    return journal_key(setup.prepared.weights_sha256, settings, items, **({"sampled": n_sampled} if n_sampled else {}))
-
-
-def say_resized(path: Path, plan: Plan) -> None:
-    """One line when the journal left by an earlier run differs from this plan only in the batch size that
-    evaluate.batch_size auto resolved (free memory differs): the journal then restarts, as for any other input."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            old = json.loads(f.readline()).get("key")
-    except (OSError, ValueError, AttributeError):
-        return
-    rows = max(len(plan.items), len(plan.items) * plan.n_sampled)
-    if old == plan.key:
-        return
-    for size in sorted({*range(1, min(rows, 7) + 1), *range(8, rows + 1, 8), rows} - {plan.batch_size}):
-        if plan_key(plan.setup, {**plan.settings, "batch_size": size}, plan.items, plan.n_sampled) == old:
-            print(f"{path}: made at batch size {size}; evaluate.batch_size auto resolves {plan.batch_size} now "
-                  f"(free CUDA memory differs): its generations are redone at {plan.batch_size}", file=sys.stderr)
-            return
-
-
-def run_shard(plan: Plan, journal: Path, gold: dict, shard: Shard, conditions: list[str]) -> Path:
-    """One job's part: its batches, journaled to the part file the merge reads."""
-    name = plan.setup.name
-    part = part_path(journal, shard.index, shard.count)
-    mine = [b for j, b in enumerate(plan.batches) if j % shard.count == shard.index]
-    run_journaled(plan.engine, mine, Journal(part, plan.key, foreign="refuse"), gold,
-                  f"evaluate {name} shard {shard.index}/{shard.count}", name, conditions)
-    print(f"{name}: shard {shard.index} of {shard.count} ({sum(map(len, mine))} generations) -> {part}; "
-          f"with every part in {part.parent}, a run without evaluate.shard (dvc repro) merges them")
-    return part
-
-
-def measure(params: Params, by_cond: dict, samples: dict | None) -> dict:
-    """metrics/accuracy/<model>.json: accuracy and paired differences per condition (and the sampled outputs')."""
-    conditions, seed = params.prompt.conditions, params.evaluate.seed
-    metrics = {"dataset": dataset_spec(params.dataset, params.file).label, **summarize(by_cond, seed)}
-    if samples:
-        metrics["sampling"] = sampling.summarize(
-            {c: [[r.output for r in row] for row in samples[c]] for c in conditions},
-            {c: [[r.extracted for r in row] for row in samples[c]] for c in conditions},
-            {c: np.array([[r.correct for r in row] for row in samples[c]], dtype=bool) for c in conditions},
-            {c: np.array([[r.paper_correct for r in row] for row in samples[c]], dtype=bool) for c in conditions},
-            seed)
-    return metrics
-
-
-def write_artifact(out: Path, params: Params, plan: Plan, chosen: list, by_cond: dict, samples: dict | None,
-                   metrics: dict, data_sha: str) -> None:
+def write_artifact(out: Path, params: Params, plan: Plan, chosen: list, e: Evaluation, data_sha: str) -> None:
     """artifacts/eval/<model>.h5: per condition every problem's output, its grading (and the sampled outputs')."""
+    by_cond, samples, metrics = e.by_cond, e.samples, e.metrics
     name, conditions, arm_settings, built = plan.setup.name, params.prompt.conditions, plan.arm_settings, plan.built
     prov = {
         **store.model_provenance("evaluate", params, name, plan.setup.prepared.manifest(),
@@ -265,8 +132,8 @@ def write_artifact(out: Path, params: Params, plan: Plan, chosen: list, by_cond:
                     note="the paper's rule on the output alone (its pass@3)")
 
 
-def write_run_timing(path: Path, params: Params, plan: Plan, by_cond: dict, samples: dict | None, seconds: float,
-                     done: int, merged: dict) -> None:
+def write_run_timing(path: Path, params: Params, plan: Plan, e: Evaluation) -> None:
+    by_cond, samples, seconds, done, merged = e.by_cond, e.samples, e.seconds, e.done, e.merged
     cfg, conditions = params.evaluate, params.prompt.conditions
     tokens = {c: sum(r.n_tokens for r in by_cond[c]) for c in conditions}
     gen_seconds = {c: sum(r.seconds for r in by_cond[c]) for c in conditions}

@@ -5,21 +5,19 @@ condition, and their paired differences to `none` (DEFINITIONS: the sequences, t
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
 
 import numpy as np
 
-from meaningless_tokens import arm, cli, hooks, models, scoring, store
-from meaningless_tokens.config import Params, Prompt
+from meaningless_tokens import arm, cli, store
+from meaningless_tokens.config import Params
 from meaningless_tokens.errors import ConfigError
-from meaningless_tokens.intervals import bootstrap_mean_ci, wilcoxon_p
-from meaningless_tokens.prompts import (Problem, builder_for, dataset_spec, load_problems, put_problems, require_field,
-                                        select_problems)
-from meaningless_tokens.scoring import Seq, TeacherForcedArm, check_head, pad_id
+from meaningless_tokens.prompts import Problem, dataset_spec, load_problems, put_problems, require_field, select_problems
 from meaningless_tokens.stage import header, stage_context
 from meaningless_tokens.store import put, put_json_attr, write_csv_atomic, write_h5, write_json_atomic, write_timing
+# build_sequences and scoring_prompt: the stage's sequences, which tests and benchmarks build and score themselves
+from meaningless_tokens.teacher_forced import (CONTINUATIONS, OUTCOMES, UNITS, Scored, build_sequences,  # noqa: F401
+                                               measure, metrics_summary, scoring_prompt, summarize, table)
 
 # what the artifact's `definitions` attribute says, and `--help`: a constant, not the docstring, so that an edit of the
 # docstring leaves the attribute as it is (the file's code hash, in provenance, still changes: the stage reruns)
@@ -77,76 +75,8 @@ signed-rank p, the share of problems that improved, and the same per MATH level 
 An interrupted run restarts from the beginning (the outputs are written only at the end, atomically).
 """
 
-CONTINUATIONS = ("solution", "answer")
-# what each continuation's contrasts compare: the solution's mean log-prob per token (nats/token), the
-# answer's summed log-prob (nats: log P(the whole answer))
-OUTCOMES = {"solution": "mean", "answer": "sum"}
-UNITS = {"solution": "nats/token", "answer": "nats"}
-
-
 # the stage's outputs: role -> artifact kind (store.PATHS)
 OUTPUTS = {"out": "likelihood", "metrics": "metrics/likelihood", "table": "plots/likelihood", "timing": "timing/likelihood"}
-
-
-def scoring_prompt(params: Params) -> Prompt:
-    """params' prompt with likelihood.conditions as its conditions (the prompt builder builds those)."""
-    return params.prompt.model_copy(update={"conditions": list(params.likelihood.conditions)})
-
-
-# ---- sequences ------------------------------------------------------------------------------------
-
-def build_sequences(params: Params, name: str, builder, chosen: list[Problem], context: int | None) -> list[Seq]:
-    """Every (problem, condition, continuation) sequence, alignment asserted, refusing one longer than the context."""
-    conts = scoring.Continuations(params.likelihood, builder, dataset_spec(params.dataset, params.file).path)
-    seqs = []
-    for p in chosen:
-        prompts = builder.build(p)
-        seqs += conts.sequences(p, {c: prompts[c].input_ids for c in params.likelihood.conditions}, CONTINUATIONS)
-    scoring.check_alignment(seqs)
-    if context:
-        for s in seqs:
-            if len(s.input_ids) > context:
-                key = "likelihood.solution_tokens" if s.continuation == "solution" else "likelihood.answer_frame"
-                raise ConfigError(
-                    f"{params.file}: {key}: problem {s.index} ({s.condition}): the prompt ({s.prompt_len} tokens) plus "
-                    f"the {s.continuation} ({len(s.input_ids) - s.prompt_len} tokens) exceed the context of model "
-                    f"'{name}' ({context} positions)")
-    return seqs
-
-
-# ---- statistics -----------------------------------------------------------------------------------
-
-def paired_stats(diff: np.ndarray, seed: int, n_boot: int) -> dict:
-    """Mean paired difference, its seeded bootstrap 95 % interval, the Wilcoxon signed-rank p and the share of
-    problems that improved (difference > 0)."""
-    diff = np.asarray(diff, dtype=np.float64)
-    lo, hi = bootstrap_mean_ci(diff, seed, n_boot=n_boot)
-    return {"n": len(diff), "mean": float(diff.mean()), "ci": (float(lo), float(hi)),
-            "p": wilcoxon_p(diff), "improved": float(np.mean(diff > 0))}
-
-
-def groups(values: list, diff: np.ndarray, seed: int, n_boot: int) -> tuple[list, list[dict]]:
-    """The paired statistics per value (level, subject); none when the dataset lacks the field (AIME: no level)."""
-    if any(v is None for v in values):
-        return [], []
-    keys = sorted(set(values))
-    return keys, [paired_stats(diff[[v == k for v in values]], seed, n_boot) for k in keys]
-
-
-def summarize(per: dict, conditions: list[str], chosen: list[Problem], seed: int, n_boot: int) -> dict:
-    """{(contrast, continuation): {"diff", "all", "level": (keys, stats), "subject": (keys, stats)}}."""
-    out = {}
-    levels, subjects = [p.level for p in chosen], [p.subject for p in chosen]
-    for c in conditions:
-        if c == "none":
-            continue
-        for k in CONTINUATIONS:
-            m = OUTCOMES[k]
-            diff = per[(c, k)][m] - per[("none", k)][m]
-            out[(f"{c}-none", k)] = {"diff": diff, "all": paired_stats(diff, seed, n_boot),
-                                     "level": groups(levels, diff, seed, n_boot),
-                                     "subject": groups(subjects, diff, seed, n_boot)}
-    return out
 
 
 def _put_stats(g, prefix: str, stats: list[dict]) -> None:
@@ -155,29 +85,6 @@ def _put_stats(g, prefix: str, stats: list[dict]) -> None:
     put(g, f"{prefix}ci", np.array([s["ci"] for s in stats]), shape="[group, low/high]")
     put(g, f"{prefix}p", np.array([s["p"] for s in stats]), note="two-sided Wilcoxon signed-rank")
     put(g, f"{prefix}improved", np.array([s["improved"] for s in stats]), note="share of problems with diff > 0")
-
-
-# ---- the stage ------------------------------------------------------------------------------------
-
-@dataclass
-class Scored:
-    """What the stage measured on one model: every sequence's per-token log-probs and how they were computed."""
-    seqs: list[Seq]
-    logprobs: list[np.ndarray]
-    per: dict                # (condition, continuation) -> sum, mean, tokens, prompt_tokens per problem
-    scoring: dict            # the scoring's settings and checks, for the provenance
-    arm_settings: object     # arm.Settings, or None when `arm` is not among the conditions
-    builder: object          # the PromptBuilder (its description goes into the provenance)
-    manifest: dict           # the prepared model's
-    seconds: float           # the scoring alone
-
-    def at(self, problem: Problem, condition: str, continuation: str) -> int:
-        """The index in `seqs` and `logprobs` of one (problem, condition, continuation)."""
-        return self.index[(problem.index, condition, continuation)]
-
-    @cached_property
-    def index(self) -> dict:
-        return {(s.index, s.condition, s.continuation): k for k, s in enumerate(self.seqs)}
 
 
 def run(params: Params, name: str, root: Path | None = None) -> Path:
@@ -196,7 +103,7 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
 
     write_artifact(where["out"], params, name, chosen, m, summary, data_sha)
     write_json_atomic(where["metrics"], metrics_summary(m.per, summary, list(cfg.conditions), len(chosen)))
-    write_table(where["table"], summary)
+    write_csv_atomic(where["table"], *table(summary))
     tokens = sum(len(s.input_ids) for s in m.seqs)
     write_timing(where["timing"], {"seconds": ctx.seconds(),
                                    "scoring_seconds": round(m.seconds, 2), "sequences": len(m.seqs), "tokens": tokens,
@@ -205,35 +112,6 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
     print(f"{name}: likelihood of {len(chosen)} problems x {len(cfg.conditions)} conditions x 2 continuations in "
           f"{m.seconds:.1f} s; solution nats/token vs none {gains} -> {where['out']}")
     return where["out"]
-
-
-def measure(params: Params, setup: models.ModelSetup, chosen: list[Problem]) -> Scored:
-    """Every (problem, condition, continuation) sequence built, checked against the context and scored."""
-    cfg, name = params.likelihood, setup.name
-    arm_settings = arm.settings_for(params.arm, params.dataset.benchmark, setup) if "arm" in cfg.conditions else None
-    model, tokenizer, attn = scoring.load(setup)
-    builder = builder_for(scoring_prompt(params), setup, tokenizer)
-    seqs = build_sequences(params, name, builder, chosen, setup.prepared.facts["max_position_embeddings"])
-    pad = pad_id(tokenizer)
-    head_check = check_head(model, min(seqs, key=lambda s: len(s.input_ids)), pad)
-    with hooks.Hooks() as h:
-        hook = (h.arm(TeacherForcedArm(arm.layer0_mlp(model, setup, "likelihood.conditions"), arm_settings))
-                if arm_settings else None)
-        logprobs, how, seconds = scoring.score_shown(model, seqs, cfg.batch_tokens, pad, hook, f"likelihood {name}",
-                                                     name)
-    conts = scoring.Continuations(params.likelihood, builder, dataset_spec(params.dataset, params.file).path)
-    how = {"attn_implementation": attn, "batch_tokens": cfg.batch_tokens, "pad_token_id": pad, **how,
-           "head_check_max_abs_diff": head_check, "separator_ids": conts.sep, "frame_head_ids": conts.head,
-           "frame_tail": conts.tail}
-    m = Scored(seqs, logprobs, {}, how, arm_settings, builder, setup.prepared.manifest(), seconds)
-    for c in cfg.conditions:
-        for k in CONTINUATIONS:
-            lps = [logprobs[m.at(p, c, k)] for p in chosen]
-            m.per[(c, k)] = {"sum": np.array([x.sum() for x in lps]), "mean": np.array([x.mean() for x in lps]),
-                             "tokens": np.array([len(x) for x in lps], dtype=np.int32),
-                             "prompt_tokens": np.array([seqs[m.at(p, c, k)].prompt_len for p in chosen],
-                                                       dtype=np.int32)}
-    return m
 
 
 def write_artifact(out: Path, params: Params, name: str, chosen: list[Problem], m: Scored, summary: dict,
@@ -282,32 +160,6 @@ def write_artifact(out: Path, params: Params, name: str, chosen: list[Problem], 
                     g = sc.require_group(f"{p.index:03d}/{c}/{k}")
                     put(g, "token_ids", np.array(m.seqs[i].scored, dtype=np.int32))
                     put(g, "logprob", m.logprobs[i].astype(np.float32))
-
-
-def metrics_summary(per: dict, summary: dict, conditions: list[str], n: int) -> dict:
-    def r(x: float) -> float:
-        return round(float(x), 6)
-
-    out = {"n_problems": n, "outcomes": {k: f"{OUTCOMES[k]} log-prob ({UNITS[k]})" for k in CONTINUATIONS},
-           "logprob": {c: {k: r(per[(c, k)][OUTCOMES[k]].mean()) for k in CONTINUATIONS} for c in conditions},
-           "scored_tokens_mean": {k: r(per[("none", k)]["tokens"].mean()) for k in CONTINUATIONS},
-           "contrasts": {}}
-    for (contrast, k), res in summary.items():
-        a = res["all"]
-        out["contrasts"].setdefault(contrast, {})[k] = {
-            "delta": r(a["mean"]), "ci95": [r(x) for x in a["ci"]], "ci95_width": r(a["ci"][1] - a["ci"][0]),
-            "wilcoxon_p": r(a["p"]), "improved": r(a["improved"])}
-    return out
-
-
-def write_table(path: Path, summary: dict) -> None:
-    """One row per contrast and outcome, fixed columns, for dvc.yaml's `plots`."""
-    rows = []
-    for (contrast, k), res in summary.items():
-        a = res["all"]
-        rows.append([contrast, k, f"{contrast} / {k} ({UNITS[k]})", f"{a['mean']:.6g}", f"{a['ci'][0]:.6g}",
-                     f"{a['ci'][1]:.6g}", f"{a['improved']:.6g}", a["n"]])
-    write_csv_atomic(path, ["contrast", "continuation", "label", "delta", "low", "high", "improved", "n"], rows)
 
 
 def main(argv: list[str] | None = None) -> int:

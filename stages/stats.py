@@ -4,18 +4,15 @@ on original tokens under each condition against `none`, with paired bootstrap in
 
 from __future__ import annotations
 
-import json
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from meaningless_tokens import cli, store
-from meaningless_tokens.attention import PROMPT_CONDITIONS, QUERY_VECTOR, VECTORS, sample_stats
+from meaningless_tokens.attention import PROMPT_CONDITIONS
+from meaningless_tokens.attention_drops import REQUIRED, Attention, averages, read
 from meaningless_tokens.config import Params
-from meaningless_tokens.errors import ArtifactError
-from meaningless_tokens.intervals import bootstrap_mean_ci, bootstrap_ratio_ci
 from meaningless_tokens.stage import INDEXING, StageContext, header, stage_context
 from meaningless_tokens.store import provenance, put, put_json_attr, write_csv_atomic, write_h5, write_timing
 
@@ -61,49 +58,6 @@ OUTPUTS = {"src": "attention", "out": "stats", "original": "plots/original", "fu
            "timing": "timing/stats"}
 
 
-def _per_sample(f, cond: str, query_set: str, n_orig: np.ndarray):
-    """Per sample: position-wise averages over original tokens, over the full prompt, span mass."""
-    g = f[cond]
-    offsets, span = g["offsets"][()], g["span"][()]
-    recv, recv_all, mass_span = g[QUERY_VECTOR[query_set]][()], g["recv_all"][()], g["mass_span"][()]
-    original_pos = g["original_pos"][()]
-    orig_off = np.concatenate([[0], np.cumsum(n_orig)])
-    out_orig, out_full, out_span = [], [], []
-    for s in range(len(offsets) - 1):
-        a, b = offsets[s], offsets[s + 1]
-        pos = original_pos[orig_off[s]:orig_off[s + 1]]
-        if len(pos) != n_orig[s] or (len(pos) and pos.max() >= b - a):
-            raise ArtifactError(f"{f.filename}: {cond}/original_pos does not fit sample {s}")
-        o, full, m = sample_stats(recv[:, :, a:b], recv_all[:, :, a:b], mass_span[:, :, a:b], pos, span[s], query_set)
-        out_orig.append(o)
-        out_full.append(full)
-        out_span.append(m)
-    return out_orig, out_full, np.stack(out_span)
-
-
-def _pad_mean(rows: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """Mean over samples of [L, H, P_s] arrays of different lengths, and the count per position."""
-    width = max(r.shape[-1] for r in rows)
-    stacked = np.full((len(rows),) + rows[0].shape[:2] + (width,), np.nan)
-    for k, r in enumerate(rows):
-        stacked[k, :, :, :r.shape[-1]] = r
-    count = np.sum(~np.isnan(stacked[:, 0, 0, :]), axis=0)
-    return np.nanmean(stacked, axis=0), count
-
-
-@dataclass
-class Attention:
-    """What stats reads of one attention artifact: per condition the per-sample vectors (`_per_sample`)."""
-    conditions: list[str]
-    layers: np.ndarray
-    heads: np.ndarray
-    n_orig: np.ndarray       # original (question) tokens per sample
-    per: dict                # condition -> (original rows, full rows, span mass)
-    spans: dict              # condition -> [sample, 2] span start and end
-    provenance: dict         # the extraction's
-    problem_index: np.ndarray
-
-
 def run(params: Params, name: str, root: Path | None = None) -> Path:
     ctx = stage_context(params, "stats", name, root, **OUTPUTS)
     params, out = ctx.params, ctx.where["out"]
@@ -122,47 +76,8 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
 def load_attention(ctx: StageContext, query_set: str) -> Attention:
     """The attention artifact's vectors (`ctx.where["src"]`), refused (one line naming the file) when a dataset is
     missing or the file was made for another model, by another stage or with other params than today's."""
-    need = [f"{c}/{v}" for c in ("none",) for v in VECTORS] + ["none/offsets", "none/original_pos"]
-    src = ctx.where["src"]
-    with ctx.read_h5("src", "attention", tuple(need)) as f:
-        conditions = [str(c) for c in f.attrs["conditions"]]
-        for c in conditions:
-            missing = [f"{c}/{v}" for v in VECTORS + ("offsets", "original_pos", "span") if f"{c}/{v}" not in f]
-            if missing:
-                raise ArtifactError(f"{src}: missing datasets {missing} (truncated or written by another version?)")
-        n_orig = np.diff(f["none/offsets"][()])
-        return Attention(conditions, f.attrs["layers"], f.attrs["heads"], n_orig,
-                         {c: _per_sample(f, c, query_set, n_orig) for c in conditions},
-                         {c: f[c]["span"][()] for c in conditions}, json.loads(f.attrs["provenance"]),
-                         f["problems/index"][()])
-
-
-def averages(att: Attention, cfg) -> dict[str, dict[str, np.ndarray]]:
-    """Per condition: the averaged attention vectors, the span's mass, and against `none` the drops with their
-    seeded bootstrap intervals (DEFINITIONS)."""
-    first = 1 if cfg.exclude_first else 0
-    per, conditions = att.per, att.conditions
-    results: dict[str, dict[str, np.ndarray]] = {}
-    orig_mean = {c: np.stack([r[:, :, first:].mean(axis=2) for r in per[c][0]]) for c in conditions}  # [S, L, H]
-    for c in conditions:
-        orig_avg, orig_count = _pad_mean(per[c][0])
-        full_avg, full_count = _pad_mean(per[c][1])
-        span_mass = per[c][2]
-        lo, hi = bootstrap_mean_ci(span_mass, cfg.seed, n_boot=cfg.n_boot)
-        results[c] = {"original_avg": orig_avg, "original_count": orig_count, "full_avg": full_avg,
-                      "full_count": full_count, "orig_mean": orig_mean[c], "span_mass": span_mass.mean(axis=0),
-                      "span_mass_ci": np.stack([lo, hi]), "span_mass_per_sample": span_mass}
-        if c != "none":
-            delta = orig_mean["none"] - orig_mean[c]
-            dlo, dhi = bootstrap_mean_ci(delta, cfg.seed, n_boot=cfg.n_boot)
-            plo, phi = bootstrap_ratio_ci(delta, orig_mean["none"], cfg.seed, n_boot=cfg.n_boot)
-            drop = delta.mean(axis=0)
-            results[c] |= {"drop": drop, "drop_ci": np.stack([dlo, dhi]),
-                           "drop_pct": 100 * drop / orig_mean["none"].mean(axis=0),
-                           "drop_pct_ci": 100 * np.stack([plo, phi]),
-                           "head_rank": np.argsort(-drop, axis=1, kind="stable").astype(np.int32)}
-            results[c] |= layer_drops(orig_mean, c, cfg.seed, cfg.n_boot)
-    return results
+    with ctx.read_h5("src", "attention", REQUIRED) as f:
+        return read(f, query_set)
 
 
 def write_artifact(out: Path, params: Params, name: str, att: Attention, results: dict) -> None:
@@ -182,36 +97,6 @@ def write_artifact(out: Path, params: Params, name: str, att: Attention, results
             g.attrs["span"] = starts[0] if len(starts) == 1 else np.array([-1, -1], dtype=np.int32)
             for k, v in results[c].items():
                 put(g, k, v.astype(np.float64) if v.dtype.kind == "f" else v)
-
-
-def layer_drops(orig_mean: dict[str, np.ndarray], c: str, seed: int, n_boot: int) -> dict[str, np.ndarray]:
-    """The verdict's per-layer numbers for condition `c` (see DEFINITIONS), each with a paired
-    bootstrap interval that resamples problems jointly for every condition."""
-    base = orig_mean["none"].mean(axis=2)  # [S, L]: heads averaged per problem
-    arms = {k: orig_mean[k].mean(axis=2) for k in ("none", c, "mful") if k in orig_mean}
-    n, n_layers = base.shape
-
-    def stats(idx):
-        b = base[idx].mean(axis=-2)
-        pct = {k: 100 * (b - a[idx].mean(axis=-2)) / b for k, a in arms.items()}
-        out = [pct[c]]
-        out.append(pct[c][..., :1] - pct[c][..., 1:].max(axis=-1, keepdims=True) if n_layers > 1 else pct[c][..., :0])
-        out.append(pct[c] - pct["mful"] if c == "mless" and "mful" in pct else pct[c][..., :0])
-        return np.concatenate(out, axis=-1)
-
-    point = stats(np.arange(n))
-    rng = np.random.default_rng(seed)
-    boots = np.concatenate([stats(rng.integers(0, n, size=(min(1000, n_boot - b), n)))
-                            for b in range(0, n_boot, 1000)])
-    lo, hi = np.quantile(boots, [0.025, 0.975], axis=0)
-    out = {"layer_drop_pct": point[:n_layers], "layer_drop_pct_ci": np.stack([lo, hi])[:, :n_layers]}
-    k = n_layers
-    if n_layers > 1:
-        out |= {"first_layer_lead_pct": point[k:k + 1], "first_layer_lead_pct_ci": np.stack([lo, hi])[:, k:k + 1]}
-        k += 1
-    if len(point) > k:
-        out |= {"mful_gap_pct": point[k:], "mful_gap_pct_ci": np.stack([lo, hi])[:, k:]}
-    return out
 
 
 def write_plot_table(path: Path, kind: str, results: dict, layers) -> None:

@@ -13,7 +13,8 @@ import pytest
 from meaningless_tokens import engines
 from meaningless_tokens import models
 from meaningless_tokens import store
-from stages import evaluate, report
+from meaningless_tokens.report import content
+from stages import evaluate
 from meaningless_tokens.config import load_params
 from meaningless_tokens.errors import ArtifactError, ConfigError
 from meaningless_tokens.grading import grade, has_complete_box
@@ -246,7 +247,7 @@ def test_a_generated_nul_is_stored_and_read_back_exactly(tiny_dirs, write_params
             assert sampled.shape == (4, 2)
             assert sampled.tolist() == [[records[(i, c, j)]["output"] for j in range(2)] for i in index], c
             assert "escaped" in f[c]["output"].attrs and "escaped" not in f[c]["stop"].attrs
-    example = report.example(params, root, "tiny", "Tiny llama")
+    example = content.example(params, root, "tiny", "Tiny llama")
     k = index.index(example["index"])
     shown = {row["condition"]: row["output"] for row in example["rows"]}
     assert shown == {c: records[(index[k], c, -1)]["output"] for c in conditions}

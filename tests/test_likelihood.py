@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from meaningless_tokens import scoring
-from meaningless_tokens import prompts, arm, hooks, models, store
+from meaningless_tokens import prompts, arm, hooks, models, paired, store
 from stages import likelihood
 from meaningless_tokens.config import load_params
 from meaningless_tokens.errors import ConfigError, DatasetError
@@ -149,7 +149,7 @@ def test_rerun_is_byte_identical_and_leaves_no_partial_file(tiny_dirs, write_par
 
 def test_paired_statistics_on_known_inputs():
     diff = np.array([0.5, -0.15, 0.3, 0.2, 0.4, -0.25, 0.6, 0.1])
-    s = likelihood.paired_stats(diff, seed=0, n_boot=4000)
+    s = paired.paired_stats(diff, seed=0, n_boot=4000)
     assert s["mean"] == pytest.approx(0.2125) and s["improved"] == 0.75 and s["n"] == 8
     # the bootstrap: the same as resampling by hand with the same generator
     rng = np.random.default_rng(0)
@@ -160,7 +160,7 @@ def test_paired_statistics_on_known_inputs():
     # = 2 * P(W <= 6) = 2 * 14 / 256 (subsets of 1..8 summing to at most 6: 1 + 1 + 1 + 2 + 2 + 3 + 4)
     assert wilcoxon_p(diff) == pytest.approx(2 * 14 / 256)
     assert wilcoxon_p(np.zeros(5)) == 1.0
-    keys, stats = likelihood.groups([1, 2, 1, 2, 1, 2, 1, 2], diff, 0, 200)
+    keys, stats = paired.groups([1, 2, 1, 2, 1, 2, 1, 2], diff, 0, 200)
     assert keys == [1, 2] and [s["n"] for s in stats] == [4, 4]
     assert stats[0]["mean"] == pytest.approx(np.mean(diff[::2])) and stats[1]["improved"] == 0.5
 

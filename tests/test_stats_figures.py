@@ -130,6 +130,23 @@ def test_stats_are_deterministic(tiny_stats, tmp_path):
     assert again.read_bytes() == out.read_bytes()
 
 
+def test_stats_averages_run_without_the_stage(tiny_stats):
+    """attention_drops.read and averages on the attention artifact (a notebook's call, no stage prelude) give the
+    datasets the stage stores."""
+    from meaningless_tokens import attention_drops
+
+    params, src, out = tiny_stats
+    with read_h5(src, "attention", attention_drops.REQUIRED) as f:
+        att = attention_drops.read(f, params.stats.query_set)
+    results = attention_drops.averages(att, params.stats)
+    with read_h5(out, "stats") as f:
+        assert set(results) == set(att.conditions) == {str(c) for c in f.attrs["conditions"]}
+        for c, values in results.items():
+            assert set(values) == set(f[c]) and ("layer_drop_pct" in values) == (c != "none")
+            for k, v in values.items():
+                np.testing.assert_array_equal(f[f"{c}/{k}"][()], v, err_msg=f"{c}/{k}")
+
+
 def metrics_from_records(root, name="tiny"):
     """metrics/<name>.json as the evaluation stage summarizes hand-made graded records."""
     from stages.evaluate import summarize, Record
