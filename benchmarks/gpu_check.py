@@ -455,11 +455,8 @@ def plan_targets(result: dict) -> list[dict]:
 # ---- output ---------------------------------------------------------------------------------------
 
 def fmt(value, digits=1) -> str:
-    if value is None:
-        return "n/a"
-    if isinstance(value, float):
-        return f"{value:,.{digits}f}"
-    return f"{value:,}" if isinstance(value, int) else str(value)
+    """A table cell: n/a, a float to `digits` places, an int with thousands separators (the benchmark's own rule)."""
+    return bench_module()._fmt(value, digits)
 
 
 def table(result: dict) -> str:
