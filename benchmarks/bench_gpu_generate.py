@@ -170,6 +170,7 @@ def measure(params, name: str, batch_size: int = PLAN_BATCH, new_tokens: int = 1
                   longest + new_tokens)
     # the plan's batch size and, compiled, its one shape, from every row as the evaluate stage fits them
     batch_size = engine.fit([(greedy, new_tokens), (sampled, new_tokens)])
+    engine.store = None  # every row generated: the arms measure generation, not rows kept by an earlier arm
     work = {"greedy": engines.make_batches(greedy, batch_size), "sampled": engines.make_batches(sampled, batch_size)}
 
     with torch.no_grad():  # process start-up (kernels, handles) before any arm is timed

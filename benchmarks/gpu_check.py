@@ -408,11 +408,16 @@ def projection(rows: list[dict], name: str) -> dict:
 
     n_cond = len(gpu["prompt"]["conditions"])
     sweep_rows = 1 + len(sw["tokens"]) * len([c for c in sw["counts"] if c])
+    # evaluate's none rows, and its mless rows where the sweep has mless's span, are kept and reused by the sweep
+    # (meaningless_tokens/generations.py): on the problems both run, the sweep generates the other counts only
+    mless = gpu["prompt"]["mless"]
+    shared = min(sw["accuracy_samples"], PROBLEMS, ev["n_samples"] or PROBLEMS)
+    kept = shared * (1 + (mless["token"] in sw["tokens"] and mless["count"] in sw["counts"]))
     gen = rate("evaluate_warm") or rate("evaluate")
     work = {  # row -> [(tokens, tokens per second)]
         "evaluate": [(PROBLEMS * n_cond * ev["max_new_tokens"], gen)],
         "sampling": [(PROBLEMS * n_cond * ev["sampling"]["n"] * ev["sampling"]["max_new_tokens"], gen)],
-        "sweep accuracy": [(min(sw["accuracy_samples"], PROBLEMS) * sweep_rows * ev["max_new_tokens"], gen)],
+        "sweep accuracy": [((min(sw["accuracy_samples"], PROBLEMS) * sweep_rows - kept) * ev["max_new_tokens"], gen)],
     }
     lik, ext, act = per_problem("likelihood"), per_problem("extract"), per_problem("activations")
     seq = by.get("likelihood", {}).get("sequences")
@@ -592,8 +597,10 @@ def main(argv: list[str] | None = None) -> int:
         result["error"] = f"{type(e).__name__}: {e}".splitlines()[0]
         traceback.print_exc()
         return finish(False)
-    before = os.environ.get("MLESS_CACHE")
+    before = os.environ.get("MLESS_CACHE"), os.environ.get("MLESS_REUSE")
     os.environ["MLESS_CACHE"] = str(work / "cache")  # the model cache of the check's own
+    # every stage generates every row: its tokens/s are the engine's; the projection counts what the sweep reuses
+    os.environ["MLESS_REUSE"] = "0"
     try:
         for name in names:
             for stage in STAGES:
@@ -611,10 +618,11 @@ def main(argv: list[str] | None = None) -> int:
                 out_json.write_text(json.dumps(result, indent=2) + "\n")
             result["projection"][name] = projection(result["stages"], name)
     finally:
-        if before is None:
-            os.environ.pop("MLESS_CACHE", None)
-        else:
-            os.environ["MLESS_CACHE"] = before
+        for var, value in zip(("MLESS_CACHE", "MLESS_REUSE"), before):
+            if value is None:
+                os.environ.pop(var, None)
+            else:
+                os.environ[var] = value
     totals = [p["total"] for p in result["projection"].values()]
     result["projected_hours"] = None if None in totals else round(sum(totals), 2)
     ok = (result["tier"]["status"] in ("ok", "not run") and all(r["status"] == "ok" for r in result["stages"])

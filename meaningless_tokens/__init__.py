@@ -9,7 +9,7 @@ from pathlib import Path
 LAYERS = (
     ("errors", "config", "progress", "intervals", "grading", "attention", "attention_drops", "paired"),  # exceptions, params schema, plain helpers
     ("store", "cli", "envlock", "runcache", "verify", "forkserver"),  # artifacts on disk, command line, environment, warm start
-    ("capture", "hooks", "prompts", "sampling", "models", "arm", "stage", "mlp_activations"),  # attention capture, hooks, prompts, model sources, stage prelude
+    ("capture", "hooks", "prompts", "sampling", "models", "arm", "stage", "mlp_activations", "generations"),  # attention capture, hooks, prompts, model sources, stage prelude, kept generations
     ("engines", "vllm_engine", "scoring", "teacher_forced", "span_sweep", "evaluation", "arm_selection"),  # generation, scoring, accuracy, ARM tuning
     ("charts", "report", "showcase", "add_model"),  # chart kinds; what the report says; the explorer's data; `mless add-model`
 )

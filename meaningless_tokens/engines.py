@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator
 
-from meaningless_tokens import arm, hooks, models, progress, sampling, vllm_engine
+from meaningless_tokens import arm, generations, hooks, models, progress, sampling, vllm_engine
 from meaningless_tokens.config import CONDITIONS, Evaluate, Runtime
 from meaningless_tokens.errors import ArtifactError, ConfigError
 from meaningless_tokens.grading import grade, has_complete_box
@@ -345,7 +345,8 @@ def merge_parts(journal: Journal, journal_path: Path) -> dict[Path, int]:
 Generated = tuple[Item, str, int, str, float]  # item, text, n_tokens, stop reason, seconds
 
 
-SHAPE_STEP = 64       # a compiled stage's prompt width: its longest prompt rounded up to a multiple of this
+SHAPE_STEP = 256      # a planned stage's prompt width: its longest prompt rounded up to a multiple of this; coarse, so
+                      # that evaluate and the sweep (whose longest prompt is a few span tokens longer) share a shape
 WARMUP_TOKENS = 4     # the warm-up's new tokens: the decode step compiled, then (CUDA graphs) recorded and replayed
 MEMORY_MARGIN = 0.8   # the share of free CUDA memory evaluate.batch_size auto plans to fill
 
@@ -417,7 +418,10 @@ class TransformersEngine:
         self.settings = {"engine": "transformers", **_common_settings(cfg, setup, self.eos, device),
                          "batch_size": self.batch_size, "attn_implementation": attn, "cache": "static",
                          "compile": {"setting": cfg.compile, "on": self.compiled}}
+        self.setup = setup
+        self.planned = self.compiled  # every batch the plan's one shape: what a compiled step needs
         self.shape: Shape | None = None
+        self.store: generations.Store | None = None  # rows kept across stages (planned shapes only)
         self.warm = False
         self.filler: tuple[int, ...] | None = None
         self.stats: dict = {}
@@ -444,7 +448,7 @@ class TransformersEngine:
         rows = max(len(items) for items, _ in groups)
         text = self.model.config.get_text_config(decoder=True)
         width = longest
-        if self.compiled:
+        if self.planned:
             context = getattr(text, "max_position_embeddings", None) or longest + limit
             width = max(longest, min(-(-longest // SHAPE_STEP) * SHAPE_STEP, context - limit))
         size = self.cfg.batch_size
@@ -462,10 +466,18 @@ class TransformersEngine:
                                   f"({free / 2**20:.0f} MiB); give an int or fewer evaluate.max_new_tokens")
             self.stats["batch_size_auto"] = {"free_bytes": free, "row_bytes": per_row, "margin": MEMORY_MARGIN}
         self.batch_size = self.settings["batch_size"] = size
-        if self.compiled:  # no more rows than the plan has: a batch size above that would only add fillers
+        if self.planned:  # no more rows than the plan has: a batch size above that would only add fillers
             self.shape = Shape(min(size, rows), width, width + limit)
             self.settings["shape"] = {"width": width, "cache_len": width + limit}
             self.filler = groups[0][0][0].input_ids
+            if generations.enabled():
+                self.store = generations.Store(
+                    models.cache_root(self.setup.entry.runtime, self.setup.entry.params_file) / "generations",
+                    {"version": generations.VERSION, "weights": self.setup.prepared.weights_sha256,
+                     "settings": {**{k: v for k, v in self.settings.items() if k != "batch_size"},
+                                  "rows": self.shape.rows},  # what the arithmetic sees (auto may resolve another size)
+                     "code": generations.code_digest(__name__, "meaningless_tokens.grading"),
+                     "machine": generations.machine(str(self.model.device))})
         return size
 
     def plan_cache(self):
@@ -492,11 +504,32 @@ class TransformersEngine:
         self.warm = True
         self.stats["warmup_seconds"] = round(time.perf_counter() - t0, 2)
 
+    def reuse(self, batches: list[list[Item]], done: set) -> tuple[list[Generated], list[list[Item]]]:
+        """With the plan's shapes: the rows the store holds, and the rest cut anew into batches (a row's tokens are its
+        own at a fixed shape: meaningless_tokens/generations.py). Otherwise none, and `batches` as they are."""
+        if self.store is None:
+            return [], batches
+        todo = [[it for it in b if it.key not in done] for b in batches]
+        hits = {it.key: self.store.get(it) for b in todo for it in b if generations.reusable(it)}
+        hits = {k: v for k, v in hits.items() if v is not None}
+        self.stats["reused"] = self.stats.get("reused", 0) + len(hits)
+        if hits:
+            print(f"{self.setup.name}: {len(hits)} generations reused from {self.store.path}", file=sys.stderr)
+        rest = [[it for it in b if it.key not in hits] for b in todo]
+        if not any(it.condition == "arm" for b in rest for it in b):  # (ARM's pool: batch edits a batch's arm rows
+            n = self.shape.rows                                          # together: their batches stay as planned)
+            rest = [[it for b in rest for it in b if (it.sample >= 0) == s] for s in (False, True)]  # limits differ
+            rest = [part[i:i + n] for part in rest for i in range(0, len(part), n)]
+        return [(it, *hits[it.key]) for b in todo for it in b if it.key in hits], [b for b in rest if b]
+
     def run(self, batches: list[list[Item]], done: set) -> Iterator[list[Generated]]:
         cfg = self.cfg
+        reused, batches = self.reuse(batches, done)
+        if reused:
+            yield reused
         if batches and self.shape is not None and not self.warm:
             self.warm_up()
-        for batch in batches:  # a batch is regenerated whole: its rows' arithmetic depends on each other
+        for batch in batches:  # regenerated whole: with per-batch shapes a row's arithmetic depends on its batch
             t0 = time.perf_counter()
             sampler, limit = None, cfg.max_new_tokens
             if any(it.sample >= 0 for it in batch):
@@ -509,7 +542,10 @@ class TransformersEngine:
             outs = generate(self.model, self.tokenizer, batch, limit, cfg.stop_at_boxed, self.eos,
                             self.arm_hook, sampler, self.shape, self.compile_config, self.plan_cache())
             share = (time.perf_counter() - t0) / len(batch)
-            yield [(it, text, n, reason, share) for it, (text, n, reason) in zip(batch, outs)]
+            done_rows = [(it, text, n, reason, share) for it, (text, n, reason) in zip(batch, outs)]
+            if self.store is not None:
+                self.store.put(done_rows)
+            yield done_rows
 
 
 class VllmEngine:

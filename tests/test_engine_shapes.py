@@ -50,7 +50,7 @@ class ForceBox:
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_plan_shapes_generate_what_per_batch_shapes_do(arch, tiny_dirs, write_params, cache_dir):
-    """float32 on the CPU: the compiled path's shapes (one prompt width rounded up to 64, one cache length, short
+    """float32 on the CPU: the compiled path's shapes (one prompt width rounded up to SHAPE_STEP, one cache length, short
     batches filled with filler rows) give each real row the tokens, n_tokens and stop reason of its own batch's
     shapes, arm rows and the boxed stop included; the fillers never come back."""
     params = shape_params(write_params, tiny_dirs, arch, compile="on")
@@ -59,7 +59,8 @@ def test_plan_shapes_generate_what_per_batch_shapes_do(arch, tiny_dirs, write_pa
     assert engine.fit([(items, limit)]) == 5
     shape = engine.shape
     longest = max(len(it.input_ids) for it in items)
-    assert shape == engines.Shape(5, -(-longest // 64) * 64, -(-longest // 64) * 64 + limit) and shape.width > longest
+    step = engines.SHAPE_STEP
+    assert shape == engines.Shape(5, -(-longest // step) * step, -(-longest // step) * step + limit) and shape.width > longest
     assert engine.settings["shape"] == {"width": shape.width, "cache_len": shape.cache_len}
     batches = engines.make_batches(items, 5)
     assert [len(b) for b in batches] == [5, 5, 2] and any(it.condition == "arm" for b in batches for it in b)

@@ -203,7 +203,8 @@ def test_the_projection_is_the_gpu_profiles_tokens_over_the_measured_rates():
     p = gpu_check.projection(rows, "m")
     assert p["evaluate"] == round(500 * 3 * ev["max_new_tokens"] / 100 / 3600, 2)  # the warm rate, 3 conditions
     assert p["sampling"] == round(500 * 3 * ev["sampling"]["n"] * ev["sampling"]["max_new_tokens"] / 100 / 3600, 2)
-    assert p["sweep accuracy"] == round(sw["accuracy_samples"] * 6 * ev["max_new_tokens"] / 100 / 3600, 2)
+    # 6 prompts a problem, of which count 0 (= none) and count 55 (= mless) are evaluate's rows, kept and reused
+    assert p["sweep accuracy"] == round(sw["accuracy_samples"] * (6 - 2) * ev["max_new_tokens"] / 100 / 3600, 2)
     # 200 tokens per problem and condition, 4 conditions; the sweep's 500 x 6 solutions of 100 tokens
     assert p["likelihood"] == round((500 * 4 * 200 + sw["likelihood_samples"] * 6 * 100) / 200 / 3600, 2)
     # 100 tokens a prompt: extract 500 x 3 and the sweep's 100 x 6 prompts at 1000/s, activations 500 x 3 at 500/s
