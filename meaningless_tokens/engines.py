@@ -6,7 +6,8 @@ sized per batch (a dynamic cache re-concatenates every layer's keys and values a
 time at batch 12; outputs were identical), optionally stopping a row once it has written a complete
 \\boxed{...}; `arm` rows are edited by the ARM hook (meaningless_tokens/arm.py). With evaluate.compile on (CUDA by
 default) the decode step is compiled and sees the plan's shapes alone: one prompt width and cache length per stage,
-short batches filled to the batch size (`TransformersEngine.fit`). The vLLM engine runs in
+short batches filled to the batch size (`TransformersEngine.fit`); at that shape a row's tokens are its own, and
+greedy unedited rows are kept across stages (meaningless_tokens/generations.py). The vLLM engine runs in
 worker processes (meaningless_tokens/vllm_engine.py). Sampled rows draw each token with their own seed
 (meaningless_tokens/sampling.py).
 
@@ -441,7 +442,8 @@ class TransformersEngine:
         max_new_tokens); recorded in `settings` (the journal's key). With compile off the batches keep their own
         widths and caches (the CPU's bytes of before); with compile on every batch gets one shape: the longest prompt
         rounded up to SHAPE_STEP tokens (within the context), a cache of that plus the largest max_new_tokens, and
-        the batch size's rows. evaluate.batch_size auto (CUDA only, check_engine) fills the free memory."""
+        the batch size's rows (`planned`: set with compile, or by a test). evaluate.batch_size auto (CUDA only,
+        check_engine) fills the free memory."""
         groups = [(items, limit) for items, limit in groups if items]
         longest = max(len(it.input_ids) for items, _ in groups for it in items)
         limit = max(limit for _, limit in groups)
