@@ -22,6 +22,7 @@ Differences from the paper's code: DIFFERENCES below (docs/measures.md and the r
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -290,8 +291,9 @@ def uniforms(state, index):
     return (hi >> 8).to(torch.float32) * (1.0 / (1 << 24))
 
 
-def step_states(base, step: int):
-    """Lanes [rows, 2] of the states at `step` from lanes [rows, 2] of `key_state`s, on their device (no copy)."""
+def step_states(base, step):
+    """Lanes [rows, 2] of the states at `step` (a Python int, or a 0-d int64 tensor on base's device: the hook's
+    clock) from lanes [rows, 2] of `key_state`s, on their device (no copy)."""
     import torch
 
     return torch.cat(_absorb_lanes(base[:, 0:1], base[:, 1:2], step >> 32, step & _M32), dim=1)
@@ -303,6 +305,14 @@ def step_states(base, step: int):
 # the cut by kthvalue and hashes only the moved elements; elsewhere it selects by a sort and hashes every element.
 # The values are the same (tests/test_arm.py checks both paths on the CPU).
 ON_HOST = ("cpu",)
+
+
+def _on_host(t) -> bool:
+    """Whether the edit may read `t`'s counts on the host: not while torch.compile traces it (a value read there is a
+    graph break), where the device path's values are the same."""
+    import torch
+
+    return t.device.type in ON_HOST and not torch.compiler.is_compiling()
 
 
 def _kth(v, k: int):
@@ -319,7 +329,7 @@ def _quantile(v, q: float):
 
     n_all = v.numel()
     pos = q * (n_all - 1)
-    lo = int(np.floor(pos))
+    lo = math.floor(pos)
     hi = min(lo + 1, n_all - 1)
     if n_all - lo <= max(64, n_all // 16):
         # a high percentile (99.5 of a prompt's activations): one pass of topk over the tail, not two selections
@@ -361,7 +371,7 @@ def edit(v, s: ArmSettings, state, identity: bool = False):
     flat = v.reshape(-1).float()
     n_all = flat.numel()
     absx = flat.abs()
-    on_host = flat.device.type in ON_HOST
+    on_host = _on_host(flat)
     # |min a| over the negatives, 0 when there are none; order statistics by kthvalue and masks, never a full sort
     # on the host (a prompt's row holds tokens x channels elements: a sort of them costs more than the step)
     neg = (-flat.min()).clamp_min(0)
@@ -412,7 +422,7 @@ def edit_rows(v, s: ArmSettings, states, identity: bool = False):
         eps = 1.4826 * mad * s.c
         share = (absx < eps[:, None]).float().mean(dim=1)
         n = _count(torch.clamp(s.k * share, min=s.pmin, max=s.pmax), n_all)[:, None]
-        if flat.device.type in ON_HOST:  # a selection per row costs less than one sort of them all
+        if _on_host(flat):  # a selection per row costs less than one sort of them all
             cut = torch.stack([torch.kthvalue(x, k).values for x, k in zip(absx, n[:, 0].tolist())])[:, None]
         else:
             cut = torch.sort(absx, dim=1).values.gather(1, n - 1)
@@ -423,7 +433,7 @@ def edit_rows(v, s: ArmSettings, states, identity: bool = False):
         top = _quantile_rows(absx, s.percentage)
     if identity:
         return v.clone()
-    if flat.device.type in ON_HOST:
+    if _on_host(flat):
         r, i = torch.nonzero(moved, as_tuple=True)
         picked = flat[r, i]
         u = uniforms(states[r], i[:, None])[:, 0]
@@ -440,12 +450,75 @@ def _quantile_rows(v, q: float):
     import torch
 
     pos = q * (v.shape[1] - 1)
-    lo = int(np.floor(pos))
+    lo = math.floor(pos)
     hi = min(lo + 1, v.shape[1] - 1)
     x_lo = torch.kthvalue(v, lo + 1, dim=1).values
     if hi == lo or pos == lo:
         return x_lo
     return x_lo + (torch.kthvalue(v, hi + 1, dim=1).values - x_lo) * (pos - lo)
+
+
+def _sorted_masked(x, mask):
+    """x's elements under `mask` ascending, in front of +inf for every other element (x flattened, static shape)."""
+    import torch
+
+    return torch.sort(torch.where(mask, x, float("inf")).reshape(-1)).values
+
+
+def _quantile_sorted(values, n, q: float):
+    """`_quantile` of the first n (a 0-d int64 tensor) of the ascending `values`: its float64 position, floor and
+    weight as Python computes them, the weight rounded to float32 as a Python float's product with a float32 tensor is."""
+    import torch
+
+    pos = (n - 1).double() * q
+    lo = torch.floor(pos)
+    hi = torch.minimum(lo + 1, (n - 1).double())
+    x_lo = values.gather(0, lo.long().clamp_min(0).reshape(1))[0]
+    x_hi = values.gather(0, hi.long().clamp_min(0).reshape(1))[0]
+    return torch.where((hi == lo) | (pos == lo), x_lo, x_lo + (x_hi - x_lo) * (pos - lo).float())
+
+
+def edit_pooled(v, keep, s: ArmSettings, state, identity: bool = False):
+    """`edit` of the rows of `v` ([rows, ...]) that the bool tensor `keep` [rows] marks, pooled over all their elements
+    in batch order (`pool: batch`): equals `edit(v[keep], ...)` on those rows exactly, the other rows untouched, but
+    every shape and count stays a tensor, so the one traced graph serves every set of rows (order statistics by one
+    sort with the other rows' elements at +inf, never a count read on the host). `state`: the draws' lanes [2]."""
+    import torch
+
+    rows = v.shape[0]
+    flat = v.reshape(rows, -1).float()
+    per = flat.shape[1]
+    mask = keep[:, None].expand_as(flat)
+    n_all = keep.sum() * per
+    absx = flat.abs()
+    neg = (-torch.where(mask, flat, float("inf")).min()).clamp_min(0)
+
+    def kth(values, k):  # the k-th smallest (0-based) of the sorted `values`
+        return values.gather(0, k.clamp_min(0).reshape(1))[0]
+
+    abs_sorted = _sorted_masked(absx, mask)
+    if s.variant == "llama":
+        half = torch.div(n_all - 1, 2, rounding_mode="floor")
+        med = kth(abs_sorted, half)
+        mad = kth(_sorted_masked((absx - med).abs_(), mask), half).clamp_min(1e-12)
+        eps = 1.4826 * mad * s.c
+        # the mean over the pooled elements: an exact float32 count over their number, as torch's CPU mean divides
+        # (no pooled element: 0, not 0 / 0, whose NaN count would index nowhere)
+        share = ((absx < eps) & mask).sum().float() / n_all.clamp_min(1).float()
+        n = _count(torch.clamp(s.k * share, min=s.pmin, max=s.pmax), n_all).reshape(1)
+        cut = kth(abs_sorted, n - 1)
+        masked = torch.where(mask, absx, float("inf")).reshape(-1)  # other rows never below or at the cut
+        moved = _first_n(masked, cut, n).view(rows, per)
+        top = _quantile_sorted(_sorted_masked(flat, mask), n_all, s.percentage / 100)
+    else:
+        moved = absx <= _quantile_sorted(abs_sorted, n_all, min(max(s.c, 0.0), 1.0))  # ties included
+        top = _quantile_sorted(abs_sorted, n_all, s.percentage)
+    if identity:
+        return v.clone()
+    rank = (keep.long().cumsum(0) - 1).clamp_min(0)  # each kept row's place among the kept rows
+    u = uniforms(state, rank[:, None] * per + torch.arange(per, device=flat.device)[None, :])
+    new = torch.where(flat >= 0, u * top, -u * neg)
+    return torch.where(mask & moved, new.to(v.dtype), v.reshape(rows, -1)).view_as(v)
 
 
 class ArmHook:
@@ -456,55 +529,73 @@ class ArmHook:
     prompt's attention mask) marks the real tokens of the prompt; decode steps are all real tokens.
 
     No host-device synchronisation at a decode step: at the prompt the hook reads the mask on the host (where the
-    engines hand it over) and copies to the device, once, what the later steps need (the arm rows' batch indices
-    where they are not one run, and each row's key state)."""
+    engines hand it over) and copies to the device, once, what the later steps need (`table`: per row its arm flag,
+    its key state and the arm rows' batch indices; the pooled key state), and sets `clock`, a 0-d int64 device tensor
+    holding the step, which every edited step advances in place.
 
-    def __init__(self, mlp, settings: ArmSettings, identity: bool = False, compiled: bool = False):
+    A decode step that torch.compile traces (transformers compiles the decode step alone; the prompt runs uncompiled)
+    reads only those tensors: the step from `clock`, the rows from `table`, every row edited and the arm rows' result
+    kept by torch.where, so one graph without a break serves every step and every batch of one shape."""
+
+    def __init__(self, mlp, settings: ArmSettings, identity: bool = False):
         self.mlp, self.settings, self.identity = mlp, settings, identity
+        self.clock = None
         self.begin([])
-        hook = self
-        if compiled:
-            # Kept out of torch.compile's graph: the step counter and the batch's rows are Python state that the
-            # draws depend on, which tracing would bake in as constants (a recompile at every step). Returning a
-            # tensor always (the input when nothing is edited) keeps one graph after the break for every batch.
-            import torch
-
-            @torch.compiler.disable
-            def hook(module, inputs, a):
-                out = self(module, inputs, a)
-                return a if out is None else out
-        self.fn = hook  # what hooks.Hooks.arm registers on mlp.act_fn, for one block
+        self.fn = self  # what hooks.Hooks.arm registers on mlp.act_fn, for one block
 
     def begin(self, rows: list, valid=None) -> None:
         """Arm the hook for one batch: per row its problem index (or (index, sample)) when it is an arm row, else None."""
         self.rows, self.valid, self.step = list(rows), valid, 0
         self.arm_rows = [r for r, p in enumerate(self.rows) if p is not None]
+        self.armed = bool(self.rows)  # what the traced step reads: a guard on the rows' values would recompile
         self.prepared = None  # (the arm rows: a slice or indices on the device, the keys' states), made at step 0
+        self.table = None
 
-    def prepare(self, device) -> tuple:
-        """The arm rows (a slice when they are one run, else their indices on the device) and their draws' key
-        states: under `pool: row` lanes [rows, 2] on the device, under `pool: batch` the pooled key's (a Python
-        int); at most one copy to the device."""
+    def prepare(self, device, step: int):
+        """The batch's `table` on the device (one copy) and `clock` set to `step`; returns, without arm rows None,
+        else the arm rows (a slice when they are one run, else their indices on the device) and their draws' key
+        states (lanes on the device: under `pool: row` [arm rows, 2], under `pool: batch` the pooled key's [1, 2])."""
         import torch
 
-        rows, s = self.arm_rows, self.settings
-        run = rows == list(range(rows[0], rows[-1] + 1))
-        where = slice(rows[0], rows[-1] + 1)
-        if s.pool == "batch":
-            state = key_state(s.seed, [row_key(self.rows[r]) for r in rows])
-            return (where if run else torch.tensor(rows).to(device)), state
-        host = lanes([key_state(s.seed, [row_key(self.rows[r])]) for r in rows])
-        if run:
-            return where, host.to(device)
-        dev = torch.cat([torch.tensor(rows)[:, None], host], dim=1).to(device)
-        return dev[:, 0], dev[:, 1:]
+        rows, s, n = self.arm_rows, self.settings, len(self.rows)
+        # rows 0..n-1: (arm flag, key state hi, lo, the k-th arm row's batch index); row n: (0, pooled state hi, lo, 0)
+        host = torch.zeros(n + 1, 4, dtype=torch.int64)
+        if rows:
+            host[rows, 0] = 1
+            host[:len(rows), 3] = torch.tensor(rows, dtype=torch.int64)
+            if s.pool == "batch":
+                host[n, 1:3] = lanes([key_state(s.seed, [row_key(self.rows[r]) for r in rows])])[0]
+            else:
+                host[rows, 1:3] = lanes([key_state(s.seed, [row_key(self.rows[r])]) for r in rows])
+        self.table = host.to(device)
+        if self.clock is None or self.clock.device != self.table.device:
+            import torch._dynamo
+
+            self.clock = torch.zeros((), dtype=torch.int64, device=device)
+            # one tensor for the hook's life, advanced inside the compiled step: a static address lets CUDA graphs
+            # replay that in-place update
+            torch._dynamo.mark_static_address(self.clock)
+        self.clock.fill_(step)
+        if not rows:
+            return None
+        if rows == list(range(rows[0], rows[-1] + 1)):
+            where = slice(rows[0], rows[-1] + 1)
+            states = self.table[where, 1:3]
+        else:
+            where = self.table[:len(rows), 3]
+            states = self.table[where, 1:3]
+        return where, (self.table[n:, 1:3] if s.pool == "batch" else states)
 
     def __call__(self, module, inputs, a):
+        import torch
+
+        if torch.compiler.is_compiling():
+            return self.traced(a)
         # (no torch.set_num_threads(1) around the edit: switching the thread count at every forward call
         # made generation of a batch 20x slower, arm rows or not, measured on 2 cores)
         step, self.step = self.step, self.step + 1
         s = self.settings
-        if not self.arm_rows or (s.apply == "prefill" and step > 0):
+        if not self.rows or (s.apply == "prefill" and step > 0):
             return None
         if len(self.rows) != a.shape[0]:
             raise RuntimeError(f"ARM hook: {len(self.rows)} rows marked, the batch has {a.shape[0]}")
@@ -512,16 +603,43 @@ class ArmHook:
         if valid is not None and tuple(valid.shape) != tuple(a.shape[:2]):
             raise RuntimeError(f"ARM hook: prompt mask {tuple(valid.shape)} does not fit activations "
                                f"{tuple(a.shape)} at step 0 (a prompt split over several forward calls?)")
-        if step == 0 or self.prepared is None:
-            self.prepared = self.prepare(a.device)
+        if step == 0 or self.table is None:  # a batch without arm rows too: its compiled steps read the table
+            self.prepared = self.prepare(a.device, step)
+        if self.prepared is None:
+            return None
         where, states = self.prepared
         out = a.clone()
         if s.pool == "batch":  # one edit over every position (pads included) of the arm rows, in batch order
-            out[where] = edit(a[where], s, absorb(states, step), self.identity)
+            out[where] = edit(a[where], s, step_states(states, self.clock)[0], self.identity)
         elif valid is None:  # a decode step (or a prompt without padding): the rows in one batched edit
-            out[where] = edit_rows(a[where], s, step_states(states, step), self.identity)
+            out[where] = edit_rows(a[where], s, step_states(states, self.clock), self.identity)
         else:
             self.prompt(a, out, valid)
+        self.clock.add_(1)
+        return out
+
+    def traced(self, a):
+        """A decode step under torch.compile: every row edited with its table entry's draws at `clock`, the arm rows'
+        values kept (shapes and settings are the graph's only constants)."""
+        import torch
+
+        s = self.settings
+        if not self.armed or s.apply == "prefill":
+            return None
+        if self.table is None:
+            raise RuntimeError("ARM hook: a compiled forward pass before the prompt's: the prompt (step 0) must run "
+                               "uncompiled, where the hook reads its rows and mask on the host")
+        n = self.table.shape[0] - 1
+        if n != a.shape[0] or a.shape[1] != 1:
+            raise RuntimeError(f"ARM hook: a compiled forward pass of {tuple(a.shape[:2])} (rows, tokens) for "
+                               f"{n} marked rows: only a decode step (one token per row) may be compiled")
+        keep = self.table[:n, 0] == 1
+        if s.pool == "batch":
+            out = edit_pooled(a, keep, s, step_states(self.table[n:, 1:3], self.clock)[0], self.identity)
+        else:
+            edited = edit_rows(a, s, step_states(self.table[:n, 1:3], self.clock), self.identity)
+            out = torch.where(keep.view(-1, *[1] * (a.dim() - 1)), edited, a)
+        self.clock.add_(1)
         return out
 
     def prompt(self, a, out, valid) -> None:

@@ -398,21 +398,13 @@ class TransformersEngine:
         if self.compiled:
             from transformers import CompileConfig
 
-            # not fullgraph: the ARM hook is kept out of the graph; static shapes: the plan gives one shape
+            # static shapes: the plan gives one shape (the ARM hook traces into the graph: arm.ArmHook.traced)
             self.compile_config = CompileConfig(fullgraph=False, dynamic=False)
             if not device.startswith("cuda"):
                 self.compile_config._compile_all_devices = True  # transformers compiles on CUDA alone otherwise
-            if arm_settings:
-                import torch._dynamo
-
-                # The ARM hook's graph break falls inside the model's loop over layers, which dynamo does not resume:
-                # each decoder layer is then compiled as a frame of its own, one per layer (measured on a tiny llama),
-                # and past dynamo's 8 recompiles a code object runs uncompiled (layer 9 on). Room for every layer:
-                layers = self.model.config.get_text_config(decoder=True).num_hidden_layers
-                torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, layers + 8)
         self.hooks = hooks.Hooks()  # the ARM hook's life is the engine's: `close` (the stage's finally) removes it
-        self.arm_hook = self.hooks.arm(arm.ArmHook(arm.layer0_mlp(self.model, setup), arm_settings,
-                                                   compiled=self.compiled)) if arm_settings else None
+        self.arm_hook = self.hooks.arm(arm.ArmHook(arm.layer0_mlp(self.model, setup), arm_settings)) \
+            if arm_settings else None
         self.eos = stop_ids(self.model.generation_config, self.tokenizer)
         self.sampling = sampling.settings_for(cfg, self.model.generation_config) if sampled and cfg.sampling.n else None
         self.batch_size = cfg.batch_size if cfg.batch_size != "auto" else None  # resolved by fit

@@ -82,8 +82,8 @@ def test_compile_off_keeps_each_batch_its_own_shape(tiny_dirs, write_params, cac
 
 
 def test_compile_on_on_the_cpu_generates_what_off_does(tiny_dirs, write_params, cache_dir, tmp_path):
-    """evaluate.compile on through the whole stage on the CPU (torch.compile of the decode step, the ARM hook kept
-    out of the graph): the same outputs as off; the warm-up's seconds recorded apart; the settings in provenance.
+    """evaluate.compile on through the whole stage on the CPU (torch.compile of the decode step, the ARM hook traced
+    into it): the same outputs as off; the warm-up's seconds recorded apart; the settings in provenance.
     About 30-50 s on 2 busy cores, nearly all of it compilation."""
     kw = dict(n_samples=2, max_new_tokens=4, batch_size=3)
     off = evaluate.run(shape_params(write_params, tiny_dirs, compile="off", **kw), "tiny", root=tmp_path / "off")
