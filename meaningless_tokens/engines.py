@@ -357,6 +357,24 @@ def compile_on(setting: str, device: str) -> bool:
     return device.startswith("cuda") if setting == "auto" else setting == "on"
 
 
+# why a compiled decode step would be a new graph at every step: transformers' static cache keeps a sliding-window
+# layer's length in a Python int (StaticSlidingWindowLayer.cumulative_length_int), which dynamo specializes on; past
+# its recompile limit the step runs uncompiled, after one compilation per step (a tiny Gemma 3: 5 graphs in 5 steps)
+SLIDING = "sliding-window layers: transformers' static cache recompiles their decode step at every step"
+
+
+def compile_for(setting: str, device: str, config) -> tuple[bool, str | None]:
+    """evaluate.compile resolved for a model: (on, why not where auto is off on CUDA). auto leaves a model with
+    sliding-window layers (Gemma 3) uncompiled; `on` compiles it all the same (and says what it costs)."""
+    on = compile_on(setting, device)
+    sliding = "sliding_attention" in (getattr(config.get_text_config(decoder=True), "layer_types", None) or ())
+    if on and sliding and setting == "auto":
+        return False, SLIDING
+    if on and sliding:
+        print(f"evaluate.compile: on with {SLIDING}", file=sys.stderr)
+    return on, None
+
+
 def kv_bytes_per_token(config, dtype_bytes: int) -> int:
     """A static cache's bytes per token and row: keys and values of every layer (2 x layers x kv heads x head dim)."""
     text = config.get_text_config(decoder=True)
@@ -393,7 +411,7 @@ class TransformersEngine:
         self.cfg = cfg
         self.model, self.tokenizer, attn = load_for_generation(setup)
         device = str(self.model.device)
-        self.compiled = compile_on(cfg.compile, device)
+        self.compiled, why_not = compile_for(cfg.compile, device, self.model.config)
         self.compile_config = None
         if self.compiled:
             from transformers import CompileConfig
@@ -410,7 +428,8 @@ class TransformersEngine:
         self.batch_size = cfg.batch_size if cfg.batch_size != "auto" else None  # resolved by fit
         self.settings = {"engine": "transformers", **_common_settings(cfg, setup, self.eos, device),
                          "batch_size": self.batch_size, "attn_implementation": attn, "cache": "static",
-                         "compile": {"setting": cfg.compile, "on": self.compiled}}
+                         "compile": {"setting": cfg.compile, "on": self.compiled,
+                                     **({"why_not": why_not} if why_not else {})}}
         self.setup = setup
         self.planned = self.compiled  # every batch the plan's one shape: what a compiled step needs
         self.shape: Shape | None = None

@@ -149,3 +149,43 @@ def test_a_journal_of_another_auto_size_says_so(tiny_dirs, write_params, cache_d
     journal.write_text(json.dumps({"version": engines.JOURNAL_VERSION, "key": plan.key}) + "\n")
     evaluation.say_resized(journal, plan)  # the same plan: nothing to say
     assert capsys.readouterr().err == ""
+
+
+def test_compile_auto_leaves_sliding_window_models_uncompiled(tiny_dirs, capsys):
+    """auto on CUDA compiles a model of full-attention layers and leaves one with sliding-window layers (Gemma 3)
+    uncompiled, saying why; `on` compiles it and says what it costs; the CPU's auto is off either way."""
+    from transformers import AutoConfig
+
+    gemma, llama = (AutoConfig.from_pretrained(tiny_dirs[a]) for a in ("gemma3", "llama"))
+    assert engines.compile_for("auto", "cuda:0", gemma) == (False, engines.SLIDING)
+    assert engines.compile_for("auto", "cuda:0", llama) == (True, None)
+    assert engines.compile_for("auto", "cpu", gemma) == (False, None)
+    assert capsys.readouterr().err == ""
+    assert engines.compile_for("on", "cuda:0", gemma) == (True, None)
+    assert "evaluate.compile: on with sliding-window layers" in capsys.readouterr().err
+
+
+def test_a_sliding_window_cache_makes_a_graph_per_decode_step(tiny_dirs, write_params, cache_dir):
+    """Why auto leaves Gemma 3 uncompiled: transformers' static cache keeps a sliding layer's length in a Python
+    int that dynamo specializes on, so each decode step is a new graph (a tiny llama: one graph for every step)."""
+    import torch
+    from transformers import CompileConfig
+
+    from tests.test_arm_compile import counting_backend, generate_batches
+
+    graphs = {}
+    for arch in ("gemma3", "llama"):
+        params = shape_params(write_params, tiny_dirs, arch)
+        engine, items = engine_and_items(params, problems=1)
+        with engine:
+            width = max(len(it.input_ids) for it in items[:2])
+            shape = engines.Shape(2, width, width + 5)
+            graphs[arch] = []
+            config = CompileConfig(fullgraph=True, dynamic=False, backend=counting_backend(graphs[arch]), mode=None)
+            config._compile_all_devices = True
+            torch._dynamo.reset()
+            try:
+                generate_batches(engine.model, engine.tokenizer, engine.eos, None, [items[:2]], shape, config)
+            finally:
+                torch._dynamo.reset()
+    assert len(graphs["llama"]) == 1 and len(graphs["gemma3"]) >= 3, {a: len(g) for a, g in graphs.items()}
