@@ -431,7 +431,9 @@ class TransformersEngine:
                          "compile": {"setting": cfg.compile, "on": self.compiled,
                                      **({"why_not": why_not} if why_not else {})}}
         self.setup = setup
-        self.planned = self.compiled  # every batch the plan's one shape: what a compiled step needs
+        # every batch the plan's one shape: what a compiled step needs, and what keeps rows for other stages (a model
+        # left uncompiled for its sliding-window layers keeps the shape on CUDA for that)
+        self.planned = self.compiled or why_not is not None
         self.shape: Shape | None = None
         self.store: generations.Store | None = None  # rows kept across stages (planned shapes only)
         self.warm = False
@@ -540,7 +542,7 @@ class TransformersEngine:
         reused, batches = self.reuse(batches, done)
         if reused:
             yield reused
-        if batches and self.shape is not None and not self.warm:
+        if batches and self.compile_config is not None and not self.warm:
             self.warm_up()
         for batch in batches:  # regenerated whole: with per-batch shapes a row's arithmetic depends on its batch
             t0 = time.perf_counter()
