@@ -340,3 +340,32 @@ def test_cuda_requested_without_cuda_is_one_line_before_any_model_is_loaded(llam
             run()
     assert not cache_dir.exists() or not any(cache_dir.rglob("*.safetensors")), "a model was prepared first"
     assert not list(tmp_path.rglob("*.h5"))
+
+
+@pytest.mark.skipif(not CUDA, reason=NO_CUDA)
+def test_the_draws_uniforms_on_cuda_are_the_cpus_bit_for_bit():
+    """ARM's element uniforms and sampling's step uniforms are integer hashes on the tensors' device: CUDA's equal the
+    CPU's bit for bit (the CPU's equal a NumPy reference: tests/test_arm.py); so do the sampled tokens of random
+    logits (the draw's float64 cumsum may round apart only where top_p equals a partial sum)."""
+    from meaningless_tokens import arm, sampling
+
+    index = torch.tensor([0, 1, 2, 1000, 2**24 + 3, 2**31, 2**32 - 1, 2**32, 2**40 + 12345, 2**63 - 1])
+    index = torch.cat([index, torch.arange(100_000)])
+    for seed, keys in ((0, [(0,)]), (2**64 - 1, [(499, 4)]), (12345, [(5,), (6, 1), (7,)])):
+        for step in (0, 1, 2047, 2**40):
+            state = arm.stream(seed, keys, step)
+            assert torch.equal(arm.uniforms(state, index.cuda()).cpu(), arm.uniforms(state, index))
+            base = arm.lanes([arm.key_state(seed, keys), arm.key_state(seed + 1, keys)])
+            rows = index[None, :].expand(2, -1)
+            assert torch.equal(arm.uniforms(arm.step_states(base.cuda(), step), rows.cuda()).cpu(),
+                               arm.uniforms(arm.step_states(base, step), rows))
+    states = arm.lanes([sampling.row_state(sampling.sample_seed(0, i, c, j))
+                        for i in range(40) for c in ("none", "mless") for j in range(3)])
+    gen = torch.Generator().manual_seed(0)
+    for step in (0, 1, 511, 2047):
+        u = sampling.step_uniforms(states, step)
+        assert torch.equal(sampling.step_uniforms(states.cuda(), step).cpu(), u)
+        logits = torch.randn(len(u), 5000, generator=gen) * 3
+        for temperature, top_p, top_k in ((0.6, 0.95, 0), (1.0, 1.0, 50), (0.7, 0.8, 20)):
+            assert torch.equal(sampling.draw(logits.cuda(), u.cuda(), temperature, top_p, top_k).cpu(),
+                               sampling.draw(logits, u, temperature, top_p, top_k))
