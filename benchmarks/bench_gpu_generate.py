@@ -15,7 +15,7 @@ evaluate stage's sampled rows (evaluate.sampling: the engine's per-row seeded dr
 do_sample and the same temperature, top-p and top-k).
 
 Arm `engine`: engines.open_engine(...), fitted to the rows (`.fit`: the batch size and, compiled, the plan's one
-shape) and `.run(batches)`: the evaluate stage's engine with `--batch-size`, `--new-tokens` (the stop at
+shape) and `.generate(batches)`: the evaluate stage's engine with `--batch-size`, `--new-tokens` (the stop at
 \\boxed{} off) and evaluate.compile (auto: on for CUDA; `--compile`). Arm `generate`: a second copy of the model
 (the same loader) and `model.generate` on the same left-padded batch. Both keep the model's end-of-text ids; random weights never
 write them, so every row runs to its limit (the table counts the rows that did). Each arm's first call on a
@@ -101,7 +101,7 @@ def plain_generate(model, tokenizer, batch, new_tokens: int, eos: list[int], sam
 
 def engine_generate(engine, batch) -> list[tuple[str, int]]:
     """The engine's rows of one batch: [(text, n_tokens)]."""
-    return [(text, n) for outs in engine.run([batch], set()) for _, text, n, _, _ in outs]
+    return [(text, n) for outs in engine.generate([batch], set()) for _, text, n, _, _ in outs]
 
 
 # ---- the measurement ----------------------------------------------------------------------------
