@@ -40,6 +40,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -48,6 +49,9 @@ for _p in (str(ROOT), str(HERE)):  # loaded by path from gpu_check too, where ne
         sys.path.append(_p)
 
 import yaml  # noqa: E402
+
+if TYPE_CHECKING:
+    from meaningless_tokens.engines import Engine, Item
 
 PLAN_BATCH = 64  # the GPU plan's targets are at this batch size
 # steady greedy tokens/s of the engine at batch 64 on one H100 or H200: model -> (width, (hidden size, layers), target)
@@ -99,7 +103,7 @@ def plain_generate(model, tokenizer, batch, new_tokens: int, eos: list[int], sam
     return rows, type(cache).__name__
 
 
-def engine_generate(engine, batch) -> list[tuple[str, int]]:
+def engine_generate(engine: Engine, batch: list[Item]) -> list[tuple[str, int]]:
     """The engine's rows of one batch: [(text, n_tokens)]."""
     return [(text, n) for outs in engine.generate([batch], set()) for _, text, n, _, _ in outs]
 

@@ -3,6 +3,7 @@ journal (and the shard parts it merges) and the journaled run that grades as it 
 
 `Engine` is what the stages call, whichever backend `evaluate.engine` names: `generate(batches, done)` (greedy or
 seeded sampled continuations), `loglikelihood(seqs, ...)` (teacher-forced log-probs), `fit`, `settings`, `close`.
+`Scorer` is its scoring part alone: what the likelihood stages need, which read none of evaluate's settings.
 The backends: meaningless_tokens/engines/transformers.py and meaningless_tokens/engines/vllm.py.
 
 Each finished batch is appended to a journal; an interrupted run resumes from it with the same batches, so

@@ -29,6 +29,7 @@ from meaningless_tokens.grading import has_complete_box
 if TYPE_CHECKING:
     from meaningless_tokens.scoring import Seq, TeacherForcedArm
 
+
 # ---- generation -----------------------------------------------------------------------------
 
 class _BoxedStop:
