@@ -3,11 +3,11 @@
     python benchmarks/bench_arm_packing.py --model qwen2_5-coder-0_5b --n 20 --reps 2
 
 Builds the stage's `arm` sequences (the none prompt with the solution and with the answer continuation:
-stages.likelihood.build_sequences) for the first `--n` problems of the `likelihood.n_samples` subset and scores
-them with the stage's ARM hook (scoring.TeacherForcedArm, the model's own setting) two ways, alternated over
-`--reps` repetitions in one process: `packed` (scoring.score_packed: the prompt once per problem, edited as step 0,
-each later node as the decode step of its depth: what the stage runs) and `whole` (scoring.score: each sequence
-whole). Prints seconds (the best repetition), tokens computed, the max abs difference of the summed log-probs
+teacher_forced.build_sequences) for the first `--n` problems of the `likelihood.n_samples` subset and scores
+them with the stage's ARM hook (scoring.TeacherForcedArm, the model's own setting) through the scoring engine's
+`loglikelihood` two ways, alternated over `--reps` repetitions in one process: `packed` (scoring.score_packed: the
+prompt once per problem, edited as step 0, each later node as the decode step of its depth: what the stage runs) and
+`whole` (scoring.score: each sequence whole). Prints seconds (the best repetition), tokens computed, the max abs difference of the summed log-probs
 (the packed tolerance bounds it) and, last, the ratio of the whole time to the packed time.
 """
 
@@ -23,9 +23,9 @@ def main() -> None:
     import numpy as np
     import torch
 
-    from meaningless_tokens import arm, hooks, models, scoring, store
+    from meaningless_tokens import arm, hooks, models, scoring, store, teacher_forced
+    from meaningless_tokens.engines import open_scorer
     from meaningless_tokens.prompts import builder_for, dataset_spec, load_problems, select_problems
-    from stages import likelihood
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="qwen2_5-coder-0_5b")
@@ -38,20 +38,20 @@ def main() -> None:
     chosen = select_problems(load_problems(dataset_spec(params.dataset, params.file))[0], params.likelihood.n_samples,
                              params.likelihood.seed)[:args.n]
     setup = models.setup_for(full, args.model)
-    model, tok, _ = scoring.load(setup)
-    builder = builder_for(likelihood.scoring_prompt(params), setup, tok)
-    seqs = [s for s in likelihood.build_sequences(params, args.model, builder, chosen, None) if s.condition == "arm"]
-    pad = scoring.pad_id(tok)
+    engine = open_scorer(setup)
+    model = engine.model
+    builder = builder_for(teacher_forced.scoring_prompt(params), setup, engine.tokenizer)
+    seqs = [s for s in teacher_forced.build_sequences(params, args.model, builder, chosen, None) if s.condition == "arm"]
     hook = hooks.Hooks().arm(scoring.TeacherForcedArm(arm.layer0_mlp(model, setup, "likelihood.conditions"),
                                                       arm.settings_for(params.arm, params.dataset.benchmark, setup)))
     print(common.machine(torch.get_num_threads()))
     load = common.OtherLoad()
-    arms = {"packed": scoring.score_packed, "whole": scoring.score}
+    arms = ("packed", "whole")
     best, sums = {k: float("inf") for k in arms}, {}
     for rep in range(args.reps):
         for k in (list(arms) if rep % 2 == 0 else list(arms)[::-1]):
             t = time.perf_counter()
-            out = arms[k](model, seqs, params.likelihood.batch_tokens, pad, hook)
+            out = engine.loglikelihood(seqs, params.likelihood.batch_tokens, hook, method=k).logprobs
             best[k] = min(best[k], time.perf_counter() - t)
             sums[k] = np.array([x.sum() for x in out])
     tokens = {"packed": sum(len(scoring.pack([s for s in seqs if s.index == p.index]).ids) for p in chosen),

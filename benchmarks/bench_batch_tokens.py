@@ -2,11 +2,12 @@
 
     python benchmarks/bench_batch_tokens.py --model qwen2_5-coder-0_5b --every 6 --sizes 4096,1024,2048,8192
 
-Builds the stage's sequences (stages.likelihood.build_sequences) for every `--every`-th problem of the
-`likelihood.n_samples` subset, then scores them with scoring.score_packed at each budget, the budgets alternated
-over `--reps` repetitions in one process (same model, threads and trees). Prints seconds per budget (the median of
-the repetitions), the max abs difference of the log-probs against the first budget (batch composition changes
-float rounding only), and as its last line the ratio of the first budget's time to params.yaml's budget.
+Builds the stage's sequences (teacher_forced.build_sequences) for every `--every`-th problem of the
+`likelihood.n_samples` subset, then scores them with the scoring engine's `loglikelihood(method="packed")`
+(scoring.score_packed) at each budget, the budgets alternated over `--reps` repetitions in one process (same model,
+threads and trees). Prints seconds per budget (the median of the repetitions), the max abs difference of the
+log-probs against the first budget (batch composition changes float rounding only), and as its last line the ratio
+of the first budget's time to params.yaml's budget.
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ def main() -> None:
     import numpy as np
     import torch
 
-    from meaningless_tokens import arm, hooks, models, scoring, store
+    from meaningless_tokens import arm, hooks, models, scoring, store, teacher_forced
+    from meaningless_tokens.engines import open_scorer
     from meaningless_tokens.prompts import builder_for, dataset_spec, load_problems, select_problems
-    from stages import likelihood
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="qwen2_5-coder-0_5b")
@@ -38,10 +39,10 @@ def main() -> None:
     chosen = select_problems(load_problems(dataset_spec(params.dataset, params.file))[0], params.likelihood.n_samples,
                              params.likelihood.seed)[::args.every]
     setup = models.setup_for(full, args.model)
-    model, tok, _ = scoring.load(setup)
-    builder = builder_for(likelihood.scoring_prompt(params), setup, tok)
-    seqs = likelihood.build_sequences(params, args.model, builder, chosen, setup.prepared.facts["max_position_embeddings"])
-    pad = scoring.pad_id(tok)
+    engine = open_scorer(setup)
+    model = engine.model
+    builder = builder_for(teacher_forced.scoring_prompt(params), setup, engine.tokenizer)
+    seqs = teacher_forced.build_sequences(params, args.model, builder, chosen, setup.prepared.facts["max_position_embeddings"])
     hook = None  # likelihood.conditions' arm rows are scored with the stage's hook, as the stage does
     if "arm" in params.likelihood.conditions:
         settings = arm.settings_for(params.arm, params.dataset.benchmark, setup)
@@ -53,7 +54,7 @@ def main() -> None:
     for _ in range(args.reps):
         for b in sizes:
             t = time.perf_counter()
-            out = scoring.score_packed(model, seqs, b, pad, hook)
+            out = engine.loglikelihood(seqs, b, hook, method="packed").logprobs
             seconds[b].append(time.perf_counter() - t)
             ref = ref or out
             diff[b] = max(float(np.abs(x - y).max()) for x, y in zip(out, ref))

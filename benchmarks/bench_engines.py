@@ -5,8 +5,8 @@
 Needs the vLLM environment (`make install-vllm`). The workload is the evaluate stage's for each model:
 `evaluate.n_samples` problems (or --n) under every condition, prompts from the project's prompt builder,
 the evaluate settings of params.yaml. Both arms are the stage's own engines (meaningless_tokens.engines.open_engine
-with evaluate.engine transformers, then vllm) and run the same items through `engine.run`, as
-`stages.engines.run_journaled` does; the arms alternate per model (A B, B A, ...). Start: transformers
+with evaluate.engine transformers, then vllm) and run the same items through `engine.generate`, as
+`meaningless_tokens.engines.run_journaled` does; the arms alternate per model (A B, B A, ...). Start: transformers
 loads the model; vLLM starts its worker and engine (the model load included). Tokens are the generated
 tokens each generation keeps (up to end-of-text or the closing of its first complete box). Graded
 results and output texts are compared between the engines.
@@ -60,7 +60,7 @@ def main() -> None:
             builder = builder_for(params.prompt, setup, engine.tokenizer)
             items = [Item(p.index, c, builder.build(p)[c].input_ids) for p in chosen for c in params.prompt.conditions]
             out, t1 = {}, time.perf_counter()
-            for outs in engine.run(make_batches(items, cfg.batch_size), set()):
+            for outs in engine.generate(make_batches(items, cfg.batch_size), set()):
                 for it, text, n, _, _ in outs:
                     out[(it.index, it.condition)] = (text, n, it)
             total = time.perf_counter() - t1

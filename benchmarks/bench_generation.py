@@ -5,9 +5,9 @@
 
 The workload is the evaluate stage's for one model: the evaluation subset (`evaluate.n_samples`
 problems, or --n) under every condition, prompts built by the project's prompt builder. Both arms
-call stages.engines.generate with the evaluate settings of params.yaml (greedy, SDPA, static KV
+call meaningless_tokens.engines.generate with the evaluate settings of params.yaml (greedy, SDPA, static KV
 cache, stop at eos or a complete \\boxed{}): arm `one at a time` with batches of one prompt, arm
-`batched` with stages.engines.make_batches at `evaluate.batch_size` (the default batch size).
+`batched` with meaningless_tokens.engines.make_batches at `evaluate.batch_size` (the default batch size).
 --compare-batch adds an arm at another batch size. Tokens are the generated tokens each row keeps
 (up to its end-of-text token).
 

@@ -15,7 +15,7 @@ evaluate stage's sampled rows (evaluate.sampling: the engine's per-row seeded dr
 do_sample and the same temperature, top-p and top-k).
 
 Arm `engine`: engines.open_engine(...), fitted to the rows (`.fit`: the batch size and, compiled, the plan's one
-shape) and `.run(batches)`: the evaluate stage's engine with `--batch-size`, `--new-tokens` (the stop at
+shape) and `.generate(batches)`: the evaluate stage's engine with `--batch-size`, `--new-tokens` (the stop at
 \\boxed{} off) and evaluate.compile (auto: on for CUDA; `--compile`). Arm `generate`: a second copy of the model
 (the same loader) and `model.generate` on the same left-padded batch. Both keep the model's end-of-text ids; random weights never
 write them, so every row runs to its limit (the table counts the rows that did). Each arm's first call on a
@@ -40,6 +40,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -48,6 +49,9 @@ for _p in (str(ROOT), str(HERE)):  # loaded by path from gpu_check too, where ne
         sys.path.append(_p)
 
 import yaml  # noqa: E402
+
+if TYPE_CHECKING:
+    from meaningless_tokens.engines import Engine, Item
 
 PLAN_BATCH = 64  # the GPU plan's targets are at this batch size
 # steady greedy tokens/s of the engine at batch 64 on one H100 or H200: model -> (width, (hidden size, layers), target)
@@ -99,9 +103,9 @@ def plain_generate(model, tokenizer, batch, new_tokens: int, eos: list[int], sam
     return rows, type(cache).__name__
 
 
-def engine_generate(engine, batch) -> list[tuple[str, int]]:
+def engine_generate(engine: Engine, batch: list[Item]) -> list[tuple[str, int]]:
     """The engine's rows of one batch: [(text, n_tokens)]."""
-    return [(text, n) for outs in engine.run([batch], set()) for _, text, n, _, _ in outs]
+    return [(text, n) for outs in engine.generate([batch], set()) for _, text, n, _, _ in outs]
 
 
 # ---- the measurement ----------------------------------------------------------------------------

@@ -18,10 +18,11 @@ import numpy as np
 
 from meaningless_tokens import arm, hooks, progress, scoring
 from meaningless_tokens.config import Params
+from meaningless_tokens.engines import open_scorer
 from meaningless_tokens.errors import ConfigError
 from meaningless_tokens.intervals import bootstrap_mean_ci
 from meaningless_tokens.prompts import Problem, builder_for, dataset_spec, load_problems, require_field, select_problems
-from meaningless_tokens.scoring import Seq, TeacherForcedArm, pad_id
+from meaningless_tokens.scoring import Seq, TeacherForcedArm
 
 
 @dataclass
@@ -157,28 +158,28 @@ def tune(params: Params, setup, problems: tuple[list[Problem], list[Problem]]) -
                                                                         "percentage": "arm_tuning.grid"})
                 for c, pct in grid]
 
-    model, tokenizer, attn = scoring.load(setup)
+    engine = open_scorer(setup)
     prompt = params.prompt.model_copy(update={"conditions": ["none"]})
-    builder = builder_for(prompt, setup, tokenizer)
+    builder = builder_for(prompt, setup, engine.tokenizer)
     none_seqs, arm_seqs = solution_sequences(params, builder, tuning + tested)
     context = setup.prepared.facts["max_position_embeddings"]
     longest = max(len(s.input_ids) for s in none_seqs)
     if context and longest > context:
         raise ConfigError(f"{params.file}: likelihood.solution_tokens: a prompt plus its solution ({longest} tokens) "
                           f"exceeds the context of model '{name}' ({context} positions)")
-    pad = pad_id(tokenizer)
+    pad = engine.pad
     warn = lambda why: print(f"{name}: {why}", file=sys.stderr)  # noqa: E731
     bar = progress.bar(total=len(none_seqs) * (1 + len(settings)), desc=f"arm tuning {name}", unit="seq")
     t0 = time.perf_counter()
-    none_lp, how = scoring.score_fastest(model, none_seqs, params.likelihood.batch_tokens, pad, None, bar, warn)
+    none_lp, how, _ = engine.loglikelihood(none_seqs, params.likelihood.batch_tokens, bar=bar, warn=warn)
     arm_lp, checks = [], []
     try:
-        with hooks.Hooks() as h:
-            hook = h.arm(TeacherForcedArm(arm.layer0_mlp(model, setup, "arm_tuning.models"), settings[0]))
+        with engine, hooks.Hooks() as h:
+            hook = h.arm(TeacherForcedArm(arm.layer0_mlp(engine.model, setup, "arm_tuning.models"), settings[0]))
             for s in settings:
                 hook.settings = s
-                lps, info = scoring.score_fastest(model, arm_seqs, params.likelihood.batch_tokens, pad, hook, bar,
-                                                  warn)
+                lps, info, _ = engine.loglikelihood(arm_seqs, params.likelihood.batch_tokens, hook, bar=bar,
+                                                    warn=warn)
                 arm_lp.append(lps)
                 checks.append(info)
     finally:
@@ -192,6 +193,6 @@ def tune(params: Params, setup, problems: tuple[list[Problem], list[Problem]]) -
     own_k = grid.index((own.c, own.percentage))
     return Tuning(tuning, tested, settings, own_k, base, gains, result,
                   metrics_summary(grid, gains, n_t, result, own, own_k, cfg),
-                  {"attn_implementation": attn, "batch_tokens": params.likelihood.batch_tokens, "pad_token_id": pad,
+                  {"attn_implementation": engine.attn, "batch_tokens": params.likelihood.batch_tokens, "pad_token_id": pad,
                    "none": how, "arm": checks}, seconds,
                   sum(len(s.input_ids) for s in none_seqs) * (1 + len(settings)))

@@ -18,8 +18,8 @@ import numpy as np
 
 from meaningless_tokens import arm, models, sampling
 from meaningless_tokens.config import Params, Shard
-from meaningless_tokens.engines import (Item, Journal, Record, journal_key, make_batches, merge_parts, open_engine,
-                                        part_path, run_journaled)
+from meaningless_tokens.engines import (Engine, Item, Journal, Record, journal_key, make_batches, merge_parts,
+                                        open_engine, part_path, run_journaled)
 from meaningless_tokens.grading import has_complete_box
 from meaningless_tokens.intervals import paired
 from meaningless_tokens.prompts import PromptBuilder, builder_for, check_context, dataset_spec
@@ -51,7 +51,7 @@ def summarize(records: dict[str, list[Record]], seed: int) -> dict:
 class Plan:
     """What a run generates: each (problem, condition) greedily, then `n_sampled` samples of each, in fixed batches."""
     setup: models.ModelSetup
-    engine: object
+    engine: Engine
     builder: PromptBuilder
     built: dict                # problem index -> condition -> PromptIds
     batches: list

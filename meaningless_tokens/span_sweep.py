@@ -19,7 +19,8 @@ from meaningless_tokens import models, progress, scoring
 from meaningless_tokens.attention import QUERY_VECTOR, reduce, sample_stats
 from meaningless_tokens.capture import attention, compare
 from meaningless_tokens.config import Params, Prompt
-from meaningless_tokens.engines import Item, Journal, check_engine, journal_key, make_batches, open_engine, run_journaled
+from meaningless_tokens.engines import (Item, Journal, check_engine, journal_key, make_batches, open_engine, open_scorer,
+                                        run_journaled)
 from meaningless_tokens.errors import CaptureError, ConfigError, PromptError, UnsupportedModel
 from meaningless_tokens.intervals import bootstrap_mean_ci, bootstrap_ratio_ci, paired, wilcoxon_p
 from meaningless_tokens.prompts import PromptBuilder, check_context, dataset_spec, select_problems
@@ -167,8 +168,8 @@ def likelihood_sweep(params: Params, setup: models.ModelSetup, problems) -> dict
     """Per (token, count): each problem's mean log-prob per token of the reference solution (count 0: the none
     prompt, scored once), from one load of the whole model."""
     name = setup.name
-    model, tokenizer, _ = scoring.load(setup)
-    bs = builders(params, setup, tokenizer)
+    engine = open_scorer(setup)
+    bs = builders(params, setup, engine.tokenizer)
     prompts = _build(bs, params, name, problems)
     conts = scoring.Continuations(params.likelihood, next(iter(bs.values())),
                                   dataset_spec(params.dataset, params.file).path)
@@ -180,8 +181,9 @@ def likelihood_sweep(params: Params, setup: models.ModelSetup, problems) -> dict
             seqs += conts.sequences(p, {"none" if key == "none" else "mless": pr.input_ids}, ("solution",))
     check_context(setup, "likelihood.solution_tokens", "a sweep prompt plus its solution",
                   max(len(s.input_ids) for s in seqs))
-    lps, _, _ = scoring.score_shown(model, seqs, params.likelihood.batch_tokens, scoring.pad_id(tokenizer),
-                                    desc=f"sweep likelihood {name}", name=name)
+    with engine:
+        lps, _, _ = engine.loglikelihood(seqs, params.likelihood.batch_tokens, shown=True,
+                                         desc=f"sweep likelihood {name}", name=name)
     mean = {key: np.array([lps[at[(key, p.index)]].mean() for p in problems]) for key in keys}
     return {key: mean["none" if key == "none" or key[1] == 0 else key] for key in prompts}
 

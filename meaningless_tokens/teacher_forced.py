@@ -15,10 +15,11 @@ import numpy as np
 
 from meaningless_tokens import arm, hooks, models, scoring
 from meaningless_tokens.config import Params, Prompt
+from meaningless_tokens.engines import open_scorer
 from meaningless_tokens.errors import ConfigError
 from meaningless_tokens.paired import groups, paired_stats
 from meaningless_tokens.prompts import Problem, builder_for, dataset_spec
-from meaningless_tokens.scoring import Seq, TeacherForcedArm, check_head, pad_id
+from meaningless_tokens.scoring import Seq, TeacherForcedArm, check_head
 
 CONTINUATIONS = ("solution", "answer")
 # what each continuation's contrasts compare: the solution's mean log-prob per token (nats/token), the
@@ -92,18 +93,18 @@ def measure(params: Params, setup: models.ModelSetup, chosen: list[Problem]) -> 
     """Every (problem, condition, continuation) sequence built, checked against the context and scored."""
     cfg, name = params.likelihood, setup.name
     arm_settings = arm.settings_for(params.arm, params.dataset.benchmark, setup) if "arm" in cfg.conditions else None
-    model, tokenizer, attn = scoring.load(setup)
-    builder = builder_for(scoring_prompt(params), setup, tokenizer)
+    engine = open_scorer(setup)
+    builder = builder_for(scoring_prompt(params), setup, engine.tokenizer)
     seqs = build_sequences(params, name, builder, chosen, setup.prepared.facts["max_position_embeddings"])
-    pad = pad_id(tokenizer)
-    head_check = check_head(model, min(seqs, key=lambda s: len(s.input_ids)), pad)
-    with hooks.Hooks() as h:
-        hook = (h.arm(TeacherForcedArm(arm.layer0_mlp(model, setup, "likelihood.conditions"), arm_settings))
+    pad = engine.pad
+    head_check = check_head(engine.model, min(seqs, key=lambda s: len(s.input_ids)), pad)
+    with engine, hooks.Hooks() as h:
+        hook = (h.arm(TeacherForcedArm(arm.layer0_mlp(engine.model, setup, "likelihood.conditions"), arm_settings))
                 if arm_settings else None)
-        logprobs, how, seconds = scoring.score_shown(model, seqs, cfg.batch_tokens, pad, hook, f"likelihood {name}",
-                                                     name)
+        logprobs, how, seconds = engine.loglikelihood(seqs, cfg.batch_tokens, hook, shown=True,
+                                                      desc=f"likelihood {name}", name=name)
     conts = scoring.Continuations(params.likelihood, builder, dataset_spec(params.dataset, params.file).path)
-    how = {"attn_implementation": attn, "batch_tokens": cfg.batch_tokens, "pad_token_id": pad, **how,
+    how = {"attn_implementation": engine.attn, "batch_tokens": cfg.batch_tokens, "pad_token_id": pad, **how,
            "head_check_max_abs_diff": head_check, "separator_ids": conts.sep, "frame_head_ids": conts.head,
            "frame_tail": conts.tail}
     m = Scored(seqs, logprobs, {}, how, arm_settings, builder, setup.prepared.manifest(), seconds)

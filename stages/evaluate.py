@@ -40,9 +40,6 @@ from meaningless_tokens.config import Params, Shard
 from meaningless_tokens.engines import check_engine
 from meaningless_tokens.errors import ConfigError
 from meaningless_tokens.evaluation import Evaluation, Plan
-# tests/test_stats_figures.py summarizes hand-made records through these names
-from meaningless_tokens.engines import Record  # noqa: F401
-from meaningless_tokens.evaluation import summarize  # noqa: F401
 from meaningless_tokens.prompts import dataset_spec, load_problems, put_problems, select_problems
 from meaningless_tokens.stage import header, stage_context
 from meaningless_tokens.store import put, put_json_attr, put_texts, write_h5, write_json_atomic, write_timing

@@ -15,9 +15,8 @@ from meaningless_tokens.errors import ConfigError
 from meaningless_tokens.prompts import Problem, dataset_spec, load_problems, put_problems, require_field, select_problems
 from meaningless_tokens.stage import header, stage_context
 from meaningless_tokens.store import put, put_json_attr, write_csv_atomic, write_h5, write_json_atomic, write_timing
-# build_sequences and scoring_prompt: the stage's sequences, which tests and benchmarks build and score themselves
-from meaningless_tokens.teacher_forced import (CONTINUATIONS, OUTCOMES, UNITS, Scored, build_sequences,  # noqa: F401
-                                               measure, metrics_summary, scoring_prompt, summarize, table)
+from meaningless_tokens.teacher_forced import (CONTINUATIONS, OUTCOMES, UNITS, Scored, measure, metrics_summary,
+                                               summarize, table)
 
 # what the artifact's `definitions` attribute says, and `--help`: a constant, not the docstring, so that an edit of the
 # docstring leaves the attribute as it is (the file's code hash, in provenance, still changes: the stage reruns)

@@ -217,7 +217,7 @@ def test_a_generated_nul_is_stored_and_read_back_exactly(tiny_dirs, write_params
 
     tok = AutoTokenizer.from_pretrained(tiny_dirs["llama"])
     nul = next(i for i in range(len(tok)) if tok.decode([i]) == "\x00")
-    monkeypatch.setattr(engines, "generate", forcing(nul, step=2))
+    monkeypatch.setattr(engines.transformers, "generate", forcing(nul, step=2))  # where the engine looks it up
     raw = tiny_eval_params(write_params, tiny_dirs).model_dump()
     raw["evaluate"]["sampling"].update(n=2, temperature=1.0, top_k=0)
     params = load_params(write_params(raw))

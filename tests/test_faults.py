@@ -2,6 +2,7 @@
 exit status 2, never exit 0 with a wrong number, never a traceback or a crash, and leaves no output that a later
 stage or DVC would trust."""
 
+import dataclasses
 import json
 import os
 import random
@@ -50,7 +51,7 @@ def test_journal_cuts_a_torn_last_line_and_keeps_appending(tmp_path, capsys):
     j.append(rec[2:])
     assert list(engines.Journal(path, "k").records) == [(0, "none"), (1, "none"), (2, "none")]
     # a whole record without its newline is cut too: the next one would be glued onto it
-    path.write_bytes(whole + json.dumps(engines.asdict(rec[2])).encode())
+    path.write_bytes(whole + json.dumps(dataclasses.asdict(rec[2])).encode())
     assert list(engines.Journal(path, "k").records) == [(0, "none"), (1, "none")] and path.read_bytes() == whole
     path.write_bytes(b'{"version": 1, "ke')  # killed while writing the header: nothing was saved
     assert engines.Journal(path, "k").records == {} and not path.exists()

@@ -12,7 +12,7 @@ from meaningless_tokens import engines
 from meaningless_tokens import models, sampling
 from stages import evaluate
 from tests.test_syncs import syncs  # noqa: F401  (the fixture counting host-device syncs)
-from meaningless_tokens.config import load_params
+from meaningless_tokens.config import Shard, load_params
 from meaningless_tokens.prompts import builder_for, dataset_spec, load_problems
 from meaningless_tokens.store import read_h5, read_texts
 
@@ -213,8 +213,8 @@ def test_sampled_outputs_are_the_same_alone_and_inside_a_batch(tiny_dirs, write_
     batch = [engines.Item(p.index, c, b[c].input_ids, j) for p, b in zip(problems, built) for c in ("none", "mless")
              for j in range(3)]
     batch.append(engines.Item(problems[0].index, "none", built[0]["none"].input_ids))
-    together = {it: text for out in engine.run([batch], set()) for it, text, *_ in out}
-    alone = {it: text for one in batch for out in engine.run([[one]], set()) for it, text, *_ in out}
+    together = {it: text for out in engine.generate([batch], set()) for it, text, *_ in out}
+    alone = {it: text for one in batch for out in engine.generate([[one]], set()) for it, text, *_ in out}
     assert together == alone
     texts = [together[it] for it in batch if it.sample >= 0]
     assert len(set(texts)) > len(texts) // 2, "the samples hardly differ: the draw would not be tested"
@@ -240,7 +240,7 @@ def test_evaluate_with_sampling_metrics_artifact_resume_and_byte_identical(tiny_
     # a run interrupted after half of its batches resumes to the same bytes: shard 0 of 2 writes its half under
     # the journal's key, which is then the journal an interrupted run leaves
     part = evaluate.run(params.model_copy(update={"evaluate": params.evaluate.model_copy(
-        update={"shard": evaluate.Shard(index=0, count=2)})}), "tiny", root=tmp_path / "b")
+        update={"shard": Shard(index=0, count=2)})}), "tiny", root=tmp_path / "b")
     kept = part.read_text().count("\n") - 1
     assert any('"sample": 2' in line for line in part.read_text().splitlines())
     part.rename(tmp_path / "b/artifacts/eval/.journal/tiny.jsonl")

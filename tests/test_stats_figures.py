@@ -149,7 +149,8 @@ def test_stats_averages_run_without_the_stage(tiny_stats):
 
 def metrics_from_records(root, name="tiny"):
     """metrics/<name>.json as the evaluation stage summarizes hand-made graded records."""
-    from stages.evaluate import summarize, Record
+    from meaningless_tokens.engines import Record
+    from meaningless_tokens.evaluation import summarize
 
     recs = {c: [Record(i, c, "", 1, "eos", "", ok, None, False, 0.0) for i, ok in enumerate(pattern)]
             for c, pattern in {"none": [1, 0, 0, 1], "mless": [1, 1, 0, 1], "mful": [0, 0, 0, 1]}.items()}

@@ -1,90 +1,35 @@
-"""Generation engines and their journal, shared by the evaluate stage and the sweep's accuracy.
+"""The transformers engine: generation and teacher-forced scoring on a model loaded in this process.
 
-The transformers engine: greedy generation (`do_sample=False`, set explicitly: instruct checkpoints would
+Generation: greedy (`do_sample=False`, set explicitly: instruct checkpoints would
 otherwise sample by their generation_config), batched with left padding, SDPA attention and a static cache
 sized per batch (a dynamic cache re-concatenates every layer's keys and values at each step: half of the CPU
 time at batch 12; outputs were identical), optionally stopping a row once it has written a complete
 \\boxed{...}; `arm` rows are edited by the ARM hook (meaningless_tokens/arm.py). With evaluate.compile on (CUDA by
 default) the decode step is compiled and sees the plan's shapes alone: one prompt width and cache length per stage,
 short batches filled to the batch size (`TransformersEngine.fit`); at that shape a row's tokens are its own, and
-greedy unedited rows are kept across stages (meaningless_tokens/generations.py). The vLLM engine runs in
-worker processes (meaningless_tokens/vllm_engine.py). Sampled rows draw each token with their own seed
-(meaningless_tokens/sampling.py).
+greedy unedited rows are kept across stages (meaningless_tokens/generations.py). Sampled rows draw each token with
+their own seed (meaningless_tokens/sampling.py).
 
-Each finished batch is appended to a journal; an interrupted run resumes from it with the same batches, so
-the final artifact equals an uninterrupted run's. Shards (evaluate.shard) write parts the merge reads.
+Scoring (`loglikelihood`): meaningless_tokens/scoring.py's arithmetic on the engine's model; the likelihood stages
+open `TransformersScorer`, the whole model as scoring.load loads it, without evaluate's generation settings.
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
-import os
 import sys
 import time
-from dataclasses import asdict, dataclass
-from pathlib import Path
-from typing import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterator
 
-from meaningless_tokens import arm, generations, hooks, models, progress, sampling, vllm_engine
-from meaningless_tokens.config import CONDITIONS, Evaluate, Runtime
-from meaningless_tokens.errors import ArtifactError, ConfigError
-from meaningless_tokens.grading import grade, has_complete_box
-from meaningless_tokens.store import fs_error
+from meaningless_tokens import arm, generations, hooks, models, sampling
+from meaningless_tokens.config import Evaluate
+from meaningless_tokens.engines.base import Generated, Item, Scores, _common_settings
+from meaningless_tokens.errors import ConfigError
+from meaningless_tokens.grading import has_complete_box
 
-JOURNAL_VERSION = 1
-
-
-@dataclass(frozen=True)
-class Item:
-    index: int              # problem index (row of the dataset file)
-    condition: str
-    input_ids: tuple[int, ...]
-    sample: int = -1        # -1: the greedy output; 0..n-1: a sampled one (evaluate.sampling)
-
-    @property
-    def key(self) -> tuple:
-        return (self.index, self.condition) if self.sample < 0 else (self.index, self.condition, self.sample)
-
-
-@dataclass
-class Record:
-    index: int
-    condition: str
-    output: str
-    n_tokens: int           # generated tokens, end-of-text excluded
-    stop: str               # eos | boxed | length
-    extracted: str
-    correct: bool
-    paper_extracted: str | None
-    paper_correct: bool
-    seconds: float          # wall time of its batch, shared equally by the batch's rows
-    sample: int = -1        # as Item.sample; graded on the output alone when >= 0 (the paper's pass@3)
-
-    @property
-    def key(self) -> tuple:
-        return (self.index, self.condition) if self.sample < 0 else (self.index, self.condition, self.sample)
-
-
-def make_batches(items: list[Item], batch_size: int, condition_rank=None) -> list[list[Item]]:
-    """Items sorted by prompt length (least padding), cut into fixed batches: a resumed run
-    regenerates exactly the batches an uninterrupted run would. Equal lengths go by problem, then by
-    `condition_rank(condition)` (default: the order of CONDITIONS; the sweep's `<token>x<count>` conditions go by
-    name), then by sample: a batch's rows are part of what its outputs are, so the order is fixed."""
-    rank = condition_rank or {c: k for k, c in enumerate(CONDITIONS)}.__getitem__
-    ranked = sorted(items, key=lambda it: (len(it.input_ids), it.index, rank(it.condition), it.sample))
-    return [ranked[i:i + batch_size] for i in range(0, len(ranked), batch_size)]
-
-
-def journal_key(weights_sha256: str | None, settings: dict, items: list[Item], version: int | None = None,
-                **more) -> str:
-    """The key a journal is kept under: a version, the weights, the generation settings, every greedy item (problem,
-    condition, prompt ids) and `more` (the samples per item); a run resumes only a journal of the same inputs. The
-    version leads, as in the sweep's keys before this function: a journal an interrupted run left keeps its key."""
-    return hashlib.sha256(json.dumps({
-        **({"version": version} if version is not None else {}), "weights": weights_sha256, "settings": settings,
-        "items": [(it.index, it.condition, it.input_ids) for it in items], **more}).encode()).hexdigest()
+if TYPE_CHECKING:
+    from meaningless_tokens.scoring import Seq, TeacherForcedArm
 
 
 # ---- generation -----------------------------------------------------------------------------
@@ -254,97 +199,36 @@ def generate(model, tokenizer, batch: list[Item], max_new_tokens: int, stop_at_b
         results.append((text, n, reason))
     return results
 
+class _Likelihood:
+    """`loglikelihood` on the loaded model (`self.model`, `self.tokenizer`): scoring.py's functions, which hold the
+    arithmetic (see Scorer.loglikelihood). scoring is imported where it runs: a generation stage never scores, and
+    its outputs (and dvc.yaml's deps) do not depend on scoring.py."""
 
-# ---- journal ------------------------------------------------------------------------------------
+    @property
+    def pad(self) -> int:
+        """The id right padding fills with (scoring.pad_id)."""
+        from meaningless_tokens import scoring
 
-class Journal:
-    """Append-only record of finished batches; bound to one configuration by `key`."""
+        return scoring.pad_id(self.tokenizer)
 
-    def __init__(self, path: Path, key: str, foreign: str = "restart"):
-        self.path, self.key, self.foreign = path, key, foreign
-        self.records: dict[tuple, Record] = {}  # by Record.key
-        if path.is_file():
-            self._load()
+    def loglikelihood(self, seqs: list[Seq], batch_tokens: int, arm: TeacherForcedArm | None = None, *,
+                      method: str = "fastest", shown: bool = False, bar=None, warn=None, desc: str = "scoring",
+                      name: str = "") -> Scores:
+        from meaningless_tokens import scoring
 
-    def _load(self) -> None:
-        try:
-            data = self.path.read_bytes()
-        except OSError as e:
-            raise ArtifactError(f"{self.path}: {e.strerror or e}") from None
-        # A kill mid-write leaves a torn last line (no newline after it): cut back to the last complete
-        # record before appending, or the next record would be glued onto the torn one.
-        end = data.rfind(b"\n") + 1
-        if end < len(data):
-            if end == 0:  # not even the header was written: nothing was saved
-                self.path.unlink()
-                return
-            try:
-                with open(self.path, "r+b") as f:
-                    f.truncate(end)
-                    os.fsync(f.fileno())
-            except OSError as e:
-                raise ArtifactError(f"{self.path}: cannot cut its torn last line: {e.strerror or e}") from None
-            print(f"{self.path}: cut a torn last line ({len(data) - end} bytes, a run killed while writing); "
-                  f"that batch is redone", file=sys.stderr)
-        lines = data[:end].decode("utf-8", errors="replace").split("\n")[:-1]
-        try:
-            header = json.loads(lines[0])
-        except json.JSONDecodeError:
-            header = {}
-        if header.get("key") != self.key or header.get("version") != JOURNAL_VERSION:
-            if self.foreign == "refuse":
-                raise ArtifactError(f"{self.path}: made for other inputs (params, code, model or engine differ from "
-                                    f"this run's); rerun that shard with these, or delete the file")
-            print(f"{self.path}: made for other inputs; starting afresh", file=sys.stderr)
-            self.path.unlink()
-            return
-        for k, line in enumerate(lines[1:], start=2):
-            try:
-                rec = Record(**json.loads(line))
-            except (json.JSONDecodeError, TypeError) as e:
-                raise ArtifactError(f"{self.path}:{k}: damaged journal line ({e}); delete the file to start over") from None
-            self.records[rec.key] = rec
-
-    def append(self, records: list[Record]) -> None:
-        try:  # a full disk leaves at most a torn last line, which the next run cuts
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fresh = not self.path.is_file()
-            with open(self.path, "a", encoding="utf-8") as f:
-                if fresh:
-                    f.write(json.dumps({"version": JOURNAL_VERSION, "key": self.key}) + "\n")
-                for rec in records:
-                    # ASCII: a text with a lone surrogate (a model can write one) has no UTF-8 form
-                    f.write(json.dumps(asdict(rec), ensure_ascii=True) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
-        except OSError as e:
-            raise fs_error(e, self.path) from None
-        for rec in records:
-            self.records[rec.key] = rec
-
-
-def part_path(journal: Path, index: int, count: int) -> Path:
-    return journal.with_name(f"{journal.stem}.part-{index}-of-{count}.jsonl")
-
-
-def merge_parts(journal: Journal, journal_path: Path) -> dict[Path, int]:
-    """Copy the generations of every shard's part (evaluate.shard) into `journal`: {part: generations}. A part
-    made for other inputs is refused (it names the file): shards of one evaluation share every input."""
-    merged = {}
-    for part in sorted(journal_path.parent.glob(f"{journal_path.stem}.part-*-of-*.jsonl")):
-        recs = Journal(part, journal.key, foreign="refuse").records
-        journal.append([r for k, r in sorted(recs.items()) if k not in journal.records])
-        merged[part] = len(recs)
-    if merged:
-        print(f"merged {sum(merged.values())} generations from {len(merged)} shard parts in {journal_path.parent}",
-              file=sys.stderr)
-    return merged
-
-
-# ---- engines ------------------------------------------------------------------------------------
-
-Generated = tuple[Item, str, int, str, float]  # item, text, n_tokens, stop reason, seconds
-
+        if shown:
+            if method != "fastest" or bar is not None or warn is not None:
+                raise ValueError("loglikelihood(shown=True) shows its own bar and warnings, with the fastest method")
+            return Scores(*scoring.score_shown(self.model, seqs, batch_tokens, self.pad, arm, desc, name))
+        started = time.perf_counter()
+        if method == "fastest":
+            logprobs, how = scoring.score_fastest(self.model, seqs, batch_tokens, self.pad, arm, bar, warn)
+        elif method in ("packed", "whole"):
+            score = scoring.score_packed if method == "packed" else scoring.score
+            logprobs, how = score(self.model, seqs, batch_tokens, self.pad, arm, bar), {"method": method}
+        else:
+            raise ValueError(f"loglikelihood: method {method!r}: fastest, packed or whole")
+        return Scores(logprobs, how, time.perf_counter() - started)
 
 SHAPE_STEP = 256      # a planned stage's prompt width: its longest prompt rounded up to a multiple of this; coarse, so
                       # that evaluate and the sweep (whose longest prompt is a few span tokens longer) share a shape
@@ -402,7 +286,7 @@ def auto_batch_size(free_bytes: int, per_row: int, rows: int, margin: float = ME
     return min(fit if fit < 8 else fit // 8 * 8, rows)
 
 
-class TransformersEngine:
+class TransformersEngine(_Likelihood):
     """transformers.generate over the static batches; `arm` rows are edited by the ARM hook. `fit` (before the
     journal's key) resolves the batch size and, with compile on, the plan's one shape."""
 
@@ -537,7 +421,7 @@ class TransformersEngine:
             rest = [part[i:i + n] for part in rest for i in range(0, len(part), n)]
         return [(it, *hits[it.key]) for b in todo for it in b if it.key in hits], [b for b in rest if b]
 
-    def run(self, batches: list[list[Item]], done: set) -> Iterator[list[Generated]]:
+    def generate(self, batches: list[list[Item]], done: set) -> Iterator[list[Generated]]:
         cfg = self.cfg
         reused, batches = self.reuse(batches, done)
         if reused:
@@ -562,130 +446,20 @@ class TransformersEngine:
                 self.store.put(done_rows)
             yield done_rows
 
+class TransformersScorer(_Likelihood):
+    """The likelihood stages' engine: the whole model as scoring.load loads it (SDPA where the family has it, else
+    eager), for `loglikelihood` alone; these stages generate nothing and read none of evaluate's settings."""
 
-class VllmEngine:
-    """vLLM in worker processes (meaningless_tokens/vllm_engine.py); only the tokenizer is loaded here."""
+    def __init__(self, setup: models.ModelSetup):
+        from meaningless_tokens import scoring
 
-    def __init__(self, cfg: Evaluate, conditions: list[str], setup: models.ModelSetup, sampled: bool = True):
-        from transformers import AutoConfig, AutoTokenizer, GenerationConfig
-
-        self.cfg, self.setup, prepared = cfg, setup, setup.prepared
-        self.device = setup.device
-        self.trust = setup.spec.trust_remote_code
-        self.tokenizer = AutoTokenizer.from_pretrained(prepared.path, local_files_only=True, trust_remote_code=self.trust)
-        try:
-            gen = GenerationConfig.from_pretrained(prepared.path, local_files_only=True)
-        except OSError:  # no generation_config.json: the model config's, as from_pretrained builds it
-            gen = GenerationConfig.from_model_config(
-                AutoConfig.from_pretrained(prepared.path, local_files_only=True, trust_remote_code=self.trust))
-        self.eos = stop_ids(gen, self.tokenizer)
-        self.sampling = sampling.settings_for(cfg, gen) if sampled and cfg.sampling.n else None
-        self.settings = {**_common_settings(cfg, setup, self.eos, self.device),
-                         **vllm_engine.settings(cfg, conditions, setup)}
-        self.stats: dict = {}
-        self.batch_size = cfg.batch_size
+        self.model, self.tokenizer, self.attn = scoring.load(setup)
 
     def close(self) -> None:
-        """Nothing to remove: no model here, and the workers stop with `run`'s generator."""
+        """Nothing to remove: a scoring stage installs its ARM hook itself (hooks.Hooks) around its calls."""
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-    def fit(self, groups: list[tuple[list[Item], int]]) -> int:
-        """The batch size of the journal's batches (vLLM schedules its own): auto is every row in one."""
-        if self.batch_size == "auto":
-            self.batch_size = max(len(items) for items, _ in groups)
-        return self.batch_size
-
-    def run(self, batches: list[list[Item]], done: set) -> Iterator[list[Generated]]:
-        cfg = self.cfg
-        items = {":".join(map(str, it.key)): it for b in batches for it in b if it.key not in done}
-        s = self.sampling
-        # a sampled job carries its own seed (vLLM's per-request seed) and sampling values
-        jobs = [(k, list(it.input_ids)) if it.sample < 0 else
-                (k, list(it.input_ids), {"temperature": s["temperature"], "top_p": s["top_p"], "top_k": s["top_k"] or -1,
-                                         "max_tokens": s["max_new_tokens"],
-                                         "seed": vllm_engine.request_seed(sampling.sample_seed(
-                                             s["seed"], it.index, it.condition, it.sample))})
-                for k, it in items.items()]
-        if not jobs:  # every generation is journaled or merged from shards: no engine to start
-            return
-        for job, ids, seconds in vllm_engine.generate(cfg, self.setup, self.settings, jobs, self.eos, self.stats):
-            limit = cfg.max_new_tokens if items[job].sample < 0 else self.sampling["max_new_tokens"]
-            text, n, reason = vllm_engine.cut(self.tokenizer, ids, self.eos, limit, cfg.stop_at_boxed)
-            yield [(items[job], text, n, reason, seconds)]
-
-
-def _common_settings(cfg: Evaluate, setup: models.ModelSetup, eos: list[int], device: str) -> dict:
-    return {"max_new_tokens": cfg.max_new_tokens, "stop_at_boxed": cfg.stop_at_boxed, "greedy": True,
-            "eos_token_ids": eos, "device": device, "dtype": setup.dtype}
-
-
-def check_engine(cfg: Evaluate, conditions: list[str], runtime: Runtime, params_file: Path) -> None:
-    """The engine's own bad input (vLLM missing, more devices than there are, arm on vLLM), before any work
-    (before the model is prepared: a stage checks this first). `cfg`: params' evaluate, `conditions`: the
-    stage's (evaluate: prompt.conditions; the sweep: its own); `runtime`'s device is resolved here only for vLLM or
-    evaluate.batch_size auto (else the stage resolves it when it prepares the model)."""
-    if cfg.engine == "vllm":
-        vllm_engine.check(cfg, conditions, models.torch_device(runtime, params_file), params_file)
-    elif cfg.batch_size == "auto" and not models.torch_device(runtime, params_file).startswith("cuda"):
-        raise ConfigError(f"{params_file}: evaluate.batch_size: auto sizes batches by free CUDA memory, and this run "
-                          f"is on the CPU (runtime.device {runtime.device}); give the rows per batch as an int")
-
-
-def open_engine(cfg: Evaluate, conditions: list[str], setup: models.ModelSetup,
-                arm_settings: arm.ArmSettings | None = None, sampled: bool = True):
-    """The engine `evaluate.engine` names, loaded for the stage's model: `.tokenizer`, `.eos`, `.settings` (what
-    the outputs depend on beyond prompts and weights: provenance and journal key), `.fit(groups)` (the batch size,
-    and the compiled shape, from the plan's items: called before `.settings` is read), `.run(batches, done)`,
-    `.close()` (the stage's finally: the ARM hook removed; a `with` block closes it too).
-    `sampled`: whether sampled rows may come (evaluate.sampling is read only then: the sweep generates greedily)."""
-    if cfg.engine == "vllm":
-        return VllmEngine(cfg, conditions, setup, sampled)
-    return TransformersEngine(cfg, setup, arm_settings, sampled)
-
-
-# ---- journaled generation (evaluate and the sweep's accuracy) -------------------------------------
-
-def run_journaled(engine, batches: list[list[Item]], journal: "Journal", gold: dict[int, str], desc: str, name: str,
-                  conditions: list[str] | None = None) -> int:
-    """Generate and grade every item the journal does not hold yet, appending each as it is done, so an
-    interrupted run resumes with the same batches; `conditions` adds a running score per condition to the bar.
-    Returns how many generations the journal already held."""
-    total = sum(len(b) for b in batches)
-    todo = [b for b in batches if any(it.key not in journal.records for it in b)]
-    done = sum(it.key in journal.records for b in batches for it in b)
-    if done:
-        print(f"{name}: resuming from {journal.path} ({done} of {total} generations done)", file=sys.stderr)
-    bar = progress.bar(total=total, initial=done, desc=desc, unit="gen")
-    tok = engine.tokenizer
-    generations = engine.run(todo, set(journal.records))
-    try:
-        for outs in generations:
-            recs = []
-            for it, text, n, reason, seconds in outs:
-                # the paper grades greedy outputs with the prompt before them, sampled ones alone (its pass@3)
-                prompt = "" if it.sample >= 0 else tok.decode(list(it.input_ids), skip_special_tokens=True)
-                g = grade(text, gold[it.index], prompt)
-                recs.append(Record(it.index, it.condition, text, n, reason, g.extracted, g.correct,
-                                   g.paper_extracted, g.paper_correct, round(seconds, 4), it.sample))
-            fresh = sum(r.key not in journal.records for r in recs)
-            journal.append(recs)
-            bar.update(fresh)
-            if conditions:
-                bar.set_postfix_str(" ".join(
-                    f"{c}={sum(r.correct for r in journal.records.values() if r.condition == c and r.sample < 0)}"
-                    f"/{sum(r.condition == c and r.sample < 0 for r in journal.records.values())}" for c in conditions),
-                    refresh=False)
-    except KeyboardInterrupt:
-        bar.close()
-        print(f"\n{name}: interrupted; {len(journal.records)} of {total} generations kept in "
-              f"{journal.path}; rerun to resume", file=sys.stderr)
-        raise
-    finally:
-        generations.close()  # the vLLM engine's workers stop here, not when the generator is collected
-    bar.close()
-    return done
