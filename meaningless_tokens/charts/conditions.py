@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from meaningless_tokens.charts.context import Chart, Context
 from meaningless_tokens.charts.style import attention_axes, curve, shade_span
-from meaningless_tokens.report.phrases import label, shared
-from meaningless_tokens.report.prose import say
+from meaningless_tokens.report.phrases import label
+from meaningless_tokens.report.prose import say, shared
 
 KIND = "conditions"
 TEXT = "charts/conditions.j2"

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from meaningless_tokens.charts.context import Chart, Context
 from meaningless_tokens.charts.style import attention_axes, curve, shade_span
-from meaningless_tokens.report.phrases import change, head_list, label, shared
-from meaningless_tokens.report.prose import say
+from meaningless_tokens.report.phrases import change, head_list, label
+from meaningless_tokens.report.prose import say, shared
 from meaningless_tokens.report.trace import excludes_zero
 
 KIND = "heads"

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from meaningless_tokens.charts.context import Chart, Context, chart_layers, layer_index
 from meaningless_tokens.charts.style import attention_axes, curve
-from meaningless_tokens.report.phrases import change, label, shared, verdict_drop
-from meaningless_tokens.report.prose import say
+from meaningless_tokens.report.phrases import change, label
+from meaningless_tokens.report.prose import say, shared, verdict_drop
 from meaningless_tokens.report.trace import excludes_zero
 
 KIND = "layer-sweep"

@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 
 from meaningless_tokens.charts.context import Chart, Context
-from meaningless_tokens.report.phrases import label, shared
-from meaningless_tokens.report.prose import say
+from meaningless_tokens.report.phrases import label
+from meaningless_tokens.report.prose import say, shared
 from meaningless_tokens.report.trace import Num, artifact
 
 KIND = "span-sweep"

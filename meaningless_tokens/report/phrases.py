@@ -1,9 +1,9 @@
-"""Phrases several charts' explanations use: layer and head names, signed changes said with words, counts,
-and (`shared`) the stock sentences of the hypothesis and the axes, written in templates/charts/phrases.j2."""
+"""Phrases several charts' explanations use: layer and head names, signed changes said with words, counts. The
+stock sentences of the hypothesis and the axes are written in templates/charts/phrases.j2 (report/prose.py, `shared`)."""
 
 from __future__ import annotations
 
-from meaningless_tokens.report.trace import Num, Text, excludes_zero
+from meaningless_tokens.report.trace import Num, Text
 
 
 def label(layer: int, head: int | None = None) -> str:
@@ -14,12 +14,6 @@ def label(layer: int, head: int | None = None) -> str:
 def head_list(heads) -> str:
     """0-based heads as the charts number them: "1, 2, 8"."""
     return ", ".join(str(h + 1) for h in heads)
-
-
-def verdict_drop(pct: Num, lo: Num, hi: Num, where: str) -> Text:
-    """The paper's prediction for attention on original tokens, checked against one drop interval."""
-    return shared("verdict_drop", where=where, change=change(pct), low=lo, high=hi, excludes=excludes_zero(lo, hi),
-                  agree=pct.value > 0)
 
 
 def count_of(names: list[str], total: int, noun: str = "models", one: str = "model") -> str:
@@ -39,11 +33,3 @@ def change(n: Num, down: str = "drops by", up: str = "rises by") -> Text:
     sign = -1.0 if n.value < 0 else 1.0
     return Text(down if sign > 0 else up, " ", Num(abs(n.value), n.src, n.key, n.op, n.scale * sign,
                                                    n.fmt.replace("+", "")))
-
-
-def shared(macro: str, **values) -> Text:
-    """A sentence several charts say, from templates/charts/phrases.j2 (hypothesis, axes_original, axes_weight,
-    axes_layers, verdict_drop)."""
-    from meaningless_tokens.report.prose import say  # prose imports this module's label and count_of
-
-    return say("charts/phrases.j2", macro, **values)
