@@ -17,7 +17,6 @@ import numpy as np
 from meaningless_tokens import store
 from meaningless_tokens.charts.context import Context
 from meaningless_tokens.report import paper, pooling
-from meaningless_tokens.report.phrases import label
 from meaningless_tokens.report.prose import plain, say
 from meaningless_tokens.report.trace import Num, Text, artifact, interval
 from meaningless_tokens.store import read_h5
@@ -86,7 +85,11 @@ def _cell(value: Num, low: Num, high: Num, unit: str) -> Cell:
                 estimate=value.value, unit=unit.strip(), fmt=value.fmt)
 
 
-def _not_run(why: str, run: str = "") -> Cell:
+def _not_run(reason: str, cond: str = "", run: str = "") -> Cell:
+    """A cell not run, for `reason` (a key of verdict.j2's `why`), with the command `run` that runs it."""
+    why = plain(VERDICT, "why", reason=reason, cond=cond)
+    if not why:
+        raise ValueError(f"{VERDICT}: why: no sentence for the reason {reason!r}")
     return Cell("not run", None, why, run=run)
 
 
@@ -95,9 +98,9 @@ def _not_run(why: str, run: str = "") -> Cell:
 def _stats_layer(ctx: Context, name: str, cond: str, ds: str, layer: int, unit: str) -> Cell:
     st, f = ctx.stats[name], artifact("stats", name)
     if cond not in st["conditions"]:
-        return _not_run(f"{cond} not extracted")
+        return _not_run("not extracted", cond)
     if ds not in st[cond]:
-        return _not_run("one layer extracted" if ds == "first_layer_lead_pct" else "not in the statistics file")
+        return _not_run("one layer" if ds == "first_layer_lead_pct" else "not in statistics")
     return _cell(ctx.src.h5(f, f"{cond}/{ds}", fmt="+.1f", layer=layer),
                  ctx.src.h5(f, f"{cond}/{ds}_ci", fmt="+.1f", bound="low", layer=layer),
                  ctx.src.h5(f, f"{cond}/{ds}_ci", fmt="+.1f", bound="high", layer=layer), unit)
@@ -111,20 +114,20 @@ def _layer1(ctx: Context, name: str) -> int | None:
 
 def attention_drop(ctx: Context, name: str) -> Cell:
     li = _layer1(ctx, name)
-    return _not_run("Layer 1 not extracted") if li is None else \
+    return _not_run("layer 1") if li is None else \
         _stats_layer(ctx, name, "mless", "layer_drop_pct", li, " %")
 
 
 def first_layer_lead(ctx: Context, name: str) -> Cell:
     if _layer1(ctx, name) != 0:
-        return _not_run("Layer 1 not extracted first")
+        return _not_run("layer 1 first")
     return _stats_layer(ctx, name, "mless", "first_layer_lead_pct", 0, " points")
 
 
 def mful_gap(ctx: Context, name: str) -> Cell:
     li = _layer1(ctx, name)
     if li is None or "mful" not in ctx.stats[name]["conditions"]:
-        return _not_run("mful not extracted")
+        return _not_run("not extracted", "mful")
     return _stats_layer(ctx, name, "mless", "mful_gap_pct", li, " points")
 
 
@@ -135,7 +138,7 @@ def span_growth(ctx: Context, name: str) -> Cell:
     counts = sw["counts"]
     nonzero = [i for i, c in enumerate(counts) if c > 0]
     if len(nonzero) < 2:
-        return _not_run("fewer than two span lengths")
+        return _not_run("span lengths")
     a, b = nonzero[0], nonzero[-1]
     n = {(i, j): ctx.src.h5(f, "token_0/drop_heads_pct_ci", fmt="+.1f", count=i, bound=j) for i in (a, b)
          for j in ("low", "high")}
@@ -152,7 +155,7 @@ def activation(measure: str):
         from meaningless_tokens.charts.activations import ActivationView
 
         if name not in ctx.activations or "mless" not in ctx.activations[name]["conditions"]:
-            return _not_run("mless activations not measured")
+            return _not_run("not measured", "mless")
         d, lo, hi, _ = ActivationView(ctx, name).diff("mless", measure)
         return _cell(d, lo, hi, " points" if measure.startswith("near_zero") else "")
     return cell
@@ -176,12 +179,12 @@ def accuracy(cond: str):
             if cond != "arm":
                 return _not_run("not in evaluate.models")
             sets = [f"evaluate.models=[{','.join(ctx.params.evaluated + [name])}]"]
-            return _not_run("not in evaluate.models",
-                            exp_run(*sets, *([] if "arm" in conds else ["prompt.conditions=" + _with_arm(conds)])))
+            return _not_run("not in evaluate.models", run=exp_run(
+                *sets, *([] if "arm" in conds else ["prompt.conditions=" + _with_arm(conds)])))
         if f"{cond}-none" not in ctx.src.json(f):
             if cond != "arm":
-                return _not_run(f"{cond} not evaluated")
-            return _not_run("arm not evaluated", exp_run("prompt.conditions=" + _with_arm(conds)))
+                return _not_run("not evaluated", cond)
+            return _not_run("not evaluated", "arm", exp_run("prompt.conditions=" + _with_arm(conds)))
         d, lo, hi = (ctx.src.js(f, f"{cond}-none.{k}", 100, "+.1f") for k in ("delta", "ci95_low", "ci95_high"))
         return _cell(d, lo, hi, " points")
     return cell
@@ -192,12 +195,12 @@ def likelihood(cond: str, part: str):
         if name not in ctx.likelihood:
             if cond != "arm":
                 return _not_run("not in likelihood.models")
-            return _not_run("not in likelihood.models", exp_run(f"likelihood.models=[{','.join(ctx.params.scored + [name])}]"))
+            return _not_run("not in likelihood.models", run=exp_run(f"likelihood.models=[{','.join(ctx.params.scored + [name])}]"))
         if f"{cond}-none" not in ctx.likelihood[name]["contrasts"]:
             if cond != "arm":
-                return _not_run(f"{cond} not scored")
+                return _not_run("not scored", cond)
             conds = ctx.likelihood[name]["conditions"]
-            return _not_run("arm not scored", exp_run("likelihood.conditions=" + _with_arm(conds)))
+            return _not_run("not scored", "arm", exp_run("likelihood.conditions=" + _with_arm(conds)))
         f, g = artifact("likelihood", name), f"contrasts/{cond}-none/{part}"
         fmt = "+.4f" if part == "solution" else "+.3f"
         out = _cell(ctx.src.h5(f, f"{g}/mean", fmt=fmt, group=0), ctx.src.h5(f, f"{g}/ci", fmt=fmt, group=0, bound="low"),
@@ -230,33 +233,26 @@ def arm_likelihood(ctx: Context, name: str) -> Cell:
     return out
 
 
-# (key, claim, measure, section anchor, the side the paper predicts, the cell's function)
-CLAIMS = (
-    ("a", f"Meaningless tokens lower the attention the original tokens receive in {label(0)}",
-     f"drop under mless, heads of {label(0)} averaged, % of none", "attention", +1, attention_drop),
-    ("b", "The drop is largest in the first layer",
-     f"{label(0)}'s drop minus the largest later layer's, points", "attention", +1, first_layer_lead),
-    ("c", "A meaningful span of the same length lowers it less",
-     f"{label(0)} drop under mless minus under mful, points", "meaningless-vs-meaningful-span", +1, mful_gap),
-    ("d", "The drop grows with the span's length",
-     "drop (all heads) at the shortest and the longest span; verdict on their difference", "span-length", +1,
-     span_growth),
-    ("e1", f"{label(0)}'s MLP: fewer activations near zero (robust eps)",
-     "mless − none, share in points", "activation-shift", -1, activation("near_zero_robust")),
-    ("e2", f"{label(0)}'s MLP: fewer activations near zero (fixed eps)",
-     "mless − none, share in points", "activation-shift", -1, activation("near_zero_fixed")),
-    ("e3", f"{label(0)}'s MLP: larger mean |a| (L1)", "mless − none", "activation-shift", +1, activation("l1")),
-    ("e4", f"{label(0)}'s MLP: larger RMS of a (L2)", "mless − none", "activation-shift", +1, activation("l2")),
-    ("f1", "ARM on the first MLP raises accuracy", "arm − none, points", "accuracy", +1, accuracy("arm")),
-    ("f2", "ARM makes the reference solution more likely", "arm − none, log-prob per token", "likelihood", +1,
-     arm_likelihood),
-    ("g1", "Meaningless tokens raise accuracy", "mless − none, points", "accuracy", +1, accuracy("mless")),
-    ("g2", "A meaningful span raises accuracy", "mful − none, points", "accuracy", +1, accuracy("mful")),
-    ("h1", "Meaningless tokens make the reference solution more likely", "mless − none, log-prob per token",
-     "likelihood", +1, likelihood("mless", "solution")),
-    ("h2", "Meaningless tokens make the gold answer more likely", "mless − none, log-prob of the answer",
-     "likelihood", +1, likelihood("mless", "answer")),
-)
+# (key, section anchor, the side the paper predicts, the cell's function); each claim's sentence and measure are
+# verdict.j2's `claim` and `measure`
+CLAIMS = tuple((key, plain(VERDICT, "claim", key=key), plain(VERDICT, "measure", key=key), section, direction, fn)
+               for key, section, direction, fn in (
+    ("a", "attention", +1, attention_drop),
+    ("b", "attention", +1, first_layer_lead),
+    ("c", "meaningless-vs-meaningful-span", +1, mful_gap),
+    ("d", "span-length", +1, span_growth),
+    ("e1", "activation-shift", -1, activation("near_zero_robust")),
+    ("e2", "activation-shift", -1, activation("near_zero_fixed")),
+    ("e3", "activation-shift", +1, activation("l1")),
+    ("e4", "activation-shift", +1, activation("l2")),
+    ("f1", "accuracy", +1, accuracy("arm")),
+    ("f2", "likelihood", +1, arm_likelihood),
+    ("g1", "accuracy", +1, accuracy("mless")),
+    ("g2", "accuracy", +1, accuracy("mful")),
+    ("h1", "likelihood", +1, likelihood("mless", "solution")),
+    ("h2", "likelihood", +1, likelihood("mless", "answer"))))
+if not all(RULES.values()) or not all(text and measure for _, text, measure, *_ in CLAIMS):
+    raise ValueError(f"{VERDICT}: a word's rule, or a claim's sentence or measure, is missing")
 
 
 def claims(ctx: Context) -> list[Claim]:
