@@ -9,7 +9,7 @@ import numpy as np
 from meaningless_tokens.charts.context import Chart, Context
 from meaningless_tokens.charts.style import COLORS, LABELS, colour_key
 from meaningless_tokens.config import CONDITIONS
-from meaningless_tokens.report.prose import say
+from meaningless_tokens.report.prose import plain, say
 from meaningless_tokens.report.trace import Text, artifact
 
 KIND = "pass-at-k"
@@ -26,9 +26,7 @@ def unavailable(ctx: Context) -> str | None:
     """Why the chart is not drawn (None: it is)."""
     if _models(ctx):
         return None
-    return ("Sampling is off (evaluate.sampling.n: 0, the default profile's choice to stay within its time budget), "
-            f"so there is no pass@k or diversity to show; {ENABLE} samples 3 outputs per problem and condition and "
-            "draws this chart (the GPU profile samples 5 with 512 new tokens, as the paper's pass@3).")
+    return plain(TEXT, "unavailable", command=ENABLE)
 
 
 def k_shown(ctx: Context) -> int:

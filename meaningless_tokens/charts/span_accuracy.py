@@ -7,7 +7,7 @@ import numpy as np
 
 from meaningless_tokens.charts.context import Chart, Context
 from meaningless_tokens.charts.span_sweep import MARKERS, model_colors, token_label
-from meaningless_tokens.report.prose import say
+from meaningless_tokens.report.prose import plain, say
 from meaningless_tokens.report.trace import Text, artifact
 
 KIND = "span-accuracy"
@@ -20,8 +20,7 @@ def unavailable(ctx: Context) -> str | None:
     """Why the chart is not drawn (None: it is)."""
     off = [ctx.disp(n) for n in ctx.names if not ctx.sweep[n]["accuracy_samples"]]
     if off:
-        return (f"The accuracy sweep is off for {', '.join(off)} (sweep.accuracy_samples: 0, the default profile's "
-                f"choice to stay within its time budget); the command {ENABLE} runs it and draws this chart.")
+        return plain(TEXT, "unavailable", models=off, command=ENABLE)
     return None
 
 
