@@ -84,8 +84,6 @@ def entry(name: str, disp: str, prompts, tok, layers, heads, blobs: list[str]) -
 
 
 def size_table(params) -> None:
-    from stages import explorer
-
     print("| model | prompt | tokens (none / mless / mful) | heads x layers | naive float16, MiB | page, MiB | encode s |")
     print("|---|---|---|---|---:|---:|---:|")
     total_naive = total_page = 0.0
