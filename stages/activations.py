@@ -11,8 +11,7 @@ import numpy as np
 
 from meaningless_tokens import arm, cli, store
 from meaningless_tokens.config import Params
-# gated_mlps and forward: the stage's own pass, which tests and benchmarks run on its model
-from meaningless_tokens.mlp_activations import MEASURES, SETS, Measured, forward, gated_mlps, measure  # noqa: F401
+from meaningless_tokens.mlp_activations import MEASURES, SETS, Measured, measure
 from meaningless_tokens.prompts import dataset_spec, extraction_problems, put_problems
 from meaningless_tokens.stage import INDEXING, header, stage_context
 from meaningless_tokens.store import put, put_json_attr, write_h5, write_prompt_timing

@@ -28,8 +28,6 @@ from pathlib import Path
 
 from meaningless_tokens import TEMPLATES, cli, showcase, store
 from meaningless_tokens.config import Params
-# benchmarks/bench_explorer.py times the page's parts through these names
-from meaningless_tokens.showcase import collect, encode  # noqa: F401
 from meaningless_tokens.store import atomic_path
 
 OUTPUTS = {"out": "explorer"}  # the stage's output: role -> artifact kind (store.PATHS)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from meaningless_tokens import models
+from meaningless_tokens import mlp_activations, models
 from stages import activations
 from meaningless_tokens.config import load_params
 from meaningless_tokens.errors import ConfigError
@@ -136,13 +136,12 @@ def test_a_model_without_a_gated_mlp_is_refused(write_params, tiny_dirs, tmp_pat
     phi = AutoModelForCausalLM.from_config(PhiConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
                                                      num_hidden_layers=2, num_attention_heads=4))
     with pytest.raises(ConfigError, match=r"models.tiny: layer 0's MLP \(PhiMLP, model_type 'phi'\) is not a gated MLP"):
-        activations.gated_mlps(phi, models.setup_for(params, "tiny"), [0])
+        mlp_activations.gated_mlps(phi, models.setup_for(params, "tiny"), [0])
 
 
 def test_the_measurement_runs_without_the_stage(tiny_dirs, write_params, cache_dir, tmp_path):
     """mlp_activations.measure on the full params and models.setup_for (a notebook's call, no stage prelude) gives
     the per-sample measures, histograms and lambda the stage stores."""
-    from meaningless_tokens import mlp_activations
     from meaningless_tokens.prompts import extraction_problems
 
     params = act_params(write_params, tiny_dirs, "llama", layers=[0], showcase=0)

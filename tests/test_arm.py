@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from meaningless_tokens import arm, engines, hooks, models, scoring
+from meaningless_tokens import arm, engines, hooks, mlp_activations, models, scoring
 from stages import activations, evaluate
 from meaningless_tokens.config import load_params
 from meaningless_tokens.errors import ConfigError
@@ -474,7 +474,7 @@ def test_activations_store_the_arm_transformed_histogram_from_the_same_hook(tiny
     install_capture(model)
     problem = next(p for p in load_math500(dataset_spec(params.dataset, params.file))[0] if p.index == index)
     ids = builder_for(params.prompt, setup, tokenizer).build(problem)["none"].input_ids
-    none_a = torch.from_numpy(activations.forward(model, activations.gated_mlps(model, setup, [0]), [0], ids)[1][0])
+    none_a = torch.from_numpy(mlp_activations.forward(model, mlp_activations.gated_mlps(model, setup, [0]), [0], ids)[1][0])
     s = arm.settings_for(params.arm, params.dataset.benchmark, setup)  # the tiny qwen2
     want = arm.edit(none_a, s, arm.stream(s.seed, [(index,)], 0)).numpy()
     np.testing.assert_allclose(arm_a, want, rtol=1e-3, atol=1e-4)  # stored as float16

@@ -749,3 +749,19 @@ def test_prose_macros_keep_their_values_and_wrap_freely(tmp_path, monkeypatch):
         assert str(prose.say("t.j2", "s", name="d", x=num, xs=[])) == "d has 0.25 \\[\\] "
     finally:
         prose._environment.cache_clear()
+
+
+def test_plain_sentences_join_values_unescaped(tmp_path, monkeypatch):
+    """A stored sentence (report/prose.py, plain: metrics/verdict.json's) is the text as written: its values joined
+    unescaped (the format that shows it escapes it), the template's line breaks one space."""
+    from meaningless_tokens.report import prose
+
+    (tmp_path / "t.j2").write_text('{% macro s(name, n) -%}\n({{ name }}) reproduced\n   for {{ n }} of_2'
+                                   '{% if n > 1 %} models{% endif %}.\n{%- endmacro %}\n', encoding="utf-8")
+    monkeypatch.setattr(prose, "TEMPLATES", tmp_path)
+    prose._environment.cache_clear()
+    try:
+        assert prose.plain("t.j2", "s", name="a_<b>", n=2) == "(a_<b>) reproduced for 2 of_2 models."
+        assert prose.plain("t.j2", "s", name="c", n=1) == "(c) reproduced for 1 of_2."
+    finally:
+        prose._environment.cache_clear()

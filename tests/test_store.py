@@ -53,7 +53,7 @@ def test_provenance_records_the_code_the_stage_declares_by_content():
         if p.is_file() and p.suffix in (".py", ".yaml")}  # the verdict's code and the paper's numbers beside it
     assert {p for p in report if p.startswith("meaningless_tokens/templates/")} == {
         "meaningless_tokens/templates/report.html.j2", "meaningless_tokens/templates/report.md.j2",
-        "meaningless_tokens/templates/results.md.j2"} | {
+        "meaningless_tokens/templates/results.md.j2", "meaningless_tokens/templates/verdict.j2"} | {
         f"meaningless_tokens/templates/charts/{p.name}" for p in (ROOT / "meaningless_tokens/templates/charts").iterdir()}
 
 

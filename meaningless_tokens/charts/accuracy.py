@@ -8,10 +8,11 @@ import numpy as np
 from meaningless_tokens.charts.context import Chart, Context
 from meaningless_tokens.charts.style import COLORS, colour_key
 from meaningless_tokens.config import CONDITIONS
-from meaningless_tokens.report.phrases import count_of
-from meaningless_tokens.report.trace import Text, artifact, interval
+from meaningless_tokens.report.prose import say
+from meaningless_tokens.report.trace import artifact
 
 KIND = "accuracy"
+TEXT = "charts/accuracy.j2"
 PER_MODEL = False
 
 
@@ -58,19 +59,9 @@ def explain(ctx: Context, name: None = None) -> Chart:
                 k = f"{c}-none"
                 pairs[c] = (src.js(f, f"{k}.delta", 100, "+.1f"), src.js(f, f"{k}.ci95_low", 100, "+.1f"),
                             src.js(f, f"{k}.ci95_high", 100, "+.1f"), src.js(f, f"{k}.mcnemar_p", fmt=".2f"))
-        parts = [f"{disp[name]}: "]
-        for c in conds:
-            parts += [f"{c} ", acc[c], " % (", cor[c], "/", n, ")", "; " if c != conds[-1] else "."]
-        for c, (d, lo, hi, p) in pairs.items():
-            parts += [f" {c} − none: ", d, " points ", interval(lo, hi), ", McNemar p = ", p, "."]
-        boxed = {c: src.js(f, f"boxed_rate.{c}", 100, ".0f") for c in conds}
-        parts += [" Outputs that wrote a complete \\boxed{} answer: "]
-        for c in conds:
-            parts += [f"{c} ", boxed[c], " %", "; " if c != conds[-1] else
-                      " (the others are graded from math-verify's fallback: the last expression in the text)."]
-        rows.append(Text(*parts))
-        table.append({"model": disp[name], "n": n, "acc": acc, "correct": cor, "paper": paper, "pairs": pairs,
-                      "conds": conds})
+        row = {"model": disp[name], "n": n, "acc": acc, "correct": cor, "paper": paper, "pairs": pairs, "conds": conds}
+        rows.append(say(TEXT, "model", row=row, boxed={c: src.js(f, f"boxed_rate.{c}", 100, ".0f") for c in conds}))
+        table.append(row)
         if "mless" in pairs:
             gains.append((name, pairs["mless"]))
         if "arm" in pairs:
@@ -79,41 +70,27 @@ def explain(ctx: Context, name: None = None) -> Chart:
     for row in table:
         best = max(row["conds"], key=lambda c: row["acc"][c].value)
         ties = [c for c in row["conds"] if row["acc"][c].value == row["acc"][best].value]
-        obs.append(Text(f"{row['model']}: " + (f"{', '.join(ties)} tie at " if len(ties) > 1 else f"{best} is highest at "),
-                        row["acc"][best], " %."))
+        obs.append(say(TEXT, "highest", model=row["model"], best=best, ties=ties, acc=row["acc"][best]))
     if gains:
         up = [disp[g[0]] for g in gains if g[1][0].value > 0]
         sure = [disp[g[0]] for g in gains if g[1][1].value > 0]
-        obs.append(Text(f"Meaningless tokens raise accuracy for {count_of(up, len(gains))}; the interval excludes "
-                        f"zero for {count_of(sure, len(gains))}."))
-        interp = [Text("The paper reports higher MATH-500 accuracy with meaningless tokens (mless) than without (none). "),
-                  Text(f"This run agrees for {', '.join(sure)}." if sure else
-                       "In this run no model's mless − none interval excludes zero, so the run can neither confirm nor "
-                       "refute the gain; more problems (evaluate.n_samples) and longer answers (evaluate.max_new_tokens) "
-                       "narrow the intervals.")]
+        obs.append(say(TEXT, "mless_gain", up=up, sure=sure, total=len(gains)))
+        interp = [say(TEXT, "paper_claim"), say(TEXT, "mless_verdict", sure=sure)]
     else:
-        interp = [Text("The mless condition was not evaluated, so the paper's accuracy claim is not tested here.")]
+        interp = [say(TEXT, "mless_not_run")]
     glance = obs[-1:] + interp[-1:]  # the report's "at a glance": the mless verdict
     arm_glance = []
     if arm_gains:
         up = [disp[g[0]] for g in arm_gains if g[1][0].value > 0]
         sure = [disp[g[0]] for g in arm_gains if g[1][1].value > 0 or g[1][2].value < 0]
-        obs.append(Text(f"ARM (arm: the none prompt, Layer 1's MLP activations redistributed) raises accuracy for "
-                        f"{count_of(up, len(arm_gains))}; the interval excludes zero for "
-                        f"{count_of(sure, len(arm_gains))}."))
-        interp.append(Text(" The paper's ARM (section 'ARM' below) edits the first layer's MLP activations instead of "
-                           "inserting tokens and reports a small gain (MATH-500 pass@3 about 0.72 → 0.74 for "
-                           "Qwen2.5-Math-1.5B). " + (f"Here arm − none excludes zero for {', '.join(sure)}."
-                                                     if sure else "Here no arm − none interval excludes zero.")))
+        obs.append(say(TEXT, "arm_gain", up=up, sure=sure, total=len(arm_gains)))
+        interp.append(say(TEXT, "arm_verdict", sure=sure))
         arm_glance = obs[-1:]
     n0 = table[0]["n"] if table else None
     conds_all = [c for c in CONDITIONS if any(c in row["conds"] for row in table)] or ["none", "mless", "mful"]
     return Chart(
         "accuracy", f"{ctx.benchmark} accuracy by prompt condition",
-        [Text(f"{ctx.benchmark} accuracy of each model under each condition, on ", n0, " problems per model, greedy "
-              "decoding, graded by math-verify against the gold answer; the same problems under every condition.")
-         if n0 is not None else Text(f"{ctx.benchmark} accuracy.")]
-        + ([Text(f" Not evaluated in this run (evaluate.models): {', '.join(skipped)}.")] if skipped else []),
-        [Text(f"Bars: models; colours: conditions ({colour_key(conds_all)}); y axis: accuracy in percent; the "
-              "label on each bar is correct / problems.")],
+        [say(TEXT, "overview", benchmark=ctx.benchmark, n=n0)]
+        + ([say(TEXT, "skipped", models=skipped)] if skipped else []),
+        [say(TEXT, "axes", colours=colour_key(conds_all))],
         rows, obs, interp, extra={"table": table, "glance": glance, "arm_glance": arm_glance})

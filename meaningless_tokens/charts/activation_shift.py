@@ -9,10 +9,12 @@ import numpy as np
 from meaningless_tokens.charts.activations import NAMES, views
 from meaningless_tokens.charts.context import Chart, Context
 from meaningless_tokens.charts.style import COLORS, LABELS
-from meaningless_tokens.report.phrases import count_of, label
-from meaningless_tokens.report.trace import ALL, Text, excludes_zero, interval
+from meaningless_tokens.report.phrases import label
+from meaningless_tokens.report.prose import say
+from meaningless_tokens.report.trace import ALL, excludes_zero
 
 KIND = "activation-shift"
+TEXT = "charts/activation_shift.j2"
 PER_MODEL = False
 MEASURES = ("near_zero_robust", "near_zero_fixed", "l1", "l2", "gini", "z_var")
 
@@ -65,36 +67,18 @@ def explain(ctx: Context, name: None = None) -> Chart:
     rows, shifts = [], []
     for v in views(ctx):
         lam = {c: v.n(f"{c}/lambda_mean", ".3f", "mean", layer=0, head=ALL) for c in v.conds}
-        parts = [f"{v.disp}, {label(v.layer)}: original queries after the span keep λ = "]
-        for c in v.conds:
-            parts += [lam[c], f" ({c})", ", " if c != v.conds[-1] else ""]
-        parts += [" of their attention on original keys, averaged over heads."]
-        for c in [c for c in v.conds if c != "none"]:
-            d, lo, hi, p = v.diff(c, "z_var")
-            base = v.mean("none", "z_var")[0]
-            parts += [f" Variance of z over channels, {c} − none: ", d, " ", interval(lo, hi), " (none: ", base,
-                      "), Wilcoxon p = ", p, "."]
-            if c == "mless":
-                shifts.append((v, lam["mless"], d, lo, hi))
-        rows.append(Text(*parts))
+        contrasts = [{"cond": c, "d": v.diff(c, "z_var"), "base": v.mean("none", "z_var")[0]}
+                     for c in v.conds if c != "none"]
+        shifts += [(v, lam["mless"], *k["d"][:3]) for k in contrasts if k["cond"] == "mless"]
+        rows.append(say(TEXT, "model", disp=v.disp, layer=label(v.layer), lam=lam, contrasts=contrasts))
     obs = []
     if shifts:
         grew = [v.disp for v, _, d, lo, hi in shifts if excludes_zero(lo, hi) and d.value > 0]
-        obs.append(Text(f"The variance of the gate pre-activation grows under mless, with an interval above zero, for "
-                        f"{count_of(grew, len(shifts))}."))
+        obs.append(say(TEXT, "grows", grew=grew, total=len(shifts)))
         top = min(shifts, key=lambda s: s[1].value)
-        obs.append(Text(f"{top[0].disp} moves the most attention to the span: its original queries keep λ = ",
-                        top[1], " under mless."))
+        obs.append(say(TEXT, "most", disp=top[0].disp, lam=top[1]))
     return Chart(
         KIND, "Activation shift across models",
-        [Text("Each model's change of every activation measure under mless and mful, relative to none (paired over "
-              "the same problems), next to λ, the share of attention that original queries keep on original keys in "
-              "the same layer: the first link of the paper's chain (attention on the span → affine shift of the "
-              "attention output → spread of the MLP activations).")],
-        [Text("Panels 1-6: x axis models; y axis: mean paired difference to none in percent of the none mean; "
-              "whiskers: its bootstrap 95 % interval, scaled the same way. Red mless, green mful."),
-         Text("Last panel: λ averaged over heads (1 for none by definition: no span)."),
-         Text("Layers are numbered from 1 (Layer 1 is index 0 in the files).")],
-        rows, obs,
-        [Text("The paper's account predicts λ < 1 under mless and a larger variance of the gate pre-activations, "
-              "hence a wider activation distribution; a model whose λ stays near 1 should show little shift.")])
+        [say(TEXT, "overview")],
+        [say(TEXT, m) for m in ("axes_panels", "axes_lambda", "axes_numbering")],
+        rows, obs, [say(TEXT, "interpretation")])

@@ -10,17 +10,18 @@ import numpy as np
 
 from meaningless_tokens.charts.context import Chart, Context
 from meaningless_tokens.charts.style import COLORS, LABELS, colour_key
-from meaningless_tokens.report.phrases import count_of, label
-from meaningless_tokens.report.trace import Num, Text, artifact, excludes_zero, interval
+from meaningless_tokens.report.phrases import label
+from meaningless_tokens.report.prose import say
+from meaningless_tokens.report.trace import Num, artifact, excludes_zero
 
 KIND = "activations"
+TEXT = "charts/activations.j2"
 PER_MODEL = False
 INSETS = (("near_zero_robust", "Sparsity"), ("l1", "L1 norm"), ("l2", "L2 norm"), ("gini", "Gini"))
 # the paper's claim for each measure under mless: -1 lower, +1 higher than none
 CLAIM = {"near_zero_robust": -1, "near_zero_fixed": -1, "l1": +1, "l2": +1}
 NAMES = {"near_zero_robust": "near-zero share (robust eps, %)", "near_zero_fixed": "near-zero share (fixed eps, %)",
          "l1": "mean |a| (L1)", "l2": "RMS of a (L2)", "gini": "Gini of |a|", "z_var": "variance of z over channels"}
-SET_NAMES = {"original": "the original tokens", "after_span": "the original tokens after the span"}
 
 
 def draw(plt, ctx: Context, name: None = None):
@@ -106,76 +107,41 @@ def views(ctx: Context) -> list[ActivationView]:
     return [ActivationView(ctx, n) for n in ctx.names]
 
 
-def _diff_text(v: ActivationView, c: str, m: str, s: str | None = None) -> Text:
-    d, lo, hi, p = v.diff(c, m, s)
-    return Text(d, " ", interval(lo, hi), ", Wilcoxon p = ", p)
-
-
 def explain(ctx: Context, name: None = None) -> Chart:
     rows, obs, interp = [], [], []
     confirmed = {}  # (model, condition) -> measures that moved as the paper says
+    shown = list(CLAIM | {"gini": 0})
     for v in views(ctx):
-        n = v.n("@n_samples", "d")
-        parts = [f"{v.disp}, {label(v.layer)} MLP ({n} problems), means over problems: "]
-        for m in CLAIM | {"gini": 0}:
-            parts += [f"{NAMES[m]} ", *[p for c in v.conds for p in (f"{c} ", v.mean(c, m)[0], ", ")]]
-            parts[-1] = "; "
-        parts[-1] = ". "
-        for c in [c for c in v.conds if c != "none"]:
-            parts += [f"Paired {c} − none (shares in percentage points): "]
-            for m in CLAIM | {"gini": 0}:
-                parts += [f"{NAMES[m]} ", _diff_text(v, c, m), "; "]
-            parts[-1] = ". "
+        means = [{"name": NAMES[m], "by_cond": {c: v.mean(c, m)[0] for c in v.conds}} for m in shown]
+        pairs = [{"cond": c, "diffs": [(NAMES[m], v.diff(c, m)) for m in shown]} for c in v.conds if c != "none"]
+        other = None
         if "mless" in v.conds:
-            other = "original" if v.set == "after_span" else "after_span"
-            parts += [("On all original tokens" if other == "original" else
-                       "On the after-span tokens alone (the ones the span can change)") + ", mless − none: near-zero "
-                      "share (robust eps) ", _diff_text(v, "mless", "near_zero_robust", other), "; L1 ",
-                      _diff_text(v, "mless", "l1", other), "."]
-        rows.append(Text(*parts))
+            s = "original" if v.set == "after_span" else "after_span"
+            other = {"set": s, "sparsity": v.diff("mless", "near_zero_robust", s), "l1": v.diff("mless", "l1", s)}
+        # the count of problems is said, not traced
+        rows.append(say(TEXT, "model", disp=v.disp, layer=label(v.layer), n=str(v.n("@n_samples", "d")), means=means,
+                        pairs=pairs, other=other))
         for c in [c for c in v.conds if c != "none"]:
             agree, against, unclear = v.verdict(c)
             confirmed[(v.name, c)] = agree
-            obs.append(Text(f"{v.disp}, {c}: " + (
-                f"{', '.join(NAMES[m] for m in agree)} move as the paper says" if agree else
-                "no measure moves as the paper says with an interval that excludes zero") +
-                (f"; {', '.join(NAMES[m] for m in against)} move the other way" if against else "") +
-                (f"; {', '.join(NAMES[m] for m in unclear)} have intervals that include zero" if unclear else "") + "."))
-    interp.append(Text("The paper's claim: with meaningless tokens the first layer's MLP activations spread, so fewer "
-                       "sit near zero (sparsity down) and their magnitude grows (L1 and L2 up); ARM imitates this "
-                       "by moving near-zero activations outward."))
+            obs.append(say(TEXT, "moves", disp=v.disp, cond=c, agree=[NAMES[m] for m in agree],
+                           against=[NAMES[m] for m in against], unclear=[NAMES[m] for m in unclear]))
+    interp.append(say(TEXT, "claim"))
     full = [ctx.disp(n) for (n, c), agree in confirmed.items() if c == "mless" and len(agree) == len(CLAIM)]
     some = [ctx.disp(n) for (n, c), agree in confirmed.items() if c == "mless" and 0 < len(agree) < len(CLAIM)]
     total = len([1 for (n, c) in confirmed if c == "mless"])
-    interp.append(Text(f"This run agrees on all four measures (both near-zero shares down, L1 and L2 up, each "
-                       f"interval excluding zero) for {count_of(full, total)}"
-                       + (f", and on some of them for {count_of(some, total)}." if some else ".")))
+    interp.append(say(TEXT, "agrees", full=full, some=some, total=total))
     pairs = [n for (n, c) in confirmed if c == "mful" and (n, "mless") in confirmed]
     if pairs:
         alike = [ctx.disp(n) for n in pairs if confirmed[(n, "mful")] == confirmed[(n, "mless")]]
-        interp.append(Text(f"The meaningful span confirms the same measures as the meaningless one for "
-                           f"{count_of(alike, len(pairs))}" +
-                           "; where the two differ, the shift is not just an effect of inserting tokens."))
+        interp.append(say(TEXT, "meaningful", alike=alike, total=len(pairs)))
     arms = [n for (n, c) in confirmed if c == "arm"]
     if arms:
         alike = [ctx.disp(n) for n in arms if len(confirmed[(n, "arm")]) == len(CLAIM)]
-        interp.append(Text("ARM (arm) edits these activations directly, so its measures show what the edit does by "
-                           f"construction: all four move the paper's way for {count_of(alike, len(arms))}"
-                           "; compare their size with mless's."))
+        interp.append(say(TEXT, "arm", alike=alike, total=len(arms)))
     conds = views(ctx)[0].conds if ctx.names else ["none", "mless", "mful"]
     return Chart(
         KIND, f"Activation shift: {label(views(ctx)[0].layer)} MLP activations",
-        [Text("For each model, the distribution of a = act_fn(gate_proj(x)) in the first measured layer's MLP (the "
-              f"tensor ARM edits), pooled over {SET_NAMES[ctx.params.figures.activation_set]} "
-              "(figures.activation_set) and all channels of every problem, without "
-              "insertion (none), with meaningless tokens (mless) and with a meaningful span (mful)"
-              + (", and with the paper's ARM applied to them (arm, the none prompt)" if "arm" in conds else "")
-              + ". The insets give "
-              "four summaries of the same activations per problem, averaged over problems.")],
-        [Text("x axis: activation value on fixed bins (activations.range, activations.bins); values outside the "
-              "range are counted apart in the file. y axis: count, log scale."),
-         Text(f"Insets ({colour_key(conds)}): Sparsity = share of |a| below eps = 1.4826 · MAD(|a|) · "
-              "activations.mad_c, the paper's robust radius; L1 = mean |a|; L2 = root mean square of a; Gini of |a|. "
-              "Bars start at 0; whiskers are bootstrap 95 % intervals over problems."),
-         Text("Layers are numbered from 1 (Layer 1 is index 0 in the files).")],
+        [say(TEXT, "overview", set=ctx.params.figures.activation_set, arm="arm" in conds)],
+        [say(TEXT, "axes_x"), say(TEXT, "axes_insets", colours=colour_key(conds)), say(TEXT, "axes_numbering")],
         rows, obs, interp)

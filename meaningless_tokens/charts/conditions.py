@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from meaningless_tokens.charts.context import Chart, Context
 from meaningless_tokens.charts.style import attention_axes, curve, shade_span
-from meaningless_tokens.report.phrases import AXES_LAYERS, AXES_ORIGINAL, AXES_WEIGHT, HYPOTHESIS, label
-from meaningless_tokens.report.trace import Text, interval
+from meaningless_tokens.report.phrases import label
+from meaningless_tokens.report.prose import say, shared
 
 KIND = "conditions"
+TEXT = "charts/conditions.j2"
 PER_MODEL = True
 
 
@@ -44,35 +45,27 @@ def explain(ctx: Context, name: str) -> Chart:
     h = v.heads[0]
     li, hi = v.li, v.hi(h)
     means = {c: v.orig_mean(c, li, hi) for c in v.conds}
-    rows = [Text("Mean attention on original tokens (positions 1 on): ",
-                 *[p for c in v.conds for p in (f"{c} ", means[c], "; " if c != v.conds[-1] else ".")])]
+    rows = [say(TEXT, "means", means=means)]
     drop, mass = {}, {}
     for c in v.conds:
         if c == "none":
             continue
         drop[c], mass[c] = v.drop_pct(c, li, hi), v.span_mass(c, li, hi)
-        rows.append(Text(f"{c}: drop ", drop[c][0], " % ", interval(*drop[c][1:]), "; the span takes ", mass[c][0],
-                         " % ", interval(*mass[c][1:]), " of the original queries' attention."))
+        rows.append(say(TEXT, "drop", cond=c, drop=drop[c][0], low=drop[c][1], high=drop[c][2], mass=mass[c][0],
+                        mass_low=mass[c][1], mass_high=mass[c][2]))
     order = sorted(v.conds, key=lambda c: -means[c].value)
-    obs = [Text("Original tokens receive the most attention under ", order[0], " and the least under ",
-                order[-1], ".")]
+    obs = [say(TEXT, "most_least", most=order[0], least=order[-1])]
+    interp = [shared("hypothesis")]
     if "mless" in drop and "mful" in drop:
-        more = "more" if mass["mless"][0].value > mass["mful"][0].value else "less"
-        obs.append(Text(f"The meaningless span draws {more} attention than the meaningful one (", mass["mless"][0],
-                        " % vs ", mass["mful"][0], " %)."))
+        obs.append(say(TEXT, "span_draws", mless=mass["mless"][0], mful=mass["mful"][0],
+                       more=mass["mless"][0].value > mass["mful"][0].value))
         apart = drop["mless"][1].value > drop["mful"][2].value or drop["mful"][1].value > drop["mless"][2].value
-        obs.append(Text("The drop under mless is ", drop["mless"][0], " % against ", drop["mful"][0], " % under mful; ",
-                        "their intervals do not overlap." if apart else "their intervals overlap."))
-        interp = [Text(HYPOTHESIS), Text("This run separates the two spans: " if apart else
-                                         "This run does not separate the two spans at this head: ",
-                                         "the drops' intervals ", "do not overlap." if apart else "overlap.")]
-    else:
-        interp = [Text(HYPOTHESIS)]
+        obs.append(say(TEXT, "drops_compared", mless=drop["mless"][0], mful=drop["mful"][0], apart=apart))
+        interp.append(say(TEXT, "separates", apart=apart))
+    where = label(v.layer, h)
     return Chart(
-        f"{v.name}-conditions", f"{v.disp}: {label(v.layer, h)}, all conditions",
-        [Text(f"{v.disp}, {label(v.layer, h)}: left, the attention original tokens receive under every condition; "
-              "right, what each position of the whole prompt receives under mless and mful, whose spans have the "
-              "same length and position.")],
-        [Text("Left: " + AXES_ORIGINAL), Text("Right: x axis is the token position in the mless / mful prompt."),
-         Text(AXES_WEIGHT), Text("Blue: none; red: mless; green: mful; shaded band: the inserted span. " + AXES_LAYERS)],
+        f"{v.name}-conditions", f"{v.disp}: {where}, all conditions",
+        [say(TEXT, "overview", disp=v.disp, where=where)],
+        [say(TEXT, "axes_left", original=shared("axes_original")), say(TEXT, "axes_right"), shared("axes_weight"),
+         say(TEXT, "colours", layers=shared("axes_layers"))],
         rows, obs, interp)

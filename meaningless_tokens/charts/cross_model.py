@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from meaningless_tokens.charts.context import Chart, Context
 from meaningless_tokens.charts.style import attention_axes, curve, shade_span
-from meaningless_tokens.report.phrases import AXES_LAYERS, AXES_WEIGHT, HYPOTHESIS, change, count_of, label
-from meaningless_tokens.report.trace import ALL, Text
+from meaningless_tokens.report.phrases import change, label
+from meaningless_tokens.report.prose import say, shared
+from meaningless_tokens.report.trace import ALL
 
 KIND = "cross-model"
+TEXT = "charts/cross_model.j2"
 PER_MODEL = False
 
 
@@ -37,26 +39,17 @@ def explain(ctx: Context, name: None = None) -> Chart:
         h = v.heads[0]
         li, hi = v.li, v.hi(h)
         mean_drop = v.n("mless", "drop_pct", "mean", "+.1f", layer=li, head=ALL)
-        ml = v.span_mass("mless", li, hi)[0]
-        parts = [f"{v.disp}, {label(v.layer, h)}: the meaningless span takes ", ml, " % of the original queries' attention"]
-        if "mful" in v.conds:
-            parts += [", the meaningful span ", v.span_mass("mful", li, hi)[0], " %"]
-        parts += [f". Averaged over the heads of {label(v.layer)}, the original tokens' attention ", change(mean_drop),
-                  " %."]
-        rows.append(Text(*parts))
+        rows.append(say(TEXT, "model", disp=v.disp, where=label(v.layer, h), mless=v.span_mass("mless", li, hi)[0],
+                        mful=v.span_mass("mful", li, hi)[0] if "mful" in v.conds else None, layer=label(v.layer),
+                        change=change(mean_drop)))
         means.append((v, mean_drop))
     top = max(means, key=lambda m: m[1].value)
     pos = [v.disp for v, m in means if m.value > 0]
-    obs = [Text(f"{top[0].disp} shows the largest change: averaged over its heads of {label(top[0].layer)}, the "
-                "original tokens' attention ", change(top[1]), " %."),
-           Text(f"The original tokens lose attention on average over the heads for {count_of(pos, len(means))}.")]
+    obs = [say(TEXT, "largest", disp=top[0].disp, layer=label(top[0].layer), change=change(top[1])),
+           say(TEXT, "lose", pos=pos, total=len(means))]
     return Chart(
         "cross-model", "All models: meaningless vs meaningful span",
-        [Text("For each model, the head of its charts in the chosen layer: what every position of the whole prompt "
-              "receives with the meaningless span (\"Meaningless tokens\") and with the meaningful span (\"Random "
-              "sentence\").")],
-        [Text("x axis: token position in the prompt; the shaded band is the inserted span."), Text(AXES_WEIGHT),
-         Text("Red: mless; green: mful. " + AXES_LAYERS)],
+        [say(TEXT, "overview")],
+        [say(TEXT, "axes_x"), shared("axes_weight"), say(TEXT, "colours", layers=shared("axes_layers"))],
         rows, obs,
-        [Text(HYPOTHESIS), Text("If the effect is general, every model's original tokens lose attention under mless; "
-                                f"here {count_of(pos, len(means))} do on average over the layer's heads.")])
+        [shared("hypothesis"), say(TEXT, "general", pos=pos, total=len(means))])

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from meaningless_tokens.charts.context import Chart, Context, chart_layers, layer_index
 from meaningless_tokens.charts.style import attention_axes, curve
-from meaningless_tokens.report.phrases import (AXES_LAYERS, AXES_ORIGINAL, AXES_WEIGHT, HYPOTHESIS, change, label,
-                                               verdict_drop)
-from meaningless_tokens.report.trace import Text, excludes_zero, interval
+from meaningless_tokens.report.phrases import change, label
+from meaningless_tokens.report.prose import say, shared, verdict_drop
+from meaningless_tokens.report.trace import excludes_zero
 
 KIND = "layer-sweep"
+TEXT = "charts/layer_sweep.j2"
 PER_MODEL = True
 
 
@@ -47,34 +48,22 @@ def explain(ctx: Context, name: str) -> Chart:
         pm, vm = v.peak("mless", li, hi)
         mass, mlo, mhi = v.span_mass("mless", li, hi)
         drops.append((layer, pct, lo, up, mn, mm))
-        rows.append(Text(f"{label(layer, h)}: mean attention on original tokens (positions 1 on) is ", mn,
-                         " without insertion and ", mm, " with meaningless tokens: it ", change(pct), " % (the drop's interval ",
-                         interval(lo, up), "). Highest point after the sink: position ", pn, " (", vn,
-                         ") for none, position ", pm, " (", vm, ") for mless. The span takes ", mass, " % ",
-                         interval(mlo, mhi), " of the original queries' attention."))
+        rows.append(say(TEXT, "layer", where=label(layer, h), base=mn, mless=mm, change=change(pct), low=lo, high=up,
+                        peak_none=pn, value_none=vn, peak_mless=pm, value_mless=vm, mass=mass, mass_low=mlo,
+                        mass_high=mhi))
     top = max(drops, key=lambda d: d[1].value)
     lower = [d for d in drops if d[5].value < d[4].value]
-    k = len(lower)
-    obs = [Text("Meaningless tokens lower the mean attention on original tokens in " + (
-                "no layer shown." if k == 0 else f"all {k} layers shown." if k == len(drops) > 1 else
-                f"{k} of {len(drops)} layers shown.")),
-           Text(f"The drop is largest in {label(top[0])} (", top[1], " %)",
-                "; its interval excludes zero." if excludes_zero(top[2], top[3]) else
-                "; its interval includes zero.")]
+    obs = [say(TEXT, "lower", k=len(lower), shown=len(drops)),
+           say(TEXT, "largest", layer=label(top[0]), drop=top[1], excludes=excludes_zero(top[2], top[3]))]
     first = drops[0]
     later = drops[1:]
     if later:
-        strongest_first = all(first[1].value >= d[1].value for d in later)
-        obs.append(Text(f"{label(first[0])} shows {'the largest' if strongest_first else 'not the largest'} drop of "
-                        "the layers shown, ", "as the paper reports for the first layer." if strongest_first else
-                        "unlike the paper, which reports the strongest change in the first layer."))
+        obs.append(say(TEXT, "first", layer=label(first[0]),
+                       strongest=all(first[1].value >= d[1].value for d in later)))
     return Chart(
         f"{v.name}-{KIND}", f"{v.disp}: Head {h + 1} across layers {layers}",
-        [Text(f"{v.disp}, head {h + 1}, layers {layers}: the attention each original token receives without "
-              f"insertion (none) and with {v.st['mless_span']['count']} meaningless tokens (mless), averaged over the "
-              f"{qs} queries and over ", n, " problems. The head is the one whose mean attention on "
-              f"original tokens drops most in {label(v.layer)}, in absolute terms (or the first one named in "
-              "figures.charts.layer-sweep or figures.heads).")],
-        [Text(AXES_ORIGINAL), Text(AXES_WEIGHT), Text("Blue: none; red: mless. " + AXES_LAYERS)],
+        [say(TEXT, "overview", disp=v.disp, head=h + 1, layers=layers, count=v.st["mless_span"]["count"], query_set=qs,
+             n=n, layer=label(v.layer))],
+        [shared("axes_original"), shared("axes_weight"), say(TEXT, "colours", layers=shared("axes_layers"))],
         rows, obs,
-        [Text(HYPOTHESIS), verdict_drop(first[1], first[2], first[3], label(first[0], h))])
+        [shared("hypothesis"), verdict_drop(first[1], first[2], first[3], label(first[0], h))])

@@ -9,9 +9,11 @@ import numpy as np
 from meaningless_tokens.charts.context import Chart, Context
 from meaningless_tokens.charts.style import COLORS, LABELS, colour_key
 from meaningless_tokens.config import CONDITIONS
-from meaningless_tokens.report.trace import Text, artifact, interval
+from meaningless_tokens.report.prose import plain, say
+from meaningless_tokens.report.trace import Text, artifact
 
 KIND = "pass-at-k"
+TEXT = "charts/pass_at_k.j2"
 PER_MODEL = False
 ENABLE = "dvc exp run -S evaluate.sampling.n=3"
 
@@ -24,9 +26,7 @@ def unavailable(ctx: Context) -> str | None:
     """Why the chart is not drawn (None: it is)."""
     if _models(ctx):
         return None
-    return ("Sampling is off (evaluate.sampling.n: 0, the default profile's choice to stay within its time budget), "
-            f"so there is no pass@k or diversity to show; {ENABLE} samples 3 outputs per problem and condition and "
-            "draws this chart (the GPU profile samples 5 with 512 new tokens, as the paper's pass@3).")
+    return plain(TEXT, "unavailable", command=ENABLE)
 
 
 def k_shown(ctx: Context) -> int:
@@ -73,43 +73,30 @@ def explain(ctx: Context, name: None = None) -> Chart:
         f = artifact("metrics/accuracy", n)
         s = ctx.metrics[n]["sampling"]
         conds = [c for c in CONDITIONS if c in s[f"pass@{k}"]]
-        parts = [f"{ctx.disp(n)} (", ctx.src.js(f, "sampling.n_problems", fmt="d"), " problems, ",
-                 ctx.src.js(f, "sampling.n", fmt="d"), " samples each): "]
-        for c in conds:
-            parts += [f"{c} pass@{k} ", ctx.src.js(f, f"sampling.pass@{k}.{c}", 100, ".1f"), " % ",
-                      interval(ctx.src.js(f, f"sampling.ci95_low.pass@{k}.{c}", 100, ".1f"),
-                               ctx.src.js(f, f"sampling.ci95_high.pass@{k}.{c}", 100, ".1f")),
-                      ", distinct-2 ", ctx.src.js(f, f"sampling.distinct-2.{c}", 1, ".3f"),
-                      "; " if c != conds[-1] else "."]
+        shown = [{"cond": c, "pass": ctx.src.js(f, f"sampling.pass@{k}.{c}", 100, ".1f"),
+                  "low": ctx.src.js(f, f"sampling.ci95_low.pass@{k}.{c}", 100, ".1f"),
+                  "high": ctx.src.js(f, f"sampling.ci95_high.pass@{k}.{c}", 100, ".1f"),
+                  "distinct": ctx.src.js(f, f"sampling.distinct-2.{c}", 1, ".3f")} for c in conds]
+        contrasts = []
         for c in conds:
             if c == "none":
                 continue
             key = f"sampling.{c}-none"
-            d = ctx.src.js(f, f"{key}.pass@{k}.delta", 100, "+.1f")
-            lo = ctx.src.js(f, f"{key}.pass@{k}.ci95_low", 100, "+.1f")
-            hi = ctx.src.js(f, f"{key}.pass@{k}.ci95_high", 100, "+.1f")
-            dd = ctx.src.js(f, f"{key}.distinct-2.delta", 1, "+.3f")
-            dlo = ctx.src.js(f, f"{key}.distinct-2.ci95_low", 1, "+.3f")
-            dhi = ctx.src.js(f, f"{key}.distinct-2.ci95_high", 1, "+.3f")
-            parts += [f" {c} − none: pass@{k} ", d, " points ", interval(lo, hi), ", distinct-2 ", dd, " ",
-                      interval(dlo, dhi), "."]
-            sure = lo.value > 0 or hi.value < 0
-            obs.append(Text(f"{ctx.disp(n)}: {c} − none pass@{k} is ", d, " points; the interval "
-                            + ("excludes" if sure else "includes") + " zero."))
-        rows.append(Text(*parts))
+            contrasts.append({"cond": c, "d": ctx.src.js(f, f"{key}.pass@{k}.delta", 100, "+.1f"),
+                              "low": ctx.src.js(f, f"{key}.pass@{k}.ci95_low", 100, "+.1f"),
+                              "high": ctx.src.js(f, f"{key}.pass@{k}.ci95_high", 100, "+.1f"),
+                              "dd": ctx.src.js(f, f"{key}.distinct-2.delta", 1, "+.3f"),
+                              "dlow": ctx.src.js(f, f"{key}.distinct-2.ci95_low", 1, "+.3f"),
+                              "dhigh": ctx.src.js(f, f"{key}.distinct-2.ci95_high", 1, "+.3f")})
+            x = contrasts[-1]
+            obs.append(say(TEXT, "contrast", disp=ctx.disp(n), cond=c, k=k, d=x["d"],
+                           sure=x["low"].value > 0 or x["high"].value < 0))
+        rows.append(say(TEXT, "model", disp=ctx.disp(n), problems=ctx.src.js(f, "sampling.n_problems", fmt="d"),
+                        samples=ctx.src.js(f, "sampling.n", fmt="d"), k=k, conds=shown, contrasts=contrasts))
     conds_all = [c for c in CONDITIONS if any(c in ctx.metrics[n]["sampling"][f"pass@{k}"] for n in _models(ctx))]
     return Chart(
         KIND, title,
-        [Text(f"The paper's ARM figure: pass@3 under sampling and a 2-gram diversity score, Baseline (none) against "
-              f"ARM (arm), with mless and mful beside them. Each problem is sampled n times per condition (each "
-              f"sample seeded by its problem, condition and index); pass@{k} is the unbiased estimator "
-              f"1 − C(n−c, {k}) / C(n, {k}) averaged over problems, graded by math-verify on the output alone.")],
-        [Text(f"Left: pass@{k} in percent; right: distinct-2, the share of distinct word 2-grams among all 2-grams of a "
-              f"problem's samples, averaged over problems (this project's reading of the paper's \"2-gram diversity "
-              f"score\"). Bars: models; colours: conditions ({colour_key(conds_all)}); whiskers: bootstrap 95 % "
-              "intervals over problems.")],
+        [say(TEXT, "overview", k=k)],
+        [say(TEXT, "axes", k=k, colours=colour_key(conds_all))],
         rows, obs,
-        [Text("The paper reports that ARM raises pass@3 slightly (e.g. Qwen2.5-Math-1.5B on MATH-500 about 0.72 → "
-              "0.74) and the 2-gram diversity; a contrast whose interval includes zero neither confirms nor refutes "
-              "that. metrics/accuracy/<model>.json also holds pass@k for every k ≤ n, maj@n, distinct-1..4 and the "
-              "paper's rule on the output alone (paper_pass@k).")])
+        [say(TEXT, "interpretation")])

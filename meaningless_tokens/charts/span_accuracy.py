@@ -7,9 +7,11 @@ import numpy as np
 
 from meaningless_tokens.charts.context import Chart, Context
 from meaningless_tokens.charts.span_sweep import MARKERS, model_colors, token_label
-from meaningless_tokens.report.trace import Text, artifact, interval
+from meaningless_tokens.report.prose import plain, say
+from meaningless_tokens.report.trace import Text, artifact
 
 KIND = "span-accuracy"
+TEXT = "charts/span_accuracy.j2"
 PER_MODEL = False
 ENABLE = "dvc exp run -S sweep.accuracy_samples=10"
 
@@ -18,8 +20,7 @@ def unavailable(ctx: Context) -> str | None:
     """Why the chart is not drawn (None: it is)."""
     off = [ctx.disp(n) for n in ctx.names if not ctx.sweep[n]["accuracy_samples"]]
     if off:
-        return (f"The accuracy sweep is off for {', '.join(off)} (sweep.accuracy_samples: 0, the default profile's "
-                f"choice to stay within its time budget); the command {ENABLE} runs it and draws this chart.")
+        return plain(TEXT, "unavailable", models=off, command=ENABLE)
     return None
 
 
@@ -55,37 +56,24 @@ def explain(ctx: Context, name: None = None) -> Chart:
             counts, f = sw["counts"], artifact("sweep", n)
             for t in sw["tokens"]:
                 g = t["group"]
-                who = f"{ctx.disp(n)}, token {token_label(t['token'])}"
+                who = {"disp": ctx.disp(n), "token": token_label(t["token"])}
                 acc = [ctx.src.h5(f, f"{g}/accuracy", fmt=".1f", scale=100, count=i) for i in range(len(counts))]
-                parts = [f"{who} ({sw['accuracy_samples']} problems): "]
+                steps = []
                 for i, c in enumerate(counts):
-                    parts += [f"{c}: ", acc[i], " %"]
+                    steps.append({"count": c, "acc": acc[i], "d": None})
                     if c:
-                        d = ctx.src.h5(f, f"{g}/accuracy_delta", fmt="+.1f", scale=100, count=i)
-                        lo = ctx.src.h5(f, f"{g}/accuracy_delta_ci", fmt="+.1f", scale=100, count=i, bound="low")
-                        hi = ctx.src.h5(f, f"{g}/accuracy_delta_ci", fmt="+.1f", scale=100, count=i, bound="high")
-                        p = ctx.src.h5(f, f"{g}/mcnemar_p", fmt=".2f", count=i)
-                        parts += [" (", d, " points ", interval(lo, hi), ", McNemar p = ", p, ")"]
-                    parts.append("; " if i < len(counts) - 1 else ".")
-                rows.append(Text(*parts))
+                        steps[-1].update(
+                            d=ctx.src.h5(f, f"{g}/accuracy_delta", fmt="+.1f", scale=100, count=i),
+                            low=ctx.src.h5(f, f"{g}/accuracy_delta_ci", fmt="+.1f", scale=100, count=i, bound="low"),
+                            high=ctx.src.h5(f, f"{g}/accuracy_delta_ci", fmt="+.1f", scale=100, count=i, bound="high"),
+                            p=ctx.src.h5(f, f"{g}/mcnemar_p", fmt=".2f", count=i))
+                rows.append(say(TEXT, "series", **who, n=sw["accuracy_samples"], steps=steps))
                 best = max(a.value for a in acc)
                 peaks = [c for c, a in zip(counts, acc) if a.value == best]
-                last = acc[-1]
-                obs.append(Text(f"{who}: accuracy peaks at count{'s' if len(peaks) > 1 else ''} "
-                                f"{', '.join(map(str, peaks))} (", acc[counts.index(peaks[0])], " %); at the longest "
-                                f"span ({counts[-1]}) it is ", last, " %, "
-                                + ("below" if last.value < best else "at") + " the peak."))
+                obs.append(say(TEXT, "peak", **who, peaks=peaks, acc=acc[counts.index(peaks[0])], longest=counts[-1],
+                               last=acc[-1], below=acc[-1].value < best))
     else:
         rows.append(Text(reason))
     return Chart(
         KIND, "Span length: accuracy against the number of meaningless characters",
-        [Text("The paper's dose-response chart: MATH-500 accuracy with 0 to 70 meaningless characters inserted. Its "
-              "figure shows accuracy rising a little from 0 to 25-55 characters and falling clearly at 70 (about "
-              "73 → 75 → 65 for Qwen2.5-Math-7B).")],
-        [Text("x axis: number of repetitions of the span token; y axis: accuracy in percent (math-verify) on the "
-              "sweep's problems (count 0 is the prompt without insertion); band: the bootstrap 95 % interval of the "
-              "paired difference to count 0, drawn around count 0's accuracy.")],
-        rows, obs,
-        [Text("A dose-response supports the paper's mechanism when accuracy follows the attention shift up to a "
-              "point and falls once the span takes too much attention; with few problems the intervals are wide and "
-              "a single count's difference is rarely conclusive.")])
+        [say(TEXT, "overview")], [say(TEXT, "axes")], rows, obs, [say(TEXT, "interpretation")])

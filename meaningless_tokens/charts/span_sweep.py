@@ -8,10 +8,12 @@ from __future__ import annotations
 import numpy as np
 
 from meaningless_tokens.charts.context import Chart, Context
-from meaningless_tokens.report.phrases import AXES_LAYERS, count_of, label
-from meaningless_tokens.report.trace import Num, Text, artifact, interval
+from meaningless_tokens.report.phrases import label
+from meaningless_tokens.report.prose import say, shared
+from meaningless_tokens.report.trace import Num, artifact
 
 KIND = "span-sweep"
+TEXT = "charts/span_sweep.j2"
 PER_MODEL = False
 MARKERS = "osD^vP*X"
 
@@ -101,62 +103,31 @@ def explain(ctx: Context, name: None = None) -> Chart:
             top = series(ctx, n, k, "drop_top_pct", "+.1f")
             mass = series(ctx, n, k, "span_mass_heads", ".1f", 100)
             toks = series(ctx, n, k, "span_tokens", "d")
-            who = f"{ctx.disp(n)}, token {token_label(t['token'])}"
-            parts = [f"{who}: span length in tokens per count "]
-            parts += sum(([f"{c} → ", toks[i], ", " if i < len(counts) - 1 else "; "] for i, c in enumerate(counts)), [])
-            parts += ["drop over all heads "]
-            parts += sum(([f"{c}: ", drop[i], " % ", interval(lo[i], hi[i]), ", " if i < len(counts) - 1 else "; "]
-                          for i, c in enumerate(counts)), [])
-            heads = ", ".join(str(int(h) + 1) for h in t["top_heads"])
-            parts += [f"over the top heads ({heads}, chosen at count {sw['reference_count']}) "]
-            parts += sum(([f"{c}: ", top[i], " %", ", " if i < len(counts) - 1 else "; "] for i, c in enumerate(counts)), [])
-            parts += ["span mass "]
-            parts += sum(([f"{c}: ", mass[i], " %", ", " if i < len(counts) - 1 else "."] for i, c in enumerate(counts)), [])
-            rows.append(Text(*parts))
+            who = {"disp": ctx.disp(n), "token": token_label(t["token"])}
+            rows.append(say(TEXT, "series", **who, heads=", ".join(str(int(h) + 1) for h in t["top_heads"]),
+                            reference=sw["reference_count"], steps=[
+                                {"count": c, "tokens": toks[i], "drop": drop[i], "low": lo[i], "high": hi[i],
+                                 "top": top[i], "mass": mass[i]} for i, c in enumerate(counts)]))
             if sw["likelihood_samples"]:
                 lik = series(ctx, n, k, "likelihood_delta", "+.4f")
                 llo = [ctx.src.h5(src, f"token_{k}/likelihood_delta_ci", fmt="+.4f", count=i, bound="low") for i in range(len(counts))]
                 lhi = [ctx.src.h5(src, f"token_{k}/likelihood_delta_ci", fmt="+.4f", count=i, bound="high") for i in range(len(counts))]
-                parts = [f"{who}: reference solution's log-prob gain over count 0 ({sw['likelihood_samples']} problems, "
-                         "nats/token) "]
-                parts += sum(([f"{c}: ", lik[i], " ", interval(llo[i], lhi[i]), ", " if i < len(counts) - 1 else "."]
-                              for i, c in enumerate(counts) if c), [])
-                rows.append(Text(*parts))
+                rows.append(say(TEXT, "likelihood", **who, n=sw["likelihood_samples"], steps=[
+                    {"count": c, "gain": lik[i], "low": llo[i], "high": lhi[i]} for i, c in enumerate(counts) if c]))
             ok, falls = monotone(drop)
             (grow if ok else falls_at).append((who, [(counts[i], counts[i + 1]) for i in falls]))
-    obs = []
     total = len(grow) + len(falls_at)
-    obs.append(Text("The drop over all heads grows at every step of the count for "
-                    + count_of([w for w, _ in grow], total, "model/token series", "model/token series") + "."))
+    obs = [say(TEXT, "grows", names=[f"{w['disp']}, token {w['token']}" for w, _ in grow], total=total)]
     for who, steps in falls_at:
-        obs.append(Text(f"{who}: the drop does not grow from " + ", ".join(f"{a} to {b}" for a, b in steps) + "."))
+        obs.append(say(TEXT, "falls", **who, steps=steps))
     toks = [(ctx.disp(n), t["token"], t["span_tokens"], sw["counts"]) for n in ctx.names
             for sw in [ctx.sweep[n]] for t in sw["tokens"]]
-    nonlinear = [f"{d} ('{tok}')" for d, tok, st, counts in toks
+    nonlinear = [{"disp": d, "token": tok} for d, tok, st, counts in toks
                  if len({int(s) / c for s, c in zip(st, counts) if c}) > 1]
-    obs.append(Text("Every tokenizer turns n repetitions into a span of proportionally many tokens." if not nonlinear
-                    else f"Not proportional (a tokenizer merges repetitions): {', '.join(nonlinear)}; the spans are "
-                         "compared by their token counts above."))
+    obs.append(say(TEXT, "proportional", nonlinear=nonlinear))
     n0 = ctx.sweep[ctx.names[0]]
     return Chart(
         KIND, "Span length: attention against the number of meaningless characters",
-        [Text("How the first layer's attention shift depends on the span's length: the same problems with 0 to "
-              f"{max(n0['counts'])} repetitions of the span token inserted between instruction and question "
-              f"({n0['n_samples']} problems per model; count 0 is the prompt without insertion). The paper varies "
-              "this count (0, 10, 25, 40, 55, 70) and uses 55.")],
-        [Text("x axis: number of repetitions of the span token (characters, not tokens; the text gives each "
-              "tokenizer's span length in tokens)."),
-         Text("Left, y axis: mean over problems of the drop of the attention an original token receives (mean over "
-              "original tokens, position 0 excluded as in the statistics), in percent of the none mean; solid: the "
-              "mean over all heads, dashed: over the top heads (largest drop at the reference count, the same heads "
-              "at every count); bands: bootstrap 95 % intervals over problems."),
-         Text("Right, y axis: the share of their attention that original queries after the span give to the span "
-              "(1 − λ), mean over heads, with its interval."),
-         Text("Third panel (when sweep.likelihood_samples > 0): the mean paired difference of the reference "
-              "solution's log-prob per token to count 0, with its bootstrap interval (stages/likelihood.py's outcome "
-              "at every count)."),
-         Text(AXES_LAYERS)],
-        rows, obs,
-        [Text("The paper's account predicts that a longer span takes more attention (larger span mass, smaller λ) "
-              "and so lowers the original tokens' weights further: the drop should grow with the count, and count 0 "
-              "gives none by construction. A rise that flattens means each further character adds less.")])
+        [say(TEXT, "overview", longest=max(n0["counts"]), n=n0["n_samples"])],
+        [say(TEXT, m) for m in ("axes_x", "axes_left", "axes_right", "axes_third")] + [shared("axes_layers")],
+        rows, obs, [say(TEXT, "interpretation")])

@@ -1,9 +1,9 @@
-"""Phrases several charts' explanations use: layer and head names, signed changes said with words, counts,
-and the stock sentences of the hypothesis and the axes."""
+"""Phrases several charts' explanations use: layer and head names, signed changes said with words, counts. The
+stock sentences of the hypothesis and the axes are written in templates/charts/phrases.j2 (report/prose.py, `shared`)."""
 
 from __future__ import annotations
 
-from meaningless_tokens.report.trace import Num, Text, excludes_zero, interval
+from meaningless_tokens.report.trace import Num, Text
 
 
 def label(layer: int, head: int | None = None) -> str:
@@ -14,18 +14,6 @@ def label(layer: int, head: int | None = None) -> str:
 def head_list(heads) -> str:
     """0-based heads as the charts number them: "1, 2, 8"."""
     return ", ".join(str(h + 1) for h in heads)
-
-
-def verdict_drop(pct: Num, lo: Num, hi: Num, where: str) -> Text:
-    """The paper's prediction for attention on original tokens, checked against one drop interval."""
-    if excludes_zero(lo, hi):
-        agree = "agrees with" if pct.value > 0 else "runs against"
-        return Text(f"At {where} the original tokens' attention ", change(pct), " %; the drop's interval ",
-                    interval(lo, hi),
-                    f", which excludes zero: this run {agree} the prediction.")
-    return Text(f"At {where} the original tokens' attention ", change(pct), " %, but the drop's interval ",
-                interval(lo, hi),
-                " includes zero: this run neither confirms nor refutes the prediction there.")
 
 
 def count_of(names: list[str], total: int, noun: str = "models", one: str = "model") -> str:
@@ -45,15 +33,3 @@ def change(n: Num, down: str = "drops by", up: str = "rises by") -> Text:
     sign = -1.0 if n.value < 0 else 1.0
     return Text(down if sign > 0 else up, " ", Num(abs(n.value), n.src, n.key, n.op, n.scale * sign,
                                                    n.fmt.replace("+", "")))
-
-
-HYPOTHESIS = ("The paper's account: in the first layers the inserted meaningless tokens take part of the "
-              "attention that the original tokens would otherwise receive, so the original tokens' weights "
-              "drop and the attention outputs shift; a meaningful span of the same length should not act "
-              "the same way.")
-AXES_ORIGINAL = ("x axis: original token position j, the token's index in the none prompt (0 is the first "
-                 "token, the attention sink); under mless and mful the same token sits after the span, and "
-                 "the curves compare it with itself.")
-AXES_WEIGHT = ("y axis: average attention weight the token receives, averaged over its queries, then over "
-               "problems (rows of attention sum to 1, so small values are normal for long prompts).")
-AXES_LAYERS = "Layers and heads are numbered from 1 (see Conventions)."

@@ -13,8 +13,8 @@ import re
 from functools import cache
 
 from meaningless_tokens import TEMPLATES
-from meaningless_tokens.report.phrases import count_of, label
-from meaningless_tokens.report.trace import Num, Text
+from meaningless_tokens.report.phrases import change, count_of, label
+from meaningless_tokens.report.trace import Num, Text, excludes_zero
 
 _SLOT = re.compile("\x00([0-9]+)\x00")  # where a value sits in a rendered macro
 _BREAK = re.compile(r"[ \t]*\n\s*")
@@ -53,3 +53,21 @@ def say(template: str, macro: str, **values) -> Text:
         elif piece:
             parts.append(_BREAK.sub(" ", piece))
     return Text(*parts)
+
+
+def plain(template: str, macro: str, **values) -> str:
+    """Macro `macro` of template `template` as a plain string: for sentences that are stored (metrics/verdict.json)
+    and escaped by the format that shows them, so values are joined as they are."""
+    return "".join(p if isinstance(p, str) else str(p) for p in say(template, macro, **values).parts)
+
+
+def shared(macro: str, **values) -> Text:
+    """A sentence several charts say, from templates/charts/phrases.j2 (hypothesis, axes_original, axes_weight,
+    axes_layers, verdict_drop)."""
+    return say("charts/phrases.j2", macro, **values)
+
+
+def verdict_drop(pct: Num, lo: Num, hi: Num, where: str) -> Text:
+    """The paper's prediction for attention on original tokens, checked against one drop interval."""
+    return shared("verdict_drop", where=where, change=change(pct), low=lo, high=hi, excludes=excludes_zero(lo, hi),
+                  agree=pct.value > 0)

@@ -17,24 +17,15 @@ import numpy as np
 from meaningless_tokens import store
 from meaningless_tokens.charts.context import Context
 from meaningless_tokens.report import paper, pooling
-from meaningless_tokens.report.phrases import label
+from meaningless_tokens.report.prose import plain, say
 from meaningless_tokens.report.trace import Num, Text, artifact, interval
 from meaningless_tokens.store import read_h5
 
 WORDS = ("reproduced", "contradicted", "ruled out", "inconclusive", "not run")
 # each word's rule, once, in a researcher's words (the table's footnote, metrics/verdict.json's "rules")
-RULES = {
-    "reproduced": "the 95 % interval excludes zero on the side the paper predicts and reaches X, the claim's smallest "
-                  "effect of interest (the paper's effect for that model where the paper reports one, else "
-                  "params.yaml's verdict.sesoi)",
-    "contradicted": "it excludes zero on the other side",
-    "ruled out": "its far end on the predicted side lies below X: an effect of X or more is excluded, whether or not "
-                 "the interval excludes zero",
-    "inconclusive": "none of these, or an interval of no width; the cell states the smallest effect the run could "
-                    "detect (80 % power, two-sided 5 %, from the interval's width)",
-    "not run": "not measured here; the cell names the command that measures it, where one exists",
-}
-RULE = " ".join(f"{w.capitalize()}: {r}." for w, r in RULES.items())
+VERDICT = "verdict.j2"  # the sentences; this module decides what they say
+RULES = {w: plain(VERDICT, "rule", word=w) for w in WORDS}
+RULE = plain(VERDICT, "rules", rules=RULES)
 
 
 def word(low: float, high: float, direction: int = +1, sesoi: float | None = None) -> str:
@@ -94,7 +85,11 @@ def _cell(value: Num, low: Num, high: Num, unit: str) -> Cell:
                 estimate=value.value, unit=unit.strip(), fmt=value.fmt)
 
 
-def _not_run(why: str, run: str = "") -> Cell:
+def _not_run(reason: str, cond: str = "", run: str = "") -> Cell:
+    """A cell not run, for `reason` (a key of verdict.j2's `why`), with the command `run` that runs it."""
+    why = plain(VERDICT, "why", reason=reason, cond=cond)
+    if not why:
+        raise ValueError(f"{VERDICT}: why: no sentence for the reason {reason!r}")
     return Cell("not run", None, why, run=run)
 
 
@@ -103,9 +98,9 @@ def _not_run(why: str, run: str = "") -> Cell:
 def _stats_layer(ctx: Context, name: str, cond: str, ds: str, layer: int, unit: str) -> Cell:
     st, f = ctx.stats[name], artifact("stats", name)
     if cond not in st["conditions"]:
-        return _not_run(f"{cond} not extracted")
+        return _not_run("not extracted", cond)
     if ds not in st[cond]:
-        return _not_run("one layer extracted" if ds == "first_layer_lead_pct" else "not in the statistics file")
+        return _not_run("one layer" if ds == "first_layer_lead_pct" else "not in statistics")
     return _cell(ctx.src.h5(f, f"{cond}/{ds}", fmt="+.1f", layer=layer),
                  ctx.src.h5(f, f"{cond}/{ds}_ci", fmt="+.1f", bound="low", layer=layer),
                  ctx.src.h5(f, f"{cond}/{ds}_ci", fmt="+.1f", bound="high", layer=layer), unit)
@@ -119,20 +114,20 @@ def _layer1(ctx: Context, name: str) -> int | None:
 
 def attention_drop(ctx: Context, name: str) -> Cell:
     li = _layer1(ctx, name)
-    return _not_run("Layer 1 not extracted") if li is None else \
+    return _not_run("layer 1") if li is None else \
         _stats_layer(ctx, name, "mless", "layer_drop_pct", li, " %")
 
 
 def first_layer_lead(ctx: Context, name: str) -> Cell:
     if _layer1(ctx, name) != 0:
-        return _not_run("Layer 1 not extracted first")
+        return _not_run("layer 1 first")
     return _stats_layer(ctx, name, "mless", "first_layer_lead_pct", 0, " points")
 
 
 def mful_gap(ctx: Context, name: str) -> Cell:
     li = _layer1(ctx, name)
     if li is None or "mful" not in ctx.stats[name]["conditions"]:
-        return _not_run("mful not extracted")
+        return _not_run("not extracted", "mful")
     return _stats_layer(ctx, name, "mless", "mful_gap_pct", li, " points")
 
 
@@ -143,16 +138,16 @@ def span_growth(ctx: Context, name: str) -> Cell:
     counts = sw["counts"]
     nonzero = [i for i, c in enumerate(counts) if c > 0]
     if len(nonzero) < 2:
-        return _not_run("fewer than two span lengths")
+        return _not_run("span lengths")
     a, b = nonzero[0], nonzero[-1]
     n = {(i, j): ctx.src.h5(f, "token_0/drop_heads_pct_ci", fmt="+.1f", count=i, bound=j) for i in (a, b)
          for j in ("low", "high")}
     da = ctx.src.h5(f, "token_0/drop_heads_pct", fmt="+.1f", count=a)
     db = ctx.src.h5(f, "token_0/drop_heads_pct", fmt="+.1f", count=b)
     low, high = n[b, "low"].value - n[a, "high"].value, n[b, "high"].value - n[a, "low"].value
-    return Cell("", Text(f"{counts[a]}: ", da, " % ", interval(n[a, "low"], n[a, "high"]), f"; {counts[b]}: ",
-                         db, " % ", interval(n[b, "low"], n[b, "high"])), "", None, low, high, estimate=db.value - da.value,
-                unit="points", fmt="+.1f")
+    text = say(VERDICT, "span_growth", short=counts[a], short_drop=da, short_low=n[a, "low"], short_high=n[a, "high"],
+               long=counts[b], long_drop=db, long_low=n[b, "low"], long_high=n[b, "high"])
+    return Cell("", text, "", None, low, high, estimate=db.value - da.value, unit="points", fmt="+.1f")
 
 
 def activation(measure: str):
@@ -160,7 +155,7 @@ def activation(measure: str):
         from meaningless_tokens.charts.activations import ActivationView
 
         if name not in ctx.activations or "mless" not in ctx.activations[name]["conditions"]:
-            return _not_run("mless activations not measured")
+            return _not_run("not measured", "mless")
         d, lo, hi, _ = ActivationView(ctx, name).diff("mless", measure)
         return _cell(d, lo, hi, " points" if measure.startswith("near_zero") else "")
     return cell
@@ -184,12 +179,12 @@ def accuracy(cond: str):
             if cond != "arm":
                 return _not_run("not in evaluate.models")
             sets = [f"evaluate.models=[{','.join(ctx.params.evaluated + [name])}]"]
-            return _not_run("not in evaluate.models",
-                            exp_run(*sets, *([] if "arm" in conds else ["prompt.conditions=" + _with_arm(conds)])))
+            return _not_run("not in evaluate.models", run=exp_run(
+                *sets, *([] if "arm" in conds else ["prompt.conditions=" + _with_arm(conds)])))
         if f"{cond}-none" not in ctx.src.json(f):
             if cond != "arm":
-                return _not_run(f"{cond} not evaluated")
-            return _not_run("arm not evaluated", exp_run("prompt.conditions=" + _with_arm(conds)))
+                return _not_run("not evaluated", cond)
+            return _not_run("not evaluated", "arm", exp_run("prompt.conditions=" + _with_arm(conds)))
         d, lo, hi = (ctx.src.js(f, f"{cond}-none.{k}", 100, "+.1f") for k in ("delta", "ci95_low", "ci95_high"))
         return _cell(d, lo, hi, " points")
     return cell
@@ -200,26 +195,27 @@ def likelihood(cond: str, part: str):
         if name not in ctx.likelihood:
             if cond != "arm":
                 return _not_run("not in likelihood.models")
-            return _not_run("not in likelihood.models", exp_run(f"likelihood.models=[{','.join(ctx.params.scored + [name])}]"))
+            return _not_run("not in likelihood.models", run=exp_run(f"likelihood.models=[{','.join(ctx.params.scored + [name])}]"))
         if f"{cond}-none" not in ctx.likelihood[name]["contrasts"]:
             if cond != "arm":
-                return _not_run(f"{cond} not scored")
+                return _not_run("not scored", cond)
             conds = ctx.likelihood[name]["conditions"]
-            return _not_run("arm not scored", exp_run("likelihood.conditions=" + _with_arm(conds)))
+            return _not_run("not scored", "arm", exp_run("likelihood.conditions=" + _with_arm(conds)))
         f, g = artifact("likelihood", name), f"contrasts/{cond}-none/{part}"
         fmt = "+.4f" if part == "solution" else "+.3f"
         out = _cell(ctx.src.h5(f, f"{g}/mean", fmt=fmt, group=0), ctx.src.h5(f, f"{g}/ci", fmt=fmt, group=0, bound="low"),
                     ctx.src.h5(f, f"{g}/ci", fmt=fmt, group=0, bound="high"), " nats/token" if part == "solution" else " nats")
         if cond == "arm":
             s = ctx.likelihood[name]["arm"]
-            out.note = f"{setting(s['variant'], s['c'], s['percentage'])}, {s['origin']['c']}; not tuned"
+            out.note = plain(VERDICT, "untuned", setting=setting(s["variant"], s["c"], s["percentage"]),
+                             origin=s["origin"]["c"])
         return out
     return cell
 
 
 def setting(variant: str, c: float, percentage: float) -> str:
     """An ARM setting as the report writes it."""
-    return f"c {c:g}, {'quantile' if variant == 'gemma' else 'percentile'} {percentage:g}"
+    return plain(VERDICT, "setting", c=f"{c:g}", quantile=variant == "gemma", percentage=f"{percentage:g}")
 
 
 def arm_likelihood(ctx: Context, name: str) -> Cell:
@@ -232,38 +228,31 @@ def arm_likelihood(ctx: Context, name: str) -> Cell:
     out = _cell(ctx.src.h5(f, "out_of_sample/mean", fmt="+.4f"), ctx.src.h5(f, "out_of_sample/ci", fmt="+.4f", bound="low"),
                 ctx.src.h5(f, "out_of_sample/ci", fmt="+.4f", bound="high"), " nats/token")
     c, own = s["chosen"], s["own"]
-    out.note = (f"{setting(s['variant'], c['c'], c['percentage'])}, chosen on {s['n_tuning']} other problems among "
-                f"{len(s['grid'])} settings (untuned: {setting(s['variant'], own['c'], own['percentage'])}, {own['origin']})")
+    out.note = plain(VERDICT, "tuned", setting=setting(s["variant"], c["c"], c["percentage"]), n=s["n_tuning"],
+                     grid=len(s["grid"]), own=setting(s["variant"], own["c"], own["percentage"]), origin=own["origin"])
     return out
 
 
-# (key, claim, measure, section anchor, the side the paper predicts, the cell's function)
-CLAIMS = (
-    ("a", f"Meaningless tokens lower the attention the original tokens receive in {label(0)}",
-     f"drop under mless, heads of {label(0)} averaged, % of none", "attention", +1, attention_drop),
-    ("b", "The drop is largest in the first layer",
-     f"{label(0)}'s drop minus the largest later layer's, points", "attention", +1, first_layer_lead),
-    ("c", "A meaningful span of the same length lowers it less",
-     f"{label(0)} drop under mless minus under mful, points", "meaningless-vs-meaningful-span", +1, mful_gap),
-    ("d", "The drop grows with the span's length",
-     "drop (all heads) at the shortest and the longest span; verdict on their difference", "span-length", +1,
-     span_growth),
-    ("e1", f"{label(0)}'s MLP: fewer activations near zero (robust eps)",
-     "mless − none, share in points", "activation-shift", -1, activation("near_zero_robust")),
-    ("e2", f"{label(0)}'s MLP: fewer activations near zero (fixed eps)",
-     "mless − none, share in points", "activation-shift", -1, activation("near_zero_fixed")),
-    ("e3", f"{label(0)}'s MLP: larger mean |a| (L1)", "mless − none", "activation-shift", +1, activation("l1")),
-    ("e4", f"{label(0)}'s MLP: larger RMS of a (L2)", "mless − none", "activation-shift", +1, activation("l2")),
-    ("f1", "ARM on the first MLP raises accuracy", "arm − none, points", "accuracy", +1, accuracy("arm")),
-    ("f2", "ARM makes the reference solution more likely", "arm − none, log-prob per token", "likelihood", +1,
-     arm_likelihood),
-    ("g1", "Meaningless tokens raise accuracy", "mless − none, points", "accuracy", +1, accuracy("mless")),
-    ("g2", "A meaningful span raises accuracy", "mful − none, points", "accuracy", +1, accuracy("mful")),
-    ("h1", "Meaningless tokens make the reference solution more likely", "mless − none, log-prob per token",
-     "likelihood", +1, likelihood("mless", "solution")),
-    ("h2", "Meaningless tokens make the gold answer more likely", "mless − none, log-prob of the answer",
-     "likelihood", +1, likelihood("mless", "answer")),
-)
+# (key, section anchor, the side the paper predicts, the cell's function); each claim's sentence and measure are
+# verdict.j2's `claim` and `measure`
+CLAIMS = tuple((key, plain(VERDICT, "claim", key=key), plain(VERDICT, "measure", key=key), section, direction, fn)
+               for key, section, direction, fn in (
+    ("a", "attention", +1, attention_drop),
+    ("b", "attention", +1, first_layer_lead),
+    ("c", "meaningless-vs-meaningful-span", +1, mful_gap),
+    ("d", "span-length", +1, span_growth),
+    ("e1", "activation-shift", -1, activation("near_zero_robust")),
+    ("e2", "activation-shift", -1, activation("near_zero_fixed")),
+    ("e3", "activation-shift", +1, activation("l1")),
+    ("e4", "activation-shift", +1, activation("l2")),
+    ("f1", "accuracy", +1, accuracy("arm")),
+    ("f2", "likelihood", +1, arm_likelihood),
+    ("g1", "accuracy", +1, accuracy("mless")),
+    ("g2", "accuracy", +1, accuracy("mful")),
+    ("h1", "likelihood", +1, likelihood("mless", "solution")),
+    ("h2", "likelihood", +1, likelihood("mless", "answer"))))
+if not all(RULES.values()) or not all(text and measure for _, text, measure, *_ in CLAIMS):
+    raise ValueError(f"{VERDICT}: a word's rule, or a claim's sentence or measure, is missing")
 
 
 def claims(ctx: Context) -> list[Claim]:
@@ -305,23 +294,16 @@ def judge(c: Cell, direction: int, sesoi: float | None, sesoi_from: str, paper_v
     c.word = word(c.low, c.high, direction, sesoi)
     c.sesoi, c.sesoi_from, c.paper = sesoi, sesoi_from, paper_value
     c.p = pooling.p_value(c.estimate, c.low, c.high)
-    unit = f" {c.unit}" if c.unit else ""
-    parts = []
-    if c.low == c.high:
-        parts.append("no problem changed its grade" if c.unit == "points" and c.estimate == 0 else
-                     "no spread: every paired difference is the same")
-    elif c.word == "ruled out":
-        parts.append(f"excludes {direction * sesoi:{c.fmt}}{unit} or more")
-    elif c.word == "inconclusive":
-        m = pooling.mde(c.low, c.high)
-        parts.append(f"detects {m:.2g}{unit} or more" + (f" (of interest: {direction * sesoi:{c.fmt}})"
-                                                          if sesoi is not None else ""))
+    basis = (("grade" if c.unit == "points" and c.estimate == 0 else "spread") if c.low == c.high else
+             c.word if c.word in ("ruled out", "inconclusive") else None)
+    where = ratio = None
     if paper_value is not None:
-        where = ("inside the interval" if c.low <= paper_value <= c.high else
-                 "above the interval" if paper_value > c.high else "below the interval")
-        ratio = f"; ours is {c.estimate / paper_value:.2g} of it" if paper_value else ""
-        parts.append(f"the paper: {paper_value:+g}{unit} for this model, {where}{ratio}")
-    c.detail = "; ".join(parts)
+        where = ("inside" if c.low <= paper_value <= c.high else "above" if paper_value > c.high else "below")
+        ratio = f"{c.estimate / paper_value:.2g}" if paper_value else None
+    c.detail = plain(VERDICT, "detail", basis=basis, unit=f" {c.unit}" if c.unit else "",
+                     sesoi=None if sesoi is None else f"{direction * sesoi:{c.fmt}}",
+                     mde=f"{pooling.mde(c.low, c.high):.2g}" if basis == "inconclusive" else None,
+                     paper=None if paper_value is None else f"{paper_value:+g}", where=where, ratio=ratio)
 
 
 def paper_context(rep) -> str:
@@ -329,9 +311,8 @@ def paper_context(rep) -> str:
     if rep is None:
         return ""
     vals = sorted(rep.values.values())
-    how = "approximate" if rep.status == "figure" else "not yet checked against the paper's text"
-    span = f"{vals[0]:+g}" if vals[0] == vals[-1] else f"{vals[0]:+g} to {vals[-1]:+g}"
-    return f"{span} points on {len(vals)} models ({rep.source}; {how})"
+    return plain(VERDICT, "paper_context", low=f"{vals[0]:+g}", high=None if vals[0] == vals[-1] else f"{vals[-1]:+g}",
+                 models=len(vals), source=rep.source, figure=rep.status == "figure")
 
 
 def pooled(r: Claim, sesoi: float | None) -> dict | None:
@@ -343,11 +324,10 @@ def pooled(r: Claim, sesoi: float | None) -> dict | None:
     fmt, unit = cells[0].fmt, (f" {cells[0].unit}" if cells[0].unit else "")
     w = word(res.low, res.high, r.direction, sesoi)
     text = f"{res.estimate:{fmt}}{unit} [{res.low:{fmt}}, {res.high:{fmt}}]"
-    spread = f"{res.k} models, tau² {res.tau2:.2g}, I² {100 * res.i2:.0f} %"
-    if w == "ruled out":
-        spread += f"; excludes {r.direction * sesoi:{fmt}}{unit} or more"
-    elif w == "inconclusive" and res.mde is not None:
-        spread += f"; detects {res.mde:.2g}{unit} or more"
+    spread = plain(VERDICT, "pooled", k=res.k, tau2=f"{res.tau2:.2g}", i2=f"{100 * res.i2:.0f}", unit=unit,
+                   basis=w if w == "ruled out" or w == "inconclusive" and res.mde is not None else None,
+                   sesoi=f"{r.direction * sesoi:{fmt}}" if w == "ruled out" else None,
+                   mde=f"{res.mde:.2g}" if res.mde is not None else None)
     return {"word": w, "md": text, "detail": spread, "estimate": res.estimate, "low": res.low, "high": res.high,
             "tau2": res.tau2, "i2": res.i2, "k": res.k, "sesoi": sesoi}
 
@@ -357,9 +337,7 @@ def holm_sentence(rows: list[Claim]) -> str:
     tested = [c for r in rows for c in r.cells.values() if c.p is not None]
     decided = [c for c in tested if c.holm is not None]
     lost = [c for c in decided if not c.holm]
-    return (f"After a Holm correction over the table's {len(tested)} cells with an interval (each p-value from the "
-            f"half of its interval that faces zero), {len(decided) - len(lost)} of the {len(decided)} reproduced or "
-            f"contradicted verdicts keep their word" + (f"; the {len(lost)} marked † lose it." if lost else "."))
+    return plain(VERDICT, "holm", tested=len(tested), decided=len(decided), lost=len(lost))
 
 
 SECTIONS = {"attention": "Attention", "meaningless-vs-meaningful-span": "Meaningless vs meaningful span",
@@ -369,11 +347,7 @@ SECTIONS = {"attention": "Attention", "meaningless-vs-meaningful-span": "Meaning
 
 def models_phrase(names: list[str], every: list[str]) -> str:
     """"all models", "no model", or the models named: a list that names every model says so instead."""
-    if not names:
-        return "no model"
-    if len(names) == len(every) and len(every) > 1:
-        return "all models"
-    return ", ".join(names)
+    return plain(VERDICT, "models_phrase", names=names, every=bool(names) and len(names) == len(every) and len(every) > 1)
 
 
 def sentence(claim: Claim, disp) -> str:
@@ -381,9 +355,8 @@ def sentence(claim: Claim, disp) -> str:
     every = list(claim.cells)
     groups = [(w, [disp(n) for n, c in claim.cells.items() if c.word == w]) for w in WORDS]
     groups = [(w, ms) for w, ms in groups if ms]
-    if len(groups) == 1:
-        return f"({claim.key}) {claim.text}: {groups[0][0]} for {models_phrase(groups[0][1], every)}."
-    return f"({claim.key}) {claim.text}: " + "; ".join(f"{w} for {', '.join(ms)}" for w, ms in groups) + "."
+    return plain(VERDICT, "sentence", key=claim.key, claim=claim.text, groups=groups,
+                 phrase=models_phrase(groups[0][1], every) if len(groups) == 1 else None)
 
 
 def counts(rows: list[Claim]) -> dict[str, int]:
