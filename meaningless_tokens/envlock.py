@@ -141,9 +141,13 @@ def pyproject_disagreements(spec: LockSpec) -> list[str]:
 
 
 def installed() -> dict[str, str]:
+    """The environment's packages: its site-packages alone, not whatever else is on sys.path (importing setuptools,
+    as torch's compiler does, puts setuptools/_vendor there, whose metadata would read as installed packages)."""
+    import sysconfig
     from importlib import metadata
 
-    return {canonical(d.metadata["Name"]): d.version for d in metadata.distributions() if d.metadata["Name"]}
+    paths = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
+    return {canonical(d.metadata["Name"]): d.version for d in metadata.distributions(path=paths) if d.metadata["Name"]}
 
 
 def drift(lock: Path, have: dict[str, str] | None = None) -> list[str]:

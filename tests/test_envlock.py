@@ -117,3 +117,15 @@ def test_the_gpu_wheels_of_the_makefile_form_a_closed_set():
         assert dist.version == cuda[envlock.canonical(name)], (name, dist.version)
         dists.append((name, name, dist.version, dist.requires or []))
     assert envlock.closure(dists, envlock.image_names(ROOT / image), "GPU_WHEELS") == []
+
+
+def test_vendored_metadata_on_sys_path_is_not_an_installed_package():
+    """Importing setuptools (torch's compiler does) puts setuptools/_vendor on sys.path, whose packages' metadata
+    (autocommand, jaraco-*, an older platformdirs...) is not the environment's."""
+    import sys
+
+    import setuptools  # noqa: F401
+
+    assert any(p.endswith("_vendor") for p in sys.path)
+    env = environment()
+    assert envlock.drift(ROOT / env["lock"]) == []

@@ -134,6 +134,7 @@ class Engine(Scorer, Protocol):
         """The continuations of every batch (`done`: the keys already journaled, which a backend may skip), as
         they finish: (item, text, n_tokens, stop reason, seconds)."""
 
+
 # ---- journal ------------------------------------------------------------------------------------
 
 class Journal:
