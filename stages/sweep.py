@@ -40,7 +40,9 @@ the statistics do (meaningless_tokens/attention.py: `sample_stats`), so the valu
   span_tokens[k]       the span's length in this model's tokens (what a count of characters becomes)
 
 With `sweep.accuracy_samples` > 0, MATH-500 accuracy too: greedy generation as evaluation does
-(meaningless_tokens/engines.py: `generate`, `grade`, the resumable journal), count 0 once (= none), each other
+(meaningless_tokens/engines/: `generate`, `grade`, the resumable journal; under the plan's one shape the rows the
+evaluate stage generated for the same prompts, count 0 = none and count 55 = mless, are taken from
+meaningless_tokens/generations.py, as a new run would generate them), count 0 once (= none), each other
 (token, count) against it with the paired difference, its bootstrap interval and McNemar p.
 
 With `sweep.likelihood_samples` > 0, the likelihood of the reference solution too (meaningless_tokens/scoring.py: the
