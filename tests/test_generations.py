@@ -47,7 +47,7 @@ def test_a_row_generates_the_same_in_any_company_at_the_plan_shape(arch, tiny_di
     assert len(first) == len(items) == 9
 
 
-def test_the_sweep_takes_evaluates_none_and_mless_rows(tiny_dirs, write_params, cache_dir, tmp_path):
+def test_the_sweep_takes_evaluates_none_and_mless_rows(tiny_dirs, write_params, cache_dir, tmp_path, monkeypatch):
     """An evaluate-like run (none, mless, mful) fills the store; a sweep-like run (none, the mless prompt as `/x55`,
     another span as `/x10`) then generates only its `/x10` rows, and every row equals a run that reuses nothing."""
     cfg = dict(n_samples=3, max_new_tokens=10, batch_size=4)
@@ -68,15 +68,11 @@ def test_the_sweep_takes_evaluates_none_and_mless_rows(tiny_dirs, write_params, 
     for it in by["mless"]:
         assert reused[(it.index, "/x55")] == evaluated[(it.index, "mless")]
 
-    os_env = pytest.MonkeyPatch()
-    os_env.setenv("MLESS_REUSE", "0")
-    try:
-        engine, _ = planned_engine(write_params, tiny_dirs, **cfg)
-        with engine:
-            fresh = run(engine, sweep, tmp_path / "fresh.jsonl", rank=str)
-        assert engine.store is None and "reused" not in engine.stats
-    finally:
-        os_env.undo()
+    monkeypatch.setenv("MLESS_REUSE", "0")
+    engine, _ = planned_engine(write_params, tiny_dirs, **cfg)
+    with engine:
+        fresh = run(engine, sweep, tmp_path / "fresh.jsonl", rank=str)
+    assert engine.store is None and "reused" not in engine.stats
     assert fresh == reused and len(fresh) == 9
 
 

@@ -13,15 +13,15 @@ from meaningless_tokens.engines.base import (JOURNAL_VERSION, Engine, Generated,
                                              run_journaled)
 from meaningless_tokens.engines.transformers import (ATTENTION, SHAPE_STEP, SLIDING, Shape, TransformersEngine,
                                                      TransformersScorer, _BoxedStop, auto_batch_size, compile_for,
-                                                     compile_on, generate, kv_bytes_per_token, load_for_generation,
-                                                     row_bytes, stop_ids)
+                                                     generate, kv_bytes_per_token, load_for_generation, row_bytes,
+                                                     stop_ids)
 from meaningless_tokens.engines.vllm import VllmEngine
 
 __all__ = ["ATTENTION", "JOURNAL_VERSION", "SHAPE_STEP", "SLIDING", "Engine", "Generated", "Item", "Journal", "Record",
            "Scorer", "Scores", "Shape", "TransformersEngine", "TransformersScorer", "VllmEngine", "_BoxedStop",
-           "auto_batch_size", "check_engine", "compile_for", "compile_on", "generate", "journal_key", "kv_bytes_per_token", "load_for_generation",
-           "make_batches", "merge_parts", "open_engine", "open_scorer", "part_path", "row_bytes", "run_journaled",
-           "stop_ids"]
+           "auto_batch_size", "check_engine", "compile_for", "generate", "journal_key", "kv_bytes_per_token",
+           "load_for_generation", "make_batches", "merge_parts", "open_engine", "open_scorer", "part_path", "row_bytes",
+           "run_journaled", "stop_ids"]
 
 
 def open_engine(cfg: Evaluate, conditions: list[str], setup: models.ModelSetup,

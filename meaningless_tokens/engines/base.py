@@ -86,12 +86,23 @@ def journal_key(weights_sha256: str | None, settings: dict, items: list[Item], v
 
 Generated = tuple[Item, str, int, str, float]  # item, text, n_tokens, stop reason, seconds
 
+
 class Scores(NamedTuple):
     """What `loglikelihood` returns: per sequence the log-prob of each scored token (float64), how they were computed
     (scoring's method and checks, for the provenance) and the seconds the scoring took."""
     logprobs: list[np.ndarray]
     how: dict
     seconds: float
+
+
+class Closing:
+    """`with engine:` closes it on every exit (what each backend's `close` removes)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 @runtime_checkable

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Iterator
 
 from meaningless_tokens import arm, generations, hooks, models, sampling
 from meaningless_tokens.config import Evaluate
-from meaningless_tokens.engines.base import Generated, Item, Scores, _common_settings
+from meaningless_tokens.engines.base import Closing, Generated, Item, Scores, _common_settings
 from meaningless_tokens.errors import ConfigError
 from meaningless_tokens.grading import has_complete_box
 
@@ -199,6 +199,7 @@ def generate(model, tokenizer, batch: list[Item], max_new_tokens: int, stop_at_b
         results.append((text, n, reason))
     return results
 
+
 class _Likelihood:
     """`loglikelihood` on the loaded model (`self.model`, `self.tokenizer`): scoring.py's functions, which hold the
     arithmetic (see Scorer.loglikelihood). scoring is imported where it runs: a generation stage never scores, and
@@ -230,15 +231,11 @@ class _Likelihood:
             raise ValueError(f"loglikelihood: method {method!r}: fastest, packed or whole")
         return Scores(logprobs, how, time.perf_counter() - started)
 
+
 SHAPE_STEP = 256      # a planned stage's prompt width: its longest prompt rounded up to a multiple of this; coarse, so
                       # that evaluate and the sweep (whose longest prompt is a few span tokens longer) share a shape
 WARMUP_TOKENS = 4     # the warm-up's new tokens: the decode step compiled, then (CUDA graphs) recorded and replayed
 MEMORY_MARGIN = 0.8   # the share of free CUDA memory evaluate.batch_size auto plans to fill
-
-
-def compile_on(setting: str, device: str) -> bool:
-    """evaluate.compile resolved: auto is on for CUDA, off elsewhere."""
-    return device.startswith("cuda") if setting == "auto" else setting == "on"
 
 
 # why a compiled decode step would be a new graph at every step: transformers' static cache keeps a sliding-window
@@ -248,9 +245,10 @@ SLIDING = "sliding-window layers: transformers' static cache recompiles their de
 
 
 def compile_for(setting: str, device: str, config) -> tuple[bool, str | None]:
-    """evaluate.compile resolved for a model: (on, why not where auto is off on CUDA). auto leaves a model with
-    sliding-window layers (Gemma 3) uncompiled; `on` compiles it all the same (and says what it costs)."""
-    on = compile_on(setting, device)
+    """evaluate.compile resolved for a model: (on, why not where auto is off on CUDA). auto is on for CUDA, off
+    elsewhere, and leaves a model with sliding-window layers (Gemma 3) uncompiled; `on` compiles it all the same (and
+    says what it costs)."""
+    on = device.startswith("cuda") if setting == "auto" else setting == "on"
     sliding = "sliding_attention" in (getattr(config.get_text_config(decoder=True), "layer_types", None) or ())
     if on and sliding and setting == "auto":
         return False, SLIDING
@@ -286,9 +284,9 @@ def auto_batch_size(free_bytes: int, per_row: int, rows: int, margin: float = ME
     return min(fit if fit < 8 else fit // 8 * 8, rows)
 
 
-class TransformersEngine(_Likelihood):
+class TransformersEngine(_Likelihood, Closing):
     """transformers.generate over the static batches; `arm` rows are edited by the ARM hook. `fit` (before the
-    journal's key) resolves the batch size and, with compile on, the plan's one shape."""
+    journal's key) resolves the batch size and, with planned shapes (`planned`), the plan's one shape."""
 
     def __init__(self, cfg: Evaluate, setup: models.ModelSetup, arm_settings: arm.ArmSettings | None = None,
                  sampled: bool = True):
@@ -328,19 +326,13 @@ class TransformersEngine(_Likelihood):
         """The model's hooks removed (the ARM hook): the model generates unedited from here on."""
         self.hooks.close()
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
     def fit(self, groups: list[tuple[list[Item], int]]) -> int:
         """The plan's batch size and shape from every item the stage generates, `groups`: (items, their
-        max_new_tokens); recorded in `settings` (the journal's key). With compile off the batches keep their own
-        widths and caches (the CPU's bytes of before); with compile on every batch gets one shape: the longest prompt
+        max_new_tokens); recorded in `settings` (the journal's key). Without `planned` (compile off: the CPU) the
+        batches keep their own widths and caches (the CPU's bytes of before); with it (compile on, a model left
+        uncompiled for its sliding-window layers on CUDA, or a test) every batch gets one shape: the longest prompt
         rounded up to SHAPE_STEP tokens (within the context), a cache of that plus the largest max_new_tokens, and
-        the batch size's rows (`planned`: set with compile, or by a test). evaluate.batch_size auto (CUDA only,
-        check_engine) fills the free memory."""
+        the batch size's rows. evaluate.batch_size auto (CUDA only, check_engine) fills the free memory."""
         groups = [(items, limit) for items, limit in groups if items]
         longest = max(len(it.input_ids) for items, _ in groups for it in items)
         limit = max(limit for _, limit in groups)
@@ -446,7 +438,8 @@ class TransformersEngine(_Likelihood):
                 self.store.put(done_rows)
             yield done_rows
 
-class TransformersScorer(_Likelihood):
+
+class TransformersScorer(_Likelihood, Closing):
     """The likelihood stages' engine: the whole model as scoring.load loads it (SDPA where the family has it, else
     eager), for `loglikelihood` alone; these stages generate nothing and read none of evaluate's settings."""
 
@@ -457,9 +450,3 @@ class TransformersScorer(_Likelihood):
 
     def close(self) -> None:
         """Nothing to remove: a scoring stage installs its ARM hook itself (hooks.Hooks) around its calls."""
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()

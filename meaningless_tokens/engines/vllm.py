@@ -7,12 +7,12 @@ from typing import Iterator
 
 from meaningless_tokens import models, sampling, vllm_engine
 from meaningless_tokens.config import Evaluate
-from meaningless_tokens.engines.base import Generated, Item, Scores, _common_settings
+from meaningless_tokens.engines.base import Closing, Generated, Item, Scores, _common_settings
 from meaningless_tokens.engines.transformers import stop_ids
 from meaningless_tokens.errors import ConfigError
 
 
-class VllmEngine:
+class VllmEngine(Closing):
     """vLLM in worker processes (meaningless_tokens/vllm_engine.py); only the tokenizer is loaded here."""
 
     def __init__(self, cfg: Evaluate, conditions: list[str], setup: models.ModelSetup, sampled: bool = True):
@@ -36,12 +36,6 @@ class VllmEngine:
 
     def close(self) -> None:
         """Nothing to remove: no model here, and the workers stop with `generate`'s generator."""
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     def fit(self, groups: list[tuple[list[Item], int]]) -> int:
         """The batch size of the journal's batches (vLLM schedules its own): auto is every row in one."""
