@@ -236,6 +236,10 @@ SHAPE_STEP = 256      # a planned stage's prompt width: its longest prompt round
                       # that evaluate and the sweep (whose longest prompt is a few span tokens longer) share a shape
 WARMUP_TOKENS = 4     # the warm-up's new tokens: the decode step compiled, then (CUDA graphs) recorded and replayed
 MEMORY_MARGIN = 0.8   # the share of free CUDA memory evaluate.batch_size auto plans to fill
+# transformers' CompileConfig for a compiled decode step: static shapes (the plan gives one shape; the ARM hook traces
+# into the graph: arm.ArmHook.traced), transformers' defaults otherwise (inductor, reduce-overhead: CUDA graphs). A
+# harness may swap the backend in-process (tests, `make gpu-check TINY=1`: dynamo's eager backend, no C++ build).
+COMPILE_OPTIONS = {"fullgraph": False, "dynamic": False}
 
 
 # why a compiled decode step would be a new graph at every step: transformers' static cache keeps a sliding-window
@@ -298,8 +302,7 @@ class TransformersEngine(_Likelihood, Closing):
         if self.compiled:
             from transformers import CompileConfig
 
-            # static shapes: the plan gives one shape (the ARM hook traces into the graph: arm.ArmHook.traced)
-            self.compile_config = CompileConfig(fullgraph=False, dynamic=False)
+            self.compile_config = CompileConfig(**COMPILE_OPTIONS)
             if not device.startswith("cuda"):
                 self.compile_config._compile_all_devices = True  # transformers compiles on CUDA alone otherwise
         self.hooks = hooks.Hooks()  # the ARM hook's life is the engine's: `close` (the stage's finally) removes it
