@@ -76,11 +76,25 @@ def params_for(write_params, tiny_dir, arch, device, dtype, **sections):
 @dataclasses.dataclass
 class Syncs:
     warnings: list = dataclasses.field(default_factory=list)  # the synchronisations seen (CUDA only)
-    forwards: int = 0                                          # forward passes of the loaded models' decoders
-    open: bool = True                                          # inside the block
+    forwards: int = 0                                          # forward passes of the loaded models, eager or compiled
+    compiled: int = 0                                          # of which calls of a compiled step (get_compiled_call)
+    warmups: int = 0                                           # engine warm-ups run (TransformersEngine.warm_up)
+    open: bool = True                                          # inside the block, outside a warm-up
 
     def forward(self, *_) -> None:
+        # traced into a compiled step, the hook must leave no trace: an int read there is a guard on its value (a
+        # recompile at every step); the compiled call is counted outside the graph (`counting_syncs`)
+        if torch.compiler.is_compiling():
+            return
         self.forwards += self.open
+
+    def compiled_call(self, fn):
+        """`fn` (a compiled step) counted at each call, in generate's Python loop."""
+        def call(*args, **kwargs):
+            self.forwards += self.open
+            self.compiled += self.open
+            return fn(*args, **kwargs)
+        return call
 
     def __len__(self) -> int:
         return len(self.warnings)
@@ -89,27 +103,37 @@ class Syncs:
 @contextlib.contextmanager
 def counting_syncs(monkeypatch):
     """Count host-device synchronisations inside the block (torch's sync debug mode, as warnings), except in the
-    model's set-up and load (models.setup_for, models.load: one blocking copy per weight tensor), which run with
-    the debug mode off; and the forward passes of the models loaded inside (every device)."""
+    model's set-up and load (models.setup_for, models.load: one blocking copy per weight tensor) and in the engine's
+    warm-up (TransformersEngine.warm_up: the decode step compiled and its CUDA graphs recorded, which synchronise),
+    which run with the debug mode off; and the forward passes of the models loaded inside (every device), eager ones
+    by a pre-hook on the decoder, compiled decode steps by the callable `get_compiled_call` returns, the warm-up's
+    not (`warmups` counts the warm-ups)."""
     seen = Syncs()
 
-    def paused(fn, count_forwards=False):
+    def paused(fn, count_forwards=False, warm_up=False):
         def call(*args, **kwargs):
             mode = torch.cuda.get_sync_debug_mode() if CUDA else 0
             if CUDA:
                 torch.cuda.set_sync_debug_mode("default")
+            was, seen.open = seen.open, seen.open and not warm_up
+            seen.warmups += warm_up
             try:
                 out = fn(*args, **kwargs)
             finally:
+                seen.open = was
                 if CUDA:
                     torch.cuda.set_sync_debug_mode(mode)
             if count_forwards:
-                out[0].get_decoder().register_forward_pre_hook(seen.forward)
+                model = out[0]
+                model.get_decoder().register_forward_pre_hook(seen.forward)
+                compiled = model.get_compiled_call  # generate's decode steps call what it returns
+                model.get_compiled_call = lambda config: seen.compiled_call(compiled(config))
             return out
         return call
 
     monkeypatch.setattr(models, "setup_for", paused(models.setup_for))
     monkeypatch.setattr(models, "load", paused(models.load, count_forwards=True))
+    monkeypatch.setattr(engines.TransformersEngine, "warm_up", paused(engines.TransformersEngine.warm_up, warm_up=True))
     if not CUDA:
         yield seen
         seen.open = False
