@@ -41,8 +41,10 @@ FP32_ATOL = 1e-5
 BF16_ATOL, BF16_RTOL = 0.05, 0.05
 
 # Host-device synchronisations the hot loops are allowed (documented in docs/gpu.md, "The CUDA test tier"), the
-# model's set-up and load not counted (`counting_syncs`); each stage's budget is a formula in what it runs, in the
-# test below. tests/test_syncs.py counts the same calls on the CPU.
+# model's set-up and load and evaluate's warm-up of a compiled step (at most one per engine: compilation and CUDA graph
+# recording synchronise) not counted (`counting_syncs`); each stage's budget is a formula in what it runs (batches from
+# the batch size the stage records, a decode step's syncs alike eager or compiled), in the tests below.
+# tests/test_syncs.py counts the same calls on the CPU.
 PROMPT_SYNCS = 1 + 1          # a prompt of extract or activations: the upload of its ids, one copy of its results
 PROBE_SYNCS_PER_LAYER = 6     # extract's compare(): two finiteness checks, three maxima read, the causal check's index
 PROBE_SYNCS = 2 + 2           # compare()'s two uploads of the ids, the reference forward's mask checks (2 mask types)
@@ -286,12 +288,21 @@ def test_evaluate_with_arm_rows_and_the_boxed_stop(device, dtype, llama_dir, wri
             b = cpu_model(torch.tensor([ids])).logits
         scale = b.abs().max().item()
         assert (a - b).abs().max().item() <= BF16_RTOL * scale + BF16_ATOL
+    # what the stage ran: its batch size (with the step compiled, every batch the plan's shape: short ones filled, which
+    # adds rows to a forward, not forwards or syncs) and whether the step was compiled, then warmed up once before the
+    # first batch (compilation and CUDA graph recording synchronise: not counted, nor its WARMUP_TOKENS forwards)
+    timing = json.loads((tmp_path / "dev/metrics/timing/evaluate-tiny.json").read_text())
+    with h5py.File(got, "r") as f:
+        compiled = json.loads(f.attrs["provenance"])["generation"]["compile"]["on"]
+    assert syncs.warmups == compiled == ("warmup_seconds" in timing), (syncs.warmups, compiled, timing)
     # random weights write no end-of-text: every batch runs max_new_tokens decode steps (the prefill is the first,
-    # each a forward pass); every batch holds an arm row (the plan sorts by length: arm and none share theirs)
+    # eager; the others compiled where the step is), each a forward pass; every batch holds an arm row (the plan sorts
+    # by length: arm and none share theirs)
     rows = params.evaluate.n_samples * len(params.prompt.conditions)
-    batches = -(-rows // params.evaluate.batch_size)
+    batches = -(-rows // timing["batch_size"])
     steps = params.evaluate.max_new_tokens
     assert syncs.forwards <= batches * steps, (syncs.forwards, batches, steps)
+    assert syncs.compiled <= batches * (steps - 1) * compiled, (syncs.compiled, batches, steps, compiled)
     budget = batches * (GEN_SYNCS_PER_BATCH + steps * (GEN_SYNCS_PER_STEP + ARM_SYNCS_PER_FORWARD)) + SLACK
     assert len(syncs) <= budget, (len(syncs), budget)
 
