@@ -264,6 +264,11 @@ MEMORY_MARGIN = 0.8   # the share of free CUDA memory evaluate.batch_size auto p
 # into the graph: arm.ArmHook.traced), transformers' defaults otherwise (inductor, reduce-overhead: CUDA graphs). A
 # harness may swap the backend in-process (tests, `make gpu-check TINY=1`: dynamo's eager backend, no C++ build).
 COMPILE_OPTIONS = {"fullgraph": False, "dynamic": False}
+# inductor's settings for that step, set for the process when an engine compiles: a fused kernel otherwise keeps a
+# bfloat16 intermediate unrounded (SiLU's output computed in float32), so the ARM edit would sort values the eager
+# step never sees and move other elements (tests/test_cuda.py; on the CPU's inductor: llama's moved sets 3 elements
+# apart in 2 of 9 row-steps without it, bit for bit with it)
+INDUCTOR_CONFIG = {"emulate_precision_casts": True}
 
 
 # why a compiled decode step would be a new graph at every step: transformers' static cache keeps a sliding-window
@@ -380,7 +385,11 @@ class TransformersEngine(_Likelihood, Closing):
         if self.compiled:
             from transformers import CompileConfig
 
+            import torch._inductor.config as inductor
+
             self.compile_config = CompileConfig(**COMPILE_OPTIONS)
+            for key, value in INDUCTOR_CONFIG.items():
+                setattr(inductor, key, value)
             if not device.startswith("cuda"):
                 self.compile_config._compile_all_devices = True  # transformers compiles on CUDA alone otherwise
         if shared is None:
