@@ -138,7 +138,7 @@ def measure(params, name: str, batch_size: int = PLAN_BATCH, new_tokens: int = 1
     what was measured, with the targets (`targets`)."""
     import torch
 
-    from meaningless_tokens import engines, models, sampling
+    from meaningless_tokens import engines, models, progress, sampling
     from meaningless_tokens.prompts import builder_for, check_context, dataset_spec, load_problems, select_problems
 
     say = log or (lambda msg: print(msg, file=sys.stderr))
@@ -184,6 +184,7 @@ def measure(params, name: str, batch_size: int = PLAN_BATCH, new_tokens: int = 1
 
     def timed(arm: str, mode: str, batch, k: int):
         nonlocal cache_class
+        progress.check()  # a harness's deadline (gpu_check's part limit), between two batches
         gc.collect()
         if cuda:
             torch.cuda.reset_peak_memory_stats()
