@@ -1,21 +1,22 @@
-"""Greedy generations kept across stages: the evaluate stage's `none` and `mless` rows are the sweep's count-0 and
-count-55 rows (the same prompt ids), generated once.
+"""Greedy generations evaluate owns and the sweep reads: the evaluate stage's `none` and `mless` rows are the sweep's
+count-0 and count-55 rows (the same prompt ids), generated once.
 
 A row is kept only where its tokens are a function of the row alone: under the plan's one shape (the compiled path:
 every batch `rows` rows, prompts left-padded to one width, one cache length; engines.TransformersEngine.fit), each
 operation of a decoder step works row by row (a matmul's rows, attention per row, norms per row) at sizes the shape
 fixes, so neither the other rows of a batch nor which batch a row ran in changes its tokens
 (tests/test_generations.py generates rows in different company and compares). With per-batch shapes (the CPU's
-default) a row's arithmetic depends on its batch's width: nothing is kept.
+default) a row's arithmetic depends on its batch's width: nothing is kept, and the file says why.
 
-A store is one file per key, `<cache root>/generations/<key>.jsonl`: the key holds everything a row's tokens depend
-on beyond its prompt ids: the weights' digest, the engine's settings (dtype, device, attention, compile, batch size,
-the shape, max_new_tokens, the stop rule, the end-of-text ids), the generating code's digest, the torch and
-transformers versions and the machine (the GPU's name, or the CPU's instruction set). A reused row is then the row a
-new run would generate, so a stage's outputs do not depend on what ran before (as with DVC's run-cache). Only greedy,
-unedited rows are kept (an `arm` row's edit depends on its problem; a sampled row on its seed). Lines are appended
-whole and fsynced; a torn or damaged line is skipped (that row is generated again). Delete the folder to start afresh;
-MLESS_REUSE=0 turns reuse off.
+evaluate@<model> writes `artifacts/generations/<model>.jsonl` (a DVC output; `store.path("generations", name)`): a
+header line with the shape and the key, then one line per kept row (its prompt ids' digest, text, token count and stop
+reason; no timing, so that the file is a function of its inputs). The key holds everything a row's tokens depend on
+beyond its prompt ids: the weights' digest, the engine's settings (dtype, device, attention, compile, the shape and its
+rows, max_new_tokens, the stop rule, the end-of-text ids), the ARM hook the compiled step carries (its settings, or
+none), the generating code's digest, the torch and transformers versions and the machine (the GPU's name, or the CPU's
+instruction set). The sweep depends on the folder (dvc.yaml), adopts the file's shape where its own prompts fit in it,
+and takes a row only where its engine's key equals the file's: a taken row is then the row it would generate, so its
+outputs are the same with or without the file (tests/test_sweep_reuse.py). MLESS_REUSE=0 makes the sweep take none.
 """
 
 from __future__ import annotations
@@ -24,11 +25,14 @@ import hashlib
 import json
 import os
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from meaningless_tokens.store import fs_error
+from meaningless_tokens.errors import ArtifactError
+from meaningless_tokens.store import atomic_path
 
-VERSION = 1
+VERSION = 2
+NOT_KEPT = "per-batch shapes (evaluate.compile off): a row's tokens depend on its batch's width, so none is kept"
 
 
 def enabled() -> bool:
@@ -65,58 +69,62 @@ def machine(device: str) -> dict:
     return facts
 
 
-class Store:
-    """One key's rows: prompt ids digest -> (text, n_tokens, stop, seconds)."""
+@dataclass(frozen=True)
+class Shape:
+    """A compiled stage's one shape: every batch has `rows` rows (short ones filled), prompts left-padded to `width`,
+    a static cache of `cache_len` tokens (engines.TransformersEngine.fit)."""
+    rows: int
+    width: int
+    cache_len: int
 
-    def __init__(self, folder: Path, key: dict):
-        self.key = key
-        name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
-        self.path = folder / f"{name}.jsonl"
-        self.rows: dict[str, tuple] = {}
-        self.skipped = 0
-        if self.path.is_file():
-            self._load()
 
-    def _load(self) -> None:
-        try:
-            lines = self.path.read_bytes().split(b"\n")
-        except OSError as e:
-            print(f"{self.path}: not read ({e.strerror or e}); its rows are generated again", file=sys.stderr)
-            return
-        for line in lines[1:]:
-            try:
-                r = json.loads(line)
-                self.rows[r["ids"]] = (r["text"], int(r["n_tokens"]), r["stop"], float(r["seconds"]))
-            except (ValueError, KeyError, TypeError):
-                self.skipped += bool(line.strip())
-        if self.skipped:
-            print(f"{self.path}: {self.skipped} damaged lines skipped (a run killed while writing?); "
-                  f"those rows are generated again", file=sys.stderr)
+@dataclass
+class Kept:
+    """One evaluate run's kept rows: prompt ids digest -> (text, n_tokens, stop); `shape` (rows, width, cache_len) and
+    `key` None where nothing was kept (`why`)."""
+    key: dict | None
+    shape: Shape | None
+    rows: dict = field(default_factory=dict)
+    why: str | None = None
 
-    def get(self, item) -> tuple | None:
-        return self.rows.get(ids_digest(item.input_ids))
 
-    def put(self, rows: list[tuple]) -> None:
-        """rows: (item, text, n_tokens, stop, seconds); each line written whole with one append (concurrent stages
-        append to the same file without interleaving a line)."""
-        fresh = [(ids_digest(it.input_ids), text, n, stop, seconds) for it, text, n, stop, seconds in rows
-                 if reusable(it)]
-        fresh = [r for r in fresh if r[0] not in self.rows]
-        if not fresh:
-            return
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            try:
-                if os.fstat(fd).st_size == 0:
-                    os.write(fd, (json.dumps({"version": VERSION, "key": self.key}, sort_keys=True) + "\n").encode())
-                for ids, text, n, stop, seconds in fresh:
-                    line = {"ids": ids, "text": text, "n_tokens": n, "stop": stop, "seconds": seconds}
-                    os.write(fd, (json.dumps(line, ensure_ascii=True) + "\n").encode())
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        except OSError as e:
-            raise fs_error(e, self.path) from None
-        for ids, text, n, stop, seconds in fresh:
-            self.rows[ids] = (text, n, stop, seconds)
+def write(path: Path, key: dict | None, shape, rows: list[tuple]) -> None:
+    """rows: (item, text, n_tokens, stop) of the run's greedy rows; the reusable ones written in the order given."""
+    if key is None:
+        header = {"version": VERSION, "kept": False, "why": NOT_KEPT}
+        lines = []
+    else:
+        header = {"version": VERSION, "kept": True, "key": key,
+                  "shape": {"rows": shape.rows, "width": shape.width, "cache_len": shape.cache_len}}
+        lines = [{"ids": ids_digest(it.input_ids), "text": text, "n_tokens": int(n), "stop": stop}
+                 for it, text, n, stop in rows if reusable(it)]
+    with atomic_path(path) as tmp:
+        tmp.write_text("".join(json.dumps(x, sort_keys=True, ensure_ascii=True) + "\n" for x in [header, *lines]))
+
+
+def read(path: Path) -> Kept | None:
+    """The rows `path` holds; None where there is no file (the model is not evaluated); an ArtifactError naming the
+    file and line where it is not what `write` writes."""
+    try:
+        text = Path(path).read_text(encoding="ascii")
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ArtifactError(f"{path}: unreadable ({e}); rerun evaluate (dvc repro) to write it again") from None
+    lines = text.splitlines()
+    try:
+        header = json.loads(lines[0])
+        if header.get("version") != VERSION:
+            raise ValueError(f"version {header.get('version')!r}, expected {VERSION}")
+        if not header["kept"]:
+            return Kept(None, None, why=header["why"])
+        shape = Shape(**header["shape"])
+        rows = {}
+        for k, line in enumerate(lines[1:], 2):
+            r = json.loads(line)
+            rows[r["ids"]] = (r["text"], int(r["n_tokens"]), r["stop"])
+    except (ValueError, KeyError, TypeError, IndexError) as e:
+        where = f" line {k}" if "k" in locals() else ""
+        raise ArtifactError(f"{path}{where}: not a file of kept generations ({type(e).__name__}: {e}); rerun "
+                            f"evaluate (dvc repro) to write it again") from None
+    return Kept(header["key"], shape, rows)

@@ -15,7 +15,7 @@ from typing import Callable
 
 import numpy as np
 
-from meaningless_tokens import models, progress, scoring
+from meaningless_tokens import arm, generations, models, progress, scoring
 from meaningless_tokens.attention import QUERY_VECTOR, reduce, sample_stats
 from meaningless_tokens.capture import attention, compare
 from meaningless_tokens.config import Params, Prompt
@@ -135,11 +135,20 @@ def summarize_attention(params: Params, per: dict) -> dict:
 
 # ---- accuracy --------------------------------------------------------------------------------------
 
-def accuracy_sweep(params: Params, setup: models.ModelSetup, problems, journal_path: Path) -> tuple[dict, dict]:
-    """Per (token, count): per-problem correctness (count 0 is the none prompt, generated once);
-    and the generation settings. Journaled like evaluation: an interrupted run resumes."""
+def accuracy_sweep(params: Params, setup: models.ModelSetup, problems, journal_path: Path,
+                   kept_path: Path | None = None) -> tuple[dict, dict, dict]:
+    """Per (token, count): per-problem correctness (count 0 is the none prompt, generated once); the generation
+    settings; the engine's stats (rows taken from evaluate's file `kept_path`, rows generated). Journaled like
+    evaluation: an interrupted run resumes.
+
+    The engine is opened as evaluate's is (its ARM hook where prompt.conditions holds arm: idle here, as no sweep row
+    is an arm row), so that under the plan's one shape its compiled step is evaluate's, and takes evaluate's shape and
+    rows where they fit and their key is its own (meaningless_tokens/generations.py)."""
     ev, name = params.evaluate, setup.name
-    with open_engine(ev, CONDITIONS, setup, sampled=False) as engine:
+    arm_settings = arm.settings_for(params.arm, params.dataset.benchmark, setup) \
+        if "arm" in params.prompt.conditions else None
+    kept = generations.read(kept_path) if kept_path is not None and name in params.evaluated else None
+    with open_engine(ev, CONDITIONS, setup, arm_settings, sampled=False) as engine:
         prompts = _build(builders(params, setup, engine.tokenizer), params, name, problems)
         cond = {key: f"{key[0]}x{key[1]}" for key in prompts if key != "none" and key[1] > 0}
         items = [Item(p.index, "none", pr.input_ids) for p, pr in zip(problems, prompts["none"])]
@@ -148,7 +157,8 @@ def accuracy_sweep(params: Params, setup: models.ModelSetup, problems, journal_p
         check_context(setup, "sweep.counts", f"a prompt of {longest} tokens plus evaluate.max_new_tokens {ev.max_new_tokens}",
                       longest + ev.max_new_tokens)
         # the plan's batch size (evaluate.batch_size: auto) and, compiled, its one shape: before the key, which records both
-        batch_size = engine.fit([(items, ev.max_new_tokens)])
+        batch_size = engine.fit([(items, ev.max_new_tokens)], like=kept.shape if kept else None)
+        engine.take(kept)
         settings = engine.settings
         journal = Journal(journal_path, journal_key(setup.prepared.weights_sha256, settings, items,
                                                         version=JOURNAL_VERSION))
@@ -159,7 +169,8 @@ def accuracy_sweep(params: Params, setup: models.ModelSetup, problems, journal_p
         correct = {key: np.array([journal.records[(p.index, "none" if key == "none" or key[1] == 0 else cond[key])].correct
                                   for p in problems]) for key in prompts}
         journal_path.unlink(missing_ok=True)
-        return correct, settings
+        return correct, settings, {k: engine.stats[k] for k in ("reused", "generated", "shape", "warmup_seconds")
+                                   if k in engine.stats}
 
 
 # ---- likelihood ------------------------------------------------------------------------------------
@@ -208,6 +219,7 @@ class AccuracySweep:
     correct: dict = field(default_factory=dict)   # (token, count) and "none" -> [problem]
     settings: dict | None = None                  # the engine's generation settings
     rows: dict = field(default_factory=dict)      # (token, count) -> accuracy, paired difference to count 0
+    stats: dict = field(default_factory=dict)     # the engine's: rows taken from evaluate's and generated (sidecar)
 
 
 @dataclass
@@ -224,10 +236,11 @@ class SpanSweep:
     likelihood: LikelihoodSweep
 
 
-def measure(params: Params, setup: Callable[..., models.ModelSetup], problems, journal: Path) -> SpanSweep:
+def measure(params: Params, setup: Callable[..., models.ModelSetup], problems, journal: Path,
+            kept: Path | None = None) -> SpanSweep:
     """The attention sweep on the layers up to sweep.layer, then, where configured, the accuracy and likelihood sweeps on
     the whole model; `setup(layers=...)` gives the model (None: the whole model), `journal` the accuracy sweep's
-    resumable journal (removed once it completes)."""
+    resumable journal (removed once it completes), `kept` evaluate's file of kept generations for this model."""
     cfg = params.sweep
     att = measure_attention(params, setup(layers=[cfg.layer]), problems)
     if cfg.accuracy_samples:
@@ -235,7 +248,7 @@ def measure(params: Params, setup: Callable[..., models.ModelSetup], problems, j
         check_engine(params.evaluate, CONDITIONS, params.runtime, params.file)
     # generation and scoring run the whole model: a GGUF source is converted in full (once) for them
     whole = setup() if cfg.accuracy_samples or cfg.likelihood_samples else None
-    acc = measure_accuracy(params, whole, problems, journal) if cfg.accuracy_samples else AccuracySweep()
+    acc = measure_accuracy(params, whole, problems, journal, kept) if cfg.accuracy_samples else AccuracySweep()
     lik = measure_likelihood(params, whole, problems) if cfg.likelihood_samples else LikelihoodSweep()
     return SpanSweep(att, acc, lik)
 
@@ -272,15 +285,16 @@ def measure_attention(params: Params, setup: models.ModelSetup, problems) -> Att
                           setup.prepared.manifest())
 
 
-def measure_accuracy(params: Params, whole: models.ModelSetup, problems, journal: Path) -> AccuracySweep:
+def measure_accuracy(params: Params, whole: models.ModelSetup, problems, journal: Path,
+                     kept: Path | None = None) -> AccuracySweep:
     cfg = params.sweep
     chosen = select_problems(problems, cfg.accuracy_samples, cfg.seed, "sweep.accuracy_samples")
-    correct, settings = accuracy_sweep(params, whole, chosen, journal)
+    correct, settings, stats = accuracy_sweep(params, whole, chosen, journal, kept)
     # each count against count 0 (the none prompt, generated whether or not 0 is listed)
     rows = {(t, c): {"accuracy": float(correct[(t, c)].mean()), "correct": int(correct[(t, c)].sum()),
                      **(paired(correct[(t, c)], correct["none"], cfg.seed) if c else {})}
             for t in cfg.tokens for c in cfg.counts}
-    return AccuracySweep(chosen, correct, settings, rows)
+    return AccuracySweep(chosen, correct, settings, rows, stats)
 
 
 def measure_likelihood(params: Params, whole: models.ModelSetup, problems) -> LikelihoodSweep:

@@ -21,6 +21,8 @@ interrupted run resumes from it with the same batches, so the final artifact equ
 uninterrupted run's. Outputs:
 
   artifacts/eval/<model>.h5              per problem and condition: output, extracted answer, grades
+  artifacts/generations/<model>.jsonl    the greedy rows the sweep may take (meaningless_tokens/generations.py):
+                                         under the plan's one shape the none/mless rows, else none and why
   metrics/accuracy/<model>.json          accuracy, paired differences, McNemar p, bootstrap intervals
   metrics/timing/evaluate-<model>.json   seconds and tokens per second (kept apart: never deterministic)
 """
@@ -35,9 +37,9 @@ from pathlib import Path
 import numpy as np
 from pydantic import ValidationError
 
-from meaningless_tokens import arm, cli, evaluation, grading, store
+from meaningless_tokens import arm, cli, evaluation, generations, grading, store
 from meaningless_tokens.config import Params, Shard
-from meaningless_tokens.engines import check_engine
+from meaningless_tokens.engines import Item, check_engine
 from meaningless_tokens.errors import ConfigError
 from meaningless_tokens.evaluation import Evaluation, Plan
 from meaningless_tokens.prompts import dataset_spec, load_problems, put_problems, select_problems
@@ -45,7 +47,8 @@ from meaningless_tokens.stage import header, stage_context
 from meaningless_tokens.store import put, put_json_attr, put_texts, write_h5, write_json_atomic, write_timing
 
 # the stage's outputs (and its journal): role -> artifact kind (store.PATHS)
-OUTPUTS = {"out": "eval", "metrics": "metrics/accuracy", "timing": "timing/evaluate", "journal": "journal/eval"}
+OUTPUTS = {"out": "eval", "kept": "generations", "metrics": "metrics/accuracy", "timing": "timing/evaluate",
+           "journal": "journal/eval"}
 
 
 def run(params: Params, name: str, root: Path | None = None) -> Path:
@@ -69,6 +72,9 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
                                         conditions)
         e = evaluation.evaluate(params, plan, chosen, where["journal"])
         write_artifact(where["out"], params, plan, chosen, e, data_sha)
+        generations.write(where["kept"], plan.engine.row_key(), getattr(plan.engine, "shape", None),
+                          [(Item(p.index, c, plan.built[p.index][c].input_ids), r.output, r.n_tokens, r.stop)
+                           for c in conditions for p, r in zip(chosen, e.by_cond[c])])
         write_json_atomic(where["metrics"], e.metrics)
         write_run_timing(where["timing"], params, plan, e)
         where["journal"].unlink(missing_ok=True)

@@ -41,8 +41,8 @@ the statistics do (meaningless_tokens/attention.py: `sample_stats`), so the valu
 
 With `sweep.accuracy_samples` > 0, MATH-500 accuracy too: greedy generation as evaluation does
 (meaningless_tokens/engines/: `generate`, `grade`, the resumable journal; under the plan's one shape the rows the
-evaluate stage generated for the same prompts, count 0 = none and count 55 = mless, are taken from
-meaningless_tokens/generations.py, as a new run would generate them), count 0 once (= none), each other
+evaluate stage generated for the same prompts, count 0 = none and count 55 = mless, are taken from its
+artifacts/generations/<model>.jsonl where its key is this run's, as this run would generate them), count 0 once (= none), each other
 (token, count) against it with the paired difference, its bootstrap interval and McNemar p.
 
 With `sweep.likelihood_samples` > 0, the likelihood of the reference solution too (meaningless_tokens/scoring.py: the
@@ -58,14 +58,15 @@ metrics/timing/sweep-<model>.json.
 # the stage's outputs (and its journal): role -> artifact kind (store.PATHS)
 OUTPUTS = {"out": "sweep", "metrics": "metrics/sweep", "table": "plots/sweep", "timing": "timing/sweep",
            "journal": "journal/sweep"}
+INPUTS = {"kept": "generations"}  # evaluate's kept generations of this model (read where it is evaluated)
 
 
 def run(params: Params, name: str, root: Path | None = None) -> Path:
-    ctx = stage_context(params, "sweep", name, root, **OUTPUTS)
+    ctx = stage_context(params, "sweep", name, root, **OUTPUTS, **INPUTS)
     params, where = ctx.params, ctx.where
     cfg = params.sweep
     problems, data_sha = load_problems(dataset_spec(params.dataset, params.file))
-    s = measure(params, ctx.setup, problems, where["journal"])
+    s = measure(params, ctx.setup, problems, where["journal"], where["kept"])
     att, acc, lik = s.attention, s.accuracy, s.likelihood
 
     write_artifact(where["out"], params, name, att, acc, lik, data_sha)
@@ -73,7 +74,8 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
                                                         len(att.problems), len(acc.problems), lik.rows, len(lik.problems)))
     write_csv_atomic(where["table"], *table(params, att.summary, att.tokenization, acc.rows, lik.rows))
     write_timing(where["timing"], {"seconds": ctx.seconds(),
-                                   "attention_seconds": round(att.seconds, 2), "attention_prompts": att.prompts})
+                                   "attention_seconds": round(att.seconds, 2), "attention_prompts": att.prompts,
+                                   **({"accuracy": acc.stats} if acc.problems else {})})
     print(f"{name}: span sweep of {len(cfg.tokens)} token(s) x {len(cfg.counts)} counts on {len(att.problems)} problems"
           + (f", accuracy on {len(acc.problems)}" if acc.problems else "")
           + (f", likelihood on {len(lik.problems)}" if lik.problems else "") + f" -> {where['out']}")
@@ -89,7 +91,8 @@ def write_artifact(out: Path, params: Params, name: str, att: AttentionSweep, ac
         "layers_probe": att.probe,
         **bs[(cfg.tokens[0], cfg.counts[-1])].describe(),
         # evaluate and likelihood are read only when those sweeps run: otherwise not part of what made this file
-        "params": {**store.stage_params(params, "sweep", name), **({"evaluate": None} if not cfg.accuracy_samples else {}),
+        "params": {**store.stage_params(params, "sweep", name),
+                   **({"evaluate": None, "arm": None} if not cfg.accuracy_samples else {}),
                    **({"likelihood": None} if not cfg.likelihood_samples else {})},
         "generation": acc.settings,
         "dataset_sha256": data_sha,

@@ -88,3 +88,14 @@ def spelled_out(spec: dict) -> dict:
     from meaningless_tokens.config import dvc_model_defaults
 
     return {**dvc_model_defaults(), **spec}
+
+
+@pytest.fixture(autouse=True)
+def _release_shared_model():
+    """A compiled engine's model is shared within a process (engines.transformers.release): not across tests."""
+    yield
+    import sys
+
+    module = sys.modules.get("meaningless_tokens.engines.transformers")
+    if module is not None:
+        module.release()

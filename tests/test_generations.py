@@ -11,15 +11,15 @@ from tests.test_engine_shapes import engine_and_items, shape_params
 
 
 def planned_engine(write_params, tiny_dirs, arch="llama", **cfg):
-    """A transformers engine with the compiled path's shapes but no compilation (float32, CPU): what the store keys."""
+    """A transformers engine with the compiled path's shapes but no compilation (float32, CPU): what rows are kept at."""
     params = shape_params(write_params, tiny_dirs, arch, **cfg)
     engine, items = engine_and_items(params)
     engine.planned = True
     return engine, [it for it in items if it.condition != "arm"]
 
 
-def run(engine, items, journal_path, rank=None) -> dict:
-    engine.fit([(items, engine.cfg.max_new_tokens)])
+def run(engine, items, journal_path, rank=None, like=None) -> dict:
+    engine.fit([(items, engine.cfg.max_new_tokens)], like=like)
     journal = engines.Journal(journal_path, "k")
     batches = engines.make_batches(items, engine.batch_size, condition_rank=rank)
     engines.run_journaled(engine, batches, journal, {it.index: "7" for it in items}, "test", "tiny")
@@ -48,61 +48,82 @@ def test_a_row_generates_the_same_in_any_company_at_the_plan_shape(arch, tiny_di
 
 
 def test_the_sweep_takes_evaluates_none_and_mless_rows(tiny_dirs, write_params, cache_dir, tmp_path, monkeypatch):
-    """An evaluate-like run (none, mless, mful) fills the store; a sweep-like run (none, the mless prompt as `/x55`,
-    another span as `/x10`) then generates only its `/x10` rows, and every row equals a run that reuses nothing."""
+    """An evaluate-like run (none, mless, mful) writes its kept rows; a sweep-like run (none, the mless prompt as
+    `/x55`, another span as `/x10`) that adopts its shape and takes them generates only its `/x10` rows, and every row
+    equals a run that takes nothing."""
     cfg = dict(n_samples=3, max_new_tokens=10, batch_size=4)
     engine, items = planned_engine(write_params, tiny_dirs, **cfg)
     with engine:
         evaluated = run(engine, items, tmp_path / "evaluate.jsonl")
-    assert engine.stats.get("reused", 0) == 0 and engine.store.path.is_file()
+        kept_path = tmp_path / "kept.jsonl"
+        generations.write(kept_path, engine.row_key(), engine.shape,
+                          [(it, *evaluated[it.key]) for it in items])
+    assert engine.stats.get("reused", 0) == 0
+    kept = generations.read(kept_path)
+    assert kept.shape == engine.shape and len(kept.rows) == 9  # none, mless, mful of 3 problems
     by = {c: [it for it in items if it.condition == c] for c in ("none", "mless")}
     sweep = by["none"] + [engines.Item(it.index, "/x55", it.input_ids) for it in by["mless"]]
     sweep += [engines.Item(it.index, "/x10", it.input_ids[:-3] + it.input_ids[-2:]) for it in by["mless"]]
 
-    engine, _ = planned_engine(write_params, tiny_dirs, **cfg)
-    with engine:
-        reused = run(engine, sweep, tmp_path / "sweep.jsonl", rank=str)
-    assert engine.stats["reused"] == 6
+    def sweep_run(journal):
+        engine, _ = planned_engine(write_params, tiny_dirs, **cfg)
+        with engine:
+            engine.fit([(sweep, engine.cfg.max_new_tokens)], like=kept.shape)
+            taken = engine.take(kept)
+            return run(engine, sweep, journal, rank=str, like=kept.shape), engine, taken
+
+    reused, engine, taken = sweep_run(tmp_path / "sweep.jsonl")
+    assert taken == 9 and engine.stats["reused"] == 6 and engine.stats["generated"] == 3
     for it in by["none"]:
         assert reused[it.key] == evaluated[it.key]
     for it in by["mless"]:
         assert reused[(it.index, "/x55")] == evaluated[(it.index, "mless")]
 
     monkeypatch.setenv("MLESS_REUSE", "0")
-    engine, _ = planned_engine(write_params, tiny_dirs, **cfg)
-    with engine:
-        fresh = run(engine, sweep, tmp_path / "fresh.jsonl", rank=str)
-    assert engine.store is None and "reused" not in engine.stats
+    fresh, engine, taken = sweep_run(tmp_path / "fresh.jsonl")
+    assert taken == 0 and "reused" not in engine.stats and engine.stats["generated"] == 9
     assert fresh == reused and len(fresh) == 9
 
 
-def test_only_greedy_unedited_rows_are_kept_and_damage_is_skipped(tmp_path, capsys):
-    key = {"version": 1, "weights": "w", "settings": {"rows": 4}}
-    store = generations.Store(tmp_path, key)
-    rows = [(engines.Item(0, "none", (1, 2)), "a", 1, "eos", 0.5),
-            (engines.Item(0, "arm", (1, 2, 3)), "b", 1, "eos", 0.5),
-            (engines.Item(0, "none", (1, 2, 4), sample=0), "c", 1, "eos", 0.5),
-            (engines.Item(-1, "filler", (1, 2, 5)), "d", 1, "eos", 0.5),
-            (engines.Item(1, "/x10", (7, 8)), "e\x00\udc80", 2, "length", 0.25)]
-    store.put(rows)
-    with open(store.path, "a") as f:
-        f.write('{"ids": "torn", "text": "x"')  # a run killed mid-line
-    again = generations.Store(tmp_path, key)
-    assert again.skipped == 1 and "1 damaged lines skipped" in capsys.readouterr().err
-    assert again.get(engines.Item(5, "mless", (1, 2))) == ("a", 1, "eos", 0.5)  # the ids, not the label
-    assert again.get(engines.Item(1, "/x10", (7, 8))) == ("e\x00\udc80", 2, "length", 0.25)
-    assert len(again.rows) == 2
-    header = json.loads(store.path.read_text().splitlines()[0])
-    assert header == {"version": 1, "key": key}
-    assert generations.Store(tmp_path, {**key, "settings": {"rows": 8}}).rows == {}  # another key, another file
+def test_only_greedy_unedited_rows_are_kept_and_damage_is_one_line(tmp_path):
+    from meaningless_tokens.errors import ArtifactError
+
+    key = {"version": generations.VERSION, "weights": "w", "settings": {"rows": 4}}
+    shape = engines.Shape(4, 256, 300)
+    rows = [(engines.Item(0, "none", (1, 2)), "a", 1, "eos"),
+            (engines.Item(0, "arm", (1, 2, 3)), "b", 1, "eos"),
+            (engines.Item(0, "none", (1, 2, 4), sample=0), "c", 1, "eos"),
+            (engines.Item(-1, "filler", (1, 2, 5)), "d", 1, "eos"),
+            (engines.Item(1, "/x10", (7, 8)), "e\x00\udc80", 2, "length")]
+    path = tmp_path / "m.jsonl"
+    generations.write(path, key, shape, rows)
+    kept = generations.read(path)
+    assert kept.key == key and kept.shape == shape and len(kept.rows) == 2
+    assert kept.rows[generations.ids_digest((1, 2))] == ("a", 1, "eos")  # the ids, not the label
+    assert kept.rows[generations.ids_digest((7, 8))] == ("e\x00\udc80", 2, "length")  # NUL, a lone surrogate
+    header = json.loads(path.read_text().splitlines()[0])
+    assert header["kept"] is True and header["shape"] == {"rows": 4, "width": 256, "cache_len": 300}
+    assert generations.read(tmp_path / "absent.jsonl") is None
+    with open(path, "a") as f:
+        f.write('{"ids": "torn", "text": "x"')  # not what evaluate writes: a clear error, not a silent skip
+    with pytest.raises(ArtifactError, match=r"m.jsonl line 4: not a file of kept generations"):
+        generations.read(path)
 
 
 def test_per_batch_shapes_keep_nothing(tiny_dirs, write_params, cache_dir, tmp_path):
-    """The CPU's default (compile off): batches keep their own shapes, so no row is stored or reused."""
+    """The CPU's default (compile off): batches keep their own shapes, so no row is kept or taken, and the file says
+    why (the same bytes whatever was generated: a rerun of evaluate does not rerun the sweep for nothing)."""
     engine, items = engine_and_items(shape_params(write_params, tiny_dirs, max_new_tokens=4, batch_size=4))
+    none = [it for it in items if it.condition == "none"]
     with engine:
-        run(engine, [it for it in items if it.condition == "none"], tmp_path / "j.jsonl")
-    assert engine.store is None and not (cache_dir / "generations").exists()
+        out = run(engine, none, tmp_path / "j.jsonl")
+        assert engine.shape is None and engine.row_key() is None
+        generations.write(tmp_path / "m.jsonl", engine.row_key(), engine.shape, [(it, *out[it.key]) for it in none])
+        kept = generations.read(tmp_path / "m.jsonl")
+        assert kept.key is None and kept.rows == {} and kept.why == generations.NOT_KEPT
+        assert engine.take(kept) == 0
+    assert (tmp_path / "m.jsonl").read_text() == json.dumps(
+        {"kept": False, "version": generations.VERSION, "why": generations.NOT_KEPT}, sort_keys=True) + "\n"
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])

@@ -215,3 +215,34 @@ def test_generation_syncs_a_constant_per_decode_step(tiny_dirs, llama_two_layers
         assert per_step[label] <= GEN_PER_STEP, f"{label}:\n{where_short}\n---\n{where_long}"
         assert long - GEN_PER_STEP * n_long <= GEN_PER_BATCH, where_long
     assert per_step["2 layers"] == per_step["4 layers"], per_step
+
+
+def test_a_reused_plan_cache_gives_each_prefill_a_host_length(tiny_dirs, write_params, cache_dir, monkeypatch):
+    """The plan's one cache, reused (reset) by every batch: transformers' prefill first reads its `get_seq_length()` to
+    slice the prompt, and a reset static layer would answer with its device counter, which the slice copies to the
+    host (a sync per batch on CUDA, which a Tensor method patch on the CPU does not see: the answer's type is checked).
+    The first read of each of three batches gets a host 0, the cache being the same object throughout. (Later reads,
+    the masks' query offset at each step, stay device tensors that no host code reads.)"""
+    from tests.test_engine_shapes import engine_and_items, shape_params
+
+    engine, items = engine_and_items(shape_params(write_params, tiny_dirs, max_new_tokens=4, batch_size=3))
+    engine.planned = True  # the compiled path's shape and cache, without compiling
+    first = []
+    with engine:
+        engine.fit([(items, 4)])
+        cache = engine.plan_cache()
+        cls = type(cache)
+        original = cls.get_seq_length
+
+        def recorded(self, *args, **kwargs):
+            answer = original(self, *args, **kwargs)
+            if first[-1] is None:
+                first[-1] = answer
+            return answer
+        monkeypatch.setattr(cls, "get_seq_length", recorded)
+        none = [it for it in items if it.condition == "none"]
+        for batch in (none[:3], none[3:] + none[:1], none[1:3]):
+            first.append(None)
+            list(engine.generate([batch], set()))
+            assert engine.plan_cache() is cache
+    assert all(type(a) is int and a == 0 for a in first), first

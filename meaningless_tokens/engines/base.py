@@ -137,9 +137,17 @@ class Engine(Scorer, Protocol):
     sampling: dict | None        # the sampled rows' settings (sampling.settings_for); None: greedy rows only
     batch_size: int | str | None  # rows per journaled batch, resolved by `fit`
 
-    def fit(self, groups: list[tuple[list[Item], int]]) -> int:
+    def fit(self, groups: list[tuple[list[Item], int]], like=None) -> int:
         """The batch size (and a compiled plan's shape) from every item the stage generates, `groups`: (items, their
-        max_new_tokens); called before `settings` is read."""
+        max_new_tokens); called before `settings` is read. `like`: another stage's shape to adopt where the items fit.
+        """
+
+    def row_key(self) -> dict | None:
+        """What a kept greedy row depends on beyond its prompt (meaningless_tokens/generations.py), after `fit`; None
+        where this run keeps none (a row's tokens depend on its batch)."""
+
+    def take(self, kept) -> int:
+        """Rows of evaluate's run (generations.Kept) to reuse where their key is `row_key()`; how many."""
 
     def generate(self, batches: list[list[Item]], done: set) -> Iterator[list[Generated]]:
         """The continuations of every batch (`done`: the keys already journaled, which a backend may skip), as

@@ -26,6 +26,7 @@ from meaningless_tokens import arm, generations, hooks, models, sampling
 from meaningless_tokens.config import Evaluate
 from meaningless_tokens.engines.base import Closing, Generated, Item, Scores, _common_settings
 from meaningless_tokens.errors import ConfigError
+from meaningless_tokens.generations import Shape
 from meaningless_tokens.grading import has_complete_box
 
 if TYPE_CHECKING:
@@ -122,13 +123,36 @@ class _Fillers:
         return self.done
 
 
-@dataclass(frozen=True)
-class Shape:
-    """A compiled stage's one shape: every batch has `rows` rows (short ones filled), prompts left-padded to `width`,
-    a static cache of `cache_len` tokens."""
-    rows: int
-    width: int
-    cache_len: int
+@functools.cache
+def plan_cache_class():
+    """StaticCache with a host length until its first write: the plan shape's one cache, reused by every batch."""
+    from transformers import StaticCache
+
+    class PlanCache(StaticCache):
+        """The plan shape's StaticCache, reused (zeroed by `reset`) by every batch so that the compiled step's cache
+        tensors keep their addresses. Its length is a host 0 from `reset` until its first write: transformers' prefill
+        reads `get_seq_length()` to slice the prompt, and a reset static layer answers with its device counter, which
+        the slice would copy to the host (one host-device sync per batch on CUDA; a fresh cache answers a host 0)."""
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.fresh = True
+
+        def reset(self):
+            super().reset()
+            self.fresh = True
+
+        def get_seq_length(self, layer_idx: int = 0):
+            return 0 if self.fresh else super().get_seq_length(layer_idx)
+
+        def update(self, *args, **kwargs):
+            import torch
+
+            if not torch.compiler.is_compiling():  # the prompt's pass (uncompiled) writes first; then it is never fresh
+                self.fresh = False
+            return super().update(*args, **kwargs)
+
+    return PlanCache
 
 
 def generate(model, tokenizer, batch: list[Item], max_new_tokens: int, stop_at_boxed: bool,
@@ -140,8 +164,8 @@ def generate(model, tokenizer, batch: list[Item], max_new_tokens: int, stop_at_b
     (greedy search then takes the one token it leaves). `shape`: the plan's (rows beyond the batch are fillers: a
     copy of its first prompt, never an arm row, their outputs dropped); None: the batch's own width and cache.
     `compile_config` (transformers' CompileConfig): compile the decode step; None: never compile. `cache`: the plan
-    shape's StaticCache, reused (zeroed) by every batch, so the compiled step's cache tensors keep their addresses
-    (a new cache per batch would record new CUDA graphs); None: a new one sized by the shape or the batch."""
+    shape's cache (`plan_cache_class`), reused (zeroed) by every batch, so the compiled step's cache tensors keep their
+    addresses (a new cache per batch would record new CUDA graphs); None: a new one sized by the shape or the batch."""
     import torch
     from transformers import LogitsProcessorList, StaticCache, StoppingCriteriaList
 
@@ -288,14 +312,68 @@ def auto_batch_size(free_bytes: int, per_row: int, rows: int, margin: float = ME
     return min(fit if fit < 8 else fit // 8 * 8, rows)
 
 
+@dataclass(eq=False)
+class _Loaded:
+    """A model loaded for generation with what its compiled decode step is made of: the ARM hook traced into it, one
+    plan cache per shape, and the shapes whose step has run (warm). Engines of one key share it within a process."""
+    key: str
+    model: object
+    tokenizer: object
+    attn: str
+    hooks: hooks.Hooks
+    arm_hook: arm.ArmHook | None
+    caches: dict
+    warm: set
+
+
+_SHARED: list[_Loaded] = []  # at most one: the compiled model of this process (one model's weights held at a time)
+
+
+def release() -> None:
+    """The process's shared compiled model let go (its hook removed): the next engine loads afresh."""
+    import gc
+
+    while _SHARED:
+        loaded = _SHARED.pop()
+        loaded.hooks.close()
+        cuda = loaded.model.device.type == "cuda"
+        del loaded
+        gc.collect()
+        if cuda:
+            import torch
+
+            torch.cuda.empty_cache()
+
+
+def _loaded_key(setup: models.ModelSetup, arm_settings) -> str:
+    """What a compiled step depends on beyond the shape: the weights, where and how they run, the ARM hook in it."""
+    import json
+
+    return json.dumps({"weights": setup.prepared.weights_sha256, "path": str(setup.prepared.path),
+                       "device": setup.device, "dtype": setup.dtype, "compile": repr(sorted(COMPILE_OPTIONS.items())),
+                       "trust_remote_code": setup.spec.trust_remote_code,
+                       "arm": arm_settings.describe() if arm_settings else None}, sort_keys=True, default=str)
+
+
 class TransformersEngine(_Likelihood, Closing):
     """transformers.generate over the static batches; `arm` rows are edited by the ARM hook. `fit` (before the
-    journal's key) resolves the batch size and, with planned shapes (`planned`), the plan's one shape."""
+    journal's key) resolves the batch size and, with planned shapes (`planned`), the plan's one shape.
+
+    Where the decode step is compiled, engines opened one after another in a process for the same model and ARM
+    settings share one loaded model, its hook, its compiled step and its plan caches (`_SHARED`; `release()` lets go):
+    the evaluate stage, the sweep's accuracy and the generation benchmark of a harness that runs them in-process then
+    compile once per shape. Each stage of `dvc repro` is a process of its own, so there it changes nothing."""
 
     def __init__(self, cfg: Evaluate, setup: models.ModelSetup, arm_settings: arm.ArmSettings | None = None,
                  sampled: bool = True):
         self.cfg = cfg
-        self.model, self.tokenizer, attn = load_for_generation(setup)
+        key = _loaded_key(setup, arm_settings)
+        shared = next((x for x in _SHARED if x.key == key), None)
+        if shared is None:
+            release()  # a compiled model of another key: its memory back before this one loads
+            self.model, self.tokenizer, attn = load_for_generation(setup)
+        else:
+            self.model, self.tokenizer, attn = shared.model, shared.tokenizer, shared.attn
         device = str(self.model.device)
         self.compiled, why_not = compile_for(cfg.compile, device, self.model.config)
         self.compile_config = None
@@ -305,9 +383,17 @@ class TransformersEngine(_Likelihood, Closing):
             self.compile_config = CompileConfig(**COMPILE_OPTIONS)
             if not device.startswith("cuda"):
                 self.compile_config._compile_all_devices = True  # transformers compiles on CUDA alone otherwise
-        self.hooks = hooks.Hooks()  # the ARM hook's life is the engine's: `close` (the stage's finally) removes it
-        self.arm_hook = self.hooks.arm(arm.ArmHook(arm.layer0_mlp(self.model, setup), arm_settings)) \
-            if arm_settings else None
+        if shared is None:
+            hook_set = hooks.Hooks()
+            arm_hook = hook_set.arm(arm.ArmHook(arm.layer0_mlp(self.model, setup), arm_settings)) \
+                if arm_settings else None
+            shared = _Loaded(key, self.model, self.tokenizer, attn, hook_set, arm_hook, {}, set())
+            if self.compiled:
+                _SHARED.append(shared)
+        self.loaded = shared
+        # the ARM hook's life is the engine's (`close`, the stage's finally, removes it), or the shared model's
+        self.hooks = shared.hooks
+        self.arm_hook = shared.arm_hook
         self.eos = stop_ids(self.model.generation_config, self.tokenizer)
         self.sampling = sampling.settings_for(cfg, self.model.generation_config) if sampled and cfg.sampling.n else None
         self.batch_size = cfg.batch_size if cfg.batch_size != "auto" else None  # resolved by fit
@@ -316,74 +402,115 @@ class TransformersEngine(_Likelihood, Closing):
                          "compile": {"setting": cfg.compile, "on": self.compiled,
                                      **({"why_not": why_not} if why_not else {})}}
         self.setup = setup
+        self.arm_settings = arm_settings
         # every batch the plan's one shape: what a compiled step needs, and what keeps rows for other stages (a model
         # left uncompiled for its sliding-window layers keeps the shape on CUDA for that)
         self.planned = self.compiled or why_not is not None
         self.shape: Shape | None = None
-        self.store: generations.Store | None = None  # rows kept across stages (planned shapes only)
-        self.warm = False
+        self.kept: dict = {}  # prompt ids digest -> (text, n_tokens, stop): rows `take` accepted from evaluate's file
         self.filler: tuple[int, ...] | None = None
         self.stats: dict = {}
 
-    def close(self) -> None:
-        """The model's hooks removed (the ARM hook): the model generates unedited from here on."""
-        self.hooks.close()
+    @property
+    def warm(self) -> bool:
+        return self.shape in self.loaded.warm
 
-    def fit(self, groups: list[tuple[list[Item], int]]) -> int:
+    def close(self) -> None:
+        """The ARM hook disarmed, and removed unless the model is the process's shared compiled one (`release`): the
+        model generates unedited from here on."""
+        if self.arm_hook is not None:
+            self.arm_hook.begin([])
+        if self.loaded not in _SHARED:
+            self.hooks.close()
+
+    def fit(self, groups: list[tuple[list[Item], int]], like: Shape | None = None) -> int:
         """The plan's batch size and shape from every item the stage generates, `groups`: (items, their
         max_new_tokens); recorded in `settings` (the journal's key). Without `planned` (compile off: the CPU) the
         batches keep their own widths and caches (the CPU's bytes of before); with it (compile on, a model left
-        uncompiled for its sliding-window layers on CUDA, or a test) every batch gets one shape: the longest prompt
-        rounded up to SHAPE_STEP tokens (within the context), a cache of that plus the largest max_new_tokens, and
-        the batch size's rows. evaluate.batch_size auto (CUDA only, check_engine) fills the free memory."""
+        uncompiled for its sliding-window layers on CUDA, or a test) every batch gets one shape: `like` (another
+        stage's shape: the sweep takes evaluate's) where every item fits in it, else the longest prompt rounded up to
+        SHAPE_STEP tokens (within the context), a cache of that plus the largest max_new_tokens, and the batch size's
+        rows. evaluate.batch_size auto (CUDA only, check_engine) fills the free memory."""
         groups = [(items, limit) for items, limit in groups if items]
         longest = max(len(it.input_ids) for items, _ in groups for it in items)
         limit = max(limit for _, limit in groups)
         rows = max(len(items) for items, _ in groups)
         text = self.model.config.get_text_config(decoder=True)
         width = longest
-        if self.planned:
-            context = getattr(text, "max_position_embeddings", None) or longest + limit
-            width = max(longest, min(-(-longest // SHAPE_STEP) * SHAPE_STEP, context - limit))
-        size = self.cfg.batch_size
-        if size == "auto":
-            import torch
-
-            dtype_bytes = self.model.dtype.itemsize
-            free, _ = torch.cuda.mem_get_info(self.model.device)
-            per_row = row_bytes(width + limit, kv_bytes_per_token(self.model.config, dtype_bytes), text.vocab_size,
-                                width, text.hidden_size, text.intermediate_size, text.num_attention_heads, dtype_bytes)
-            size = auto_batch_size(free, per_row, rows)
-            if size < 1:
-                raise ConfigError(f"evaluate.batch_size: auto: not one row of {width + limit} tokens "
-                                  f"({per_row / 2**20:.0f} MiB) fits {MEMORY_MARGIN:.0%} of the free CUDA memory "
-                                  f"({free / 2**20:.0f} MiB); give an int or fewer evaluate.max_new_tokens")
-            self.stats["batch_size_auto"] = {"free_bytes": free, "row_bytes": per_row, "margin": MEMORY_MARGIN}
+        if self.planned and like is not None and longest <= like.width and limit <= like.cache_len - like.width:
+            self.shape = like
+            size = like.rows
+        else:
+            if self.planned:
+                context = getattr(text, "max_position_embeddings", None) or longest + limit
+                width = max(longest, min(-(-longest // SHAPE_STEP) * SHAPE_STEP, context - limit))
+            size = self.cfg.batch_size
+            if size == "auto":
+                size = self._auto_size(width, limit, rows)
+            if self.planned:  # no more rows than the plan has: a batch size above that would only add fillers
+                self.shape = Shape(min(size, rows), width, width + limit)
         self.batch_size = self.settings["batch_size"] = size
-        if self.planned:  # no more rows than the plan has: a batch size above that would only add fillers
-            self.shape = Shape(min(size, rows), width, width + limit)
-            self.settings["shape"] = {"width": width, "cache_len": width + limit}
+        if self.shape is not None:
+            self.settings["shape"] = {"width": self.shape.width, "cache_len": self.shape.cache_len}
+            self.stats["shape"] = {"rows": self.shape.rows, "width": self.shape.width,
+                                   "cache_len": self.shape.cache_len}
             self.filler = groups[0][0][0].input_ids
-            if generations.enabled():
-                self.store = generations.Store(
-                    models.cache_root(self.setup.entry.runtime, self.setup.entry.params_file) / "generations",
-                    {"version": generations.VERSION, "weights": self.setup.prepared.weights_sha256,
-                     "settings": {**{k: v for k, v in self.settings.items() if k != "batch_size"},
-                                  "rows": self.shape.rows},  # what the arithmetic sees (auto may resolve another size)
-                     "code": generations.code_digest(__name__, "meaningless_tokens.grading"),
-                     "machine": generations.machine(str(self.model.device))})
         return size
 
-    def plan_cache(self):
-        """The plan shape's one StaticCache (compiled stages), made at its first use; None without a shape."""
+    def _auto_size(self, width: int, limit: int, rows: int) -> int:
+        import torch
+
+        text = self.model.config.get_text_config(decoder=True)
+        dtype_bytes = self.model.dtype.itemsize
+        free, _ = torch.cuda.mem_get_info(self.model.device)
+        per_row = row_bytes(width + limit, kv_bytes_per_token(self.model.config, dtype_bytes), text.vocab_size,
+                            width, text.hidden_size, text.intermediate_size, text.num_attention_heads, dtype_bytes)
+        size = auto_batch_size(free, per_row, rows)
+        if size < 1:
+            raise ConfigError(f"evaluate.batch_size: auto: not one row of {width + limit} tokens "
+                              f"({per_row / 2**20:.0f} MiB) fits {MEMORY_MARGIN:.0%} of the free CUDA memory "
+                              f"({free / 2**20:.0f} MiB); give an int or fewer evaluate.max_new_tokens")
+        self.stats["batch_size_auto"] = {"free_bytes": free, "row_bytes": per_row, "margin": MEMORY_MARGIN}
+        return size
+
+    def row_key(self) -> dict | None:
+        """What a kept row's tokens depend on beyond its prompt (meaningless_tokens/generations.py); None without the
+        plan's one shape (after `fit`), where a row's tokens depend on its batch."""
         if self.shape is None:
             return None
-        if getattr(self, "_cache", None) is None:
-            from transformers import StaticCache
+        return {"version": generations.VERSION, "weights": self.setup.prepared.weights_sha256,
+                # what the arithmetic sees: the shape's rows, not the batch size (auto may resolve another)
+                "settings": {**{k: v for k, v in self.settings.items() if k != "batch_size"}, "rows": self.shape.rows},
+                "arm_hook": self.arm_settings.describe() if self.arm_settings else None,
+                "code": generations.code_digest(__name__, "meaningless_tokens.grading"),
+                "machine": generations.machine(str(self.model.device))}
 
-            self._cache = StaticCache(config=self.model.config.get_text_config(decoder=True),
-                                      max_cache_len=self.shape.cache_len)
-        return self._cache
+    def take(self, kept: generations.Kept | None) -> int:
+        """Rows of another stage's run (evaluate's file) to reuse, where its key is this engine's (after `fit`) and
+        MLESS_REUSE is not 0; returns how many were accepted, and says why where none."""
+        self.kept = {}
+        if kept is None or not generations.enabled():
+            return 0
+        mine = self.row_key()
+        if kept.key is None or mine is None or kept.key != mine:
+            why = kept.why or ("this run keeps per-batch shapes" if mine is None else
+                               "its key differs: " + ", ".join(k for k in sorted(set(mine) | set(kept.key or {}))
+                                                               if mine.get(k) != (kept.key or {}).get(k)))
+            print(f"{self.setup.name}: evaluate's generations not reused ({why})", file=sys.stderr)
+            return 0
+        self.kept = kept.rows
+        return len(self.kept)
+
+    def plan_cache(self):
+        """The plan shape's one cache (`plan_cache_class`), shared by the engines of the process's compiled model;
+        None without a shape."""
+        if self.shape is None:
+            return None
+        cache = self.loaded.caches.get(self.shape)
+        if cache is None:
+            cache = self.loaded.caches[self.shape] = plan_cache_class()(
+                config=self.model.config.get_text_config(decoder=True), max_cache_len=self.shape.cache_len)
+        return cache
 
     def warm_up(self) -> None:
         """One generate of a filler batch at the plan's shape: the decode step compiled (and its CUDA graph recorded)
@@ -395,26 +522,27 @@ class TransformersEngine(_Likelihood, Closing):
                  self.arm_hook, None, self.shape, self.compile_config, self.plan_cache())
         if self.model.device.type == "cuda":
             torch.cuda.synchronize()
-        self.warm = True
+        self.loaded.warm.add(self.shape)
         self.stats["warmup_seconds"] = round(time.perf_counter() - t0, 2)
 
     def reuse(self, batches: list[list[Item]], done: set) -> tuple[list[Generated], list[list[Item]]]:
-        """With the plan's shapes: the rows the store holds, and the rest cut anew into batches (a row's tokens are its
-        own at a fixed shape: meaningless_tokens/generations.py). Otherwise none, and `batches` as they are."""
-        if self.store is None:
+        """The rows `take` accepted, and the rest cut anew into batches (a row's tokens are its own at a fixed shape:
+        meaningless_tokens/generations.py). Without any, none, and `batches` as they are."""
+        if not self.kept:
             return [], batches
         todo = [[it for it in b if it.key not in done] for b in batches]
-        hits = {it.key: self.store.get(it) for b in todo for it in b if generations.reusable(it)}
+        hits = {it.key: self.kept.get(generations.ids_digest(it.input_ids)) for b in todo for it in b
+                if generations.reusable(it)}
         hits = {k: v for k, v in hits.items() if v is not None}
         self.stats["reused"] = self.stats.get("reused", 0) + len(hits)
         if hits:
-            print(f"{self.setup.name}: {len(hits)} generations reused from {self.store.path}", file=sys.stderr)
+            print(f"{self.setup.name}: {len(hits)} generations taken from evaluate's", file=sys.stderr)
         rest = [[it for it in b if it.key not in hits] for b in todo]
         if not any(it.condition == "arm" for b in rest for it in b):  # (ARM's pool: batch edits a batch's arm rows
             n = self.shape.rows                                          # together: their batches stay as planned)
             rest = [[it for b in rest for it in b if (it.sample >= 0) == s] for s in (False, True)]  # limits differ
             rest = [part[i:i + n] for part in rest for i in range(0, len(part), n)]
-        return [(it, *hits[it.key]) for b in todo for it in b if it.key in hits], [b for b in rest if b]
+        return [(it, *hits[it.key], 0.0) for b in todo for it in b if it.key in hits], [b for b in rest if b]
 
     def generate(self, batches: list[list[Item]], done: set) -> Iterator[list[Generated]]:
         cfg = self.cfg
@@ -436,10 +564,8 @@ class TransformersEngine(_Likelihood, Closing):
             outs = generate(self.model, self.tokenizer, batch, limit, cfg.stop_at_boxed, self.eos,
                             self.arm_hook, sampler, self.shape, self.compile_config, self.plan_cache())
             share = (time.perf_counter() - t0) / len(batch)
-            done_rows = [(it, text, n, reason, share) for it, (text, n, reason) in zip(batch, outs)]
-            if self.store is not None:
-                self.store.put(done_rows)
-            yield done_rows
+            self.stats["generated"] = self.stats.get("generated", 0) + len(batch)
+            yield [(it, text, n, reason, share) for it, (text, n, reason) in zip(batch, outs)]
 
 
 class TransformersScorer(_Likelihood, Closing):

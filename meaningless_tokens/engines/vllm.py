@@ -37,11 +37,19 @@ class VllmEngine(Closing):
     def close(self) -> None:
         """Nothing to remove: no model here, and the workers stop with `generate`'s generator."""
 
-    def fit(self, groups: list[tuple[list[Item], int]]) -> int:
-        """The batch size of the journal's batches (vLLM schedules its own): auto is every row in one."""
+    def fit(self, groups: list[tuple[list[Item], int]], like=None) -> int:
+        """The batch size of the journal's batches (vLLM schedules its own): auto is every row in one. `like` is
+        ignored: vLLM has no plan shape."""
         if self.batch_size == "auto":
             self.batch_size = max(len(items) for items, _ in groups)
         return self.batch_size
+
+    def row_key(self) -> None:
+        """None: continuous batching puts a row in changing company, so no row is kept for another stage."""
+        return None
+
+    def take(self, kept) -> int:
+        return 0
 
     def generate(self, batches: list[list[Item]], done: set) -> Iterator[list[Generated]]:
         cfg = self.cfg

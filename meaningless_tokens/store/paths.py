@@ -14,6 +14,7 @@ PATHS = {
     "manifest": "artifacts/models/{name}.json",
     "attention": "artifacts/attention/{name}.h5",
     "eval": "artifacts/eval/{name}.h5",
+    "generations": "artifacts/generations/{name}.jsonl",
     "stats": "artifacts/stats/{name}.h5",
     "activations": "artifacts/activations/{name}.h5",
     "sweep": "artifacts/sweep/{name}.h5",
