@@ -9,7 +9,8 @@ seconds of its part left (the step in flight, a cold compile, cannot be stopped)
 1. The CUDA tier (`pytest -v -m cuda tests/test_cuda.py`, a subprocess, its output streamed into tier.log; killed
    at its limit, counted from what it printed): passed, failed, skipped.
 2. Every model stage in-process (`run(params, name, root=...)`: prepare, extract, stats, activations, likelihood,
-   evaluate, evaluate once more on the same process (warm: compiled kernels and graphs already made), sweep,
+   evaluate, evaluate once more in the same process (evaluate_warm: the shared model, hook, compiled step and
+   cache: no compile, no warm-up), sweep (taking evaluate's rows, in evaluate's shape),
    arm_tuning) on random-weight models with the real configs of the paper's models (tests/tiny.py,
    REAL_CONFIGS; the tests' tokenizer), bfloat16, built on the GPU and saved once into the work folder; the
    GPU profile's params (profiles/gpu.yaml) with its sizes bounded (SIZES) and the `arm` condition added.
@@ -64,18 +65,28 @@ STAGES = ("prepare", "extract", "stats", "activations", "likelihood", "evaluate"
           "arm_tuning")
 PROBLEMS = 500  # the projection's problems: all of MATH-500, as the GPU profile runs
 # the GPU profile's sizes bounded so that the default (the tier, two models) fits 6 minutes of one H100
+# evaluate's plan has 64 rows (8 problems x 4 conditions x 2 samples), so that its one shape has the GPU plan's 64 rows
+# (batch_size auto: at most the plan's rows) and a cache of its width + 32 tokens; the sweep adopts that shape, the
+# generation benchmark too (BENCH: 32 new tokens): one compile of the decode step per model. The sweep's accuracy runs
+# evaluate's problems (the same count and seed) at counts up to mless's 55: its prompts are no longer than evaluate's
+# mless prompts, so they fit evaluate's width (a count of 70 may cross a multiple of 256: a shape, a compile of its
+# own), and its count-0 and count-55 rows are evaluate's none and mless rows, which it takes
 SIZES = {"extract": {"n_samples": 4, "showcase": 1},
-         "evaluate": {"n_samples": 4, "max_new_tokens": 32, "sampling": {"n": 2, "max_new_tokens": 16}},
+         "evaluate": {"n_samples": 8, "max_new_tokens": 32, "sampling": {"n": 2, "max_new_tokens": 16}},
          "stats": {"n_boot": 50},
          "activations": {"n_boot": 50},
-         "sweep": {"attention_samples": 4, "accuracy_samples": 2, "likelihood_samples": 2, "n_boot": 50},
+         "sweep": {"attention_samples": 4, "accuracy_samples": 8, "likelihood_samples": 2, "n_boot": 50,
+                   "counts": [0, 10, 25, 40, 55]},
          "likelihood": {"n_samples": 4, "n_boot": 50},
          "arm_tuning": {"n_samples": 2, "n_boot": 50}}
 # the CPU's seconds (the tiny mode runs inside `make test`): fewer problems and tokens, reference solutions cut to
 # 32 tokens (whole ones were most of the scoring: arm_tuning scores them once per setting)
 # (the CPU refuses evaluate.batch_size auto, the GPU profile's: the tiny mode fixes it)
-TINY_SIZES = {"extract": {"n_samples": 2}, "evaluate": {"n_samples": 2, "max_new_tokens": 16, "batch_size": 16},
-              "sweep": {"attention_samples": 2}, "likelihood": {"n_samples": 2, "solution_tokens": 32}}
+# compile on, as on a GPU (dynamo's eager backend there: tiny_compile), so that the planned shape, the sweep's taking
+# evaluate's rows and the one compile per model run on the CPU too; 16 rows (2 x 4 x 2 samples), the benchmark's batch
+TINY_SIZES = {"extract": {"n_samples": 2},
+              "evaluate": {"n_samples": 2, "max_new_tokens": 16, "batch_size": 16, "compile": "on"},
+              "sweep": {"attention_samples": 2, "accuracy_samples": 2}, "likelihood": {"n_samples": 2, "solution_tokens": 32}}
 # the stage's own work seconds in its timing sidecar (metrics/timing/<stage>-<model>.json): the model's passes
 WORK_KEYS = {"extract": ("seconds",), "activations": ("seconds",), "likelihood": ("scoring_seconds",),
              "arm_tuning": ("scoring_seconds",), "evaluate": ("generation_seconds", "sampled_generation_seconds")}
@@ -84,7 +95,7 @@ NOT_RUN = "not run (--no-tier: tests/test_cuda.py runs in the same `make test`)"
 # 32 new tokens, since plain `generate` runs uncompiled (about 47 ms a decode step at the 1.5B width, batch 64):
 # 2 modes x (warm-up + steady) x 32 steps is about 6 s of it per model; tiny: the CPU's seconds
 BENCH = {"batch_size": 64, "new_tokens": 32, "batches": 1}
-TINY_BENCH = {"batch_size": 4, "new_tokens": 8, "batches": 1}
+TINY_BENCH = {"batch_size": 16, "new_tokens": 8, "batches": 1}
 # The parts' time limits in seconds (`--limit PART=SECONDS`): a model's part is its build, its stages and its
 # benchmark. The default run (the tier, the 1.5B and 7B widths) adds up to 340 s, the total: 20 s of the 6 minutes of
 # one H100 left for the interpreter's start and the wheels' install. A limit is checked between batches; the step in
@@ -282,12 +293,30 @@ def counts(params, project: Path, stage: str, name: str, out) -> dict:
                  + (-(-srows // size) * ev.sampling.max_new_tokens if srows else 0))
         return {"tokens": greedy + sampled, "kind": "generated", "per": steps, "unit": "decode step"}
     if stage == "sweep":  # random weights write no end-of-sequence: each row runs to its limit (the count is that)
-        cfg = params.sweep
-        rows = cfg.accuracy_samples * (1 + len(cfg.tokens) * len([c for c in cfg.counts if c]))
-        steps = -(-rows // batch_size(project, name, ev)) * ev.max_new_tokens
-        return {"tokens": rows * ev.max_new_tokens, "kind": "generated (at the limit)", "per": steps,
-                "unit": "decode step"}
+        acc = sidecar(project, stage, name).get("accuracy", {})
+        rows, reused = acc.get("generated"), acc.get("reused", 0)  # (no key: it took none)
+        if not isinstance(rows, int) or not isinstance(reused, int):
+            raise RuntimeError(f"{project / 'metrics/timing'}/sweep-{name}.json: accuracy: generated {rows!r}, reused "
+                               f"{reused!r}: not the rows the sweep generated and took from evaluate's")
+        size = acc["shape"]["rows"] if "shape" in acc else batch_size(project, name, ev)
+        return {"tokens": rows * ev.max_new_tokens, "kind": "generated (at the limit)",
+                "per": -(-rows // size) * ev.max_new_tokens, "unit": "decode step", "reused": reused, "generated": rows}
     return {"tokens": None, "kind": None, "per": None, "unit": None}
+
+
+def tiny_compile() -> None:
+    """The tiny mode's compiled decode step: dynamo's eager backend (the graph traced and run as it is: no C++ build
+    on the CPU), the engine's other CompileConfig options kept."""
+    from meaningless_tokens.engines import transformers as engine
+
+    engine.COMPILE_OPTIONS = {**engine.COMPILE_OPTIONS, "backend": "eager", "mode": None}
+
+
+def graphs() -> int:
+    """Dynamo's graphs compiled in this process so far (its counter of unique graphs)."""
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
 
 
 def run_stage(params, project: Path, stage: str, name: str, cuda: bool, at: float = math.inf) -> dict:
@@ -307,10 +336,11 @@ def run_stage(params, project: Path, stage: str, name: str, cuda: bool, at: floa
     if cuda:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-    t0 = time.perf_counter()
+    t0, g0 = time.perf_counter(), graphs()
     try:
         with counting_syncs(cuda) as syncs, progress.deadline(at):
             out = module.run(params, name, root=project)
+        row["graphs"] = graphs() - g0
         if cuda:  # the stage's queued kernels inside its wall time
             torch.cuda.synchronize()
         row["wall_s"] = round(time.perf_counter() - t0, 2)
@@ -319,9 +349,13 @@ def run_stage(params, project: Path, stage: str, name: str, cuda: bool, at: floa
         row["work_s"] = work_seconds(project, sidecar_stage, name)
         n = counts(params, project, stage, name, out)
         row["tokens"], row["tokens_kind"] = n["tokens"], n["kind"]
-        for key in ("problems", "sequences", "conditions"):
-            if n.get(key):
+        for key in ("problems", "sequences", "conditions", "reused", "generated"):
+            if n.get(key) is not None:
                 row[key] = n[key]
+        if stage in ("evaluate", "evaluate_warm", "sweep"):  # the plan's one shape and the warm-up, where made
+            data = sidecar(project, "evaluate" if stage == "evaluate_warm" else stage, name)
+            data = data.get("accuracy", {}) if stage == "sweep" else data
+            row["shape"], row["warmup_s"] = data.get("shape"), data.get("warmup_seconds")
         secs = row["work_s"] or row["wall_s"]
         if stage in SIDECAR_RATES:  # the stage's own count over its own seconds
             row["tokens_per_s"], row["tokens_per_s_over"] = sidecar_rate(project, stage, name), "work"
@@ -402,15 +436,20 @@ def bench_module():
     return sys.modules["bench_gpu_generate"]
 
 
-def run_bench(params, name: str, sizes: dict, at: float = math.inf) -> dict:
-    """The generation benchmark on model `name` (bench_gpu_generate.measure); an exception is its status, the
-    deadline `at` (checked between its batches) passed is "timed out"."""
-    from meaningless_tokens import progress
+def run_bench(params, name: str, sizes: dict, at: float = math.inf, project: Path | None = None) -> dict:
+    """The generation benchmark on model `name` (bench_gpu_generate.measure) in evaluate's shape (its kept
+    generations' file in `project`: the benchmark's batch is its rows); an exception is its status, the deadline `at`
+    (checked between its batches) passed is "timed out"."""
+    from meaningless_tokens import generations, progress, store
 
-    t0 = time.perf_counter()
+    t0, g0 = time.perf_counter(), graphs()
     try:
+        kept = generations.read(project / store.path("generations", name)) if project is not None else None
+        like = kept.shape if kept else None
         with progress.deadline(at):
-            result = {"status": "ok", **bench_module().measure(params, name, **sizes)}
+            result = {"status": "ok", **bench_module().measure(params, name, **{
+                **sizes, **({"batch_size": like.rows} if like else {})}, like=like)}
+        result["graphs"] = graphs() - g0
     except progress.TimedOut:
         result = {"model": name, "status": TIMED_OUT}
     except Exception as e:  # recorded; the run goes on and exits 1 at the end
@@ -465,6 +504,8 @@ def projection(rows: list[dict], name: str) -> dict:
     mless = gpu["prompt"]["mless"]
     shared = min(sw["accuracy_samples"], PROBLEMS, ev["n_samples"] or PROBLEMS)
     kept = shared * (1 + (mless["token"] in sw["tokens"] and mless["count"] in sw["counts"]))
+    if by.get("sweep", {}).get("reused") == 0:  # this run's sweep took none of evaluate's rows: nor would the profile's
+        kept = 0
     gen = rate("evaluate_warm") or rate("evaluate")
     work = {  # row -> [(tokens, tokens per second)]
         "evaluate": [(PROBLEMS * n_cond * ev["max_new_tokens"], gen)],
@@ -547,6 +588,11 @@ def table(result: dict) -> str:
         lines.append(f"| {r['model']} | {r['stage']} | {r['status']} | {fmt(r.get('wall_s'))} | {fmt(r.get('work_s'))} | "
                      f"{fmt(r.get('peak_cuda_gib'), 2)} | {fmt(r.get('syncs'))} | {per} | {fmt(r.get('tokens'))}{kind} | "
                      f"{rate} |")
+    compiled = [shapes_line(result, name) for name in result["models"]]
+    if any(compiled):
+        lines += ["", "The decode step's shape and the dynamo graphs compiled per model (one compile: evaluate's; "
+                  "evaluate_warm, the sweep and the benchmark's engine share its model, hook and cache):", ""]
+        lines += [f"- {line}" for line in compiled if line]
     if result.get("generate"):
         lines += ["", "Generation (benchmarks/bench_gpu_generate.py): the evaluate engine vs model.generate with its "
                   "default cache, same prompts and batch; steady tokens/s, the warm-up (first batch's excess) apart:", "",
@@ -673,11 +719,33 @@ def run_model_part(params, project: Path, work: Path, name: str, at: float, min_
         gc.collect()
         if cuda:
             torch.cuda.empty_cache()
-        step("generate", "generation benchmark", lambda: run_bench(params, name, bench, at))
+        step("generate", "generation benchmark", lambda: run_bench(params, name, bench, at, project))
     statuses = {r["status"] for r in rows}
     part["status"] = (TIMED_OUT if statuses & {TIMED_OUT, NOT_STARTED} else "ok" if statuses == {"ok"} else "failed")
     part["wall_s"] = round(time.monotonic() - t0, 1)
     return part
+
+
+def shapes_line(result: dict, name: str) -> str | None:
+    """Model `name`'s shapes, graphs compiled and the sweep's taken rows, as one line; None before its evaluate row."""
+    rows = {r["stage"]: r for r in result["stages"] if r["model"] == name and "graphs" in r}
+    bench = next((b for b in result["generate"] if b["model"] == name and "graphs" in b), None)
+    if "evaluate" not in rows:
+        return None
+
+    def shape(x):
+        s = x.get("shape")
+        return f"{s['rows']} x {s['width']} (cache {s['cache_len']})" if s else "none (per-batch)"
+
+    parts = [f"{stage} {shape(r)}, {r['graphs']} graph{'s' * (r['graphs'] != 1)}" for stage, r in rows.items()
+             if stage in ("evaluate", "evaluate_warm", "sweep")]
+    if bench:
+        parts.append(f"benchmark {shape(bench)}, {bench['graphs']} graph{'s' * (bench['graphs'] != 1)}")
+    total = sum(r["graphs"] for r in rows.values()) + (bench["graphs"] if bench else 0)
+    sweep = rows.get("sweep")
+    took = (f"; the sweep took {sweep['reused']} of evaluate's rows and generated {sweep['generated']}"
+            if sweep and "reused" in sweep else "")
+    return f"{name}: {'; '.join(parts)}; {total} in all{took}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -732,6 +800,8 @@ def main(argv: list[str] | None = None) -> int:
         return bad(f"--min-start {args.min_start}: expected SECONDS >= 0")
     import torch
 
+    if args.tiny:
+        tiny_compile()
     suffix = "-tiny" if args.tiny else ""
     work = args.work or Path(tempfile.gettempdir()) / f"meaningless-tokens-gpu-check{suffix}"
     out = args.out or Path(tempfile.gettempdir()) / f"gpu-check{suffix}"
@@ -799,18 +869,21 @@ def main(argv: list[str] | None = None) -> int:
         result[key].append(row)
         save(out, result, started)  # what is measured stays measured, whenever the run stops
 
+    from meaningless_tokens.engines import transformers as engine
+
     before = os.environ.get("MLESS_CACHE"), os.environ.get("MLESS_REUSE")
     os.environ["MLESS_CACHE"] = str(work / "cache")  # the model cache of the check's own
-    # every stage generates every row: its tokens/s are the engine's; the projection counts what the sweep reuses
-    os.environ["MLESS_REUSE"] = "0"
+    os.environ["MLESS_REUSE"] = "1"  # the sweep takes evaluate's rows, as the GPU profile's does
     try:
         for name in names:
             part = run_model_part(params, project, work, name, deadline(name), args.min_start,
                                   None if args.no_bench else bench, args.tiny, record)
+            engine.release()  # the model's compiled step and weights go before the next model's
             result["parts"].append({"part": name, "limit_s": limits[name], **part})
             result["projection"][name] = projection(result["stages"], name)
             save(out, result, started)
     finally:
+        engine.release()
         for var, value in zip(("MLESS_CACHE", "MLESS_REUSE"), before):
             if value is None:
                 os.environ.pop(var, None)

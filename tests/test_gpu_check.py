@@ -232,6 +232,10 @@ def test_the_projection_is_the_gpu_profiles_tokens_over_the_measured_rates():
     assert p["extraction"] == round((500 * 3 * 100 + sw["attention_samples"] * 6 * 100) / 1000 / 3600
                                     + 500 * 3 * 100 / 500 / 3600, 2)
     assert p["total"] == round(sum(v for k, v in p.items() if k != "total"), 2)
+    # a sweep that took none of evaluate's rows (their key not its own): the profile's sweep generates every row
+    taken = gpu_check.projection(rows + [{"model": "m", "stage": "sweep", "status": "ok", "reused": 0}], "m")
+    assert taken["sweep accuracy"] == round(sw["accuracy_samples"] * 6 * ev["max_new_tokens"] / 100 / 3600, 2)
+    assert gpu_check.projection(rows + [{"model": "m", "stage": "sweep", "status": "ok", "reused": 4}], "m") == p
     del rows[2]  # extract failed: no rate, no projection of what needs it
     assert gpu_check.projection(rows, "m")["extraction"] is None and gpu_check.projection(rows, "m")["total"] is None
 
@@ -377,3 +381,31 @@ def test_the_tier_streams_its_log_and_is_killed_at_its_limit(tmp_path, monkeypat
     log = (tmp_path / "tier.log").read_text()
     assert "::test_passes PASSED" in log and "::test_fails FAILED" in log and "::test_hangs" in log
     assert "test_hangs PASSED" not in log
+
+
+def test_one_shape_and_one_compile_per_model_and_the_sweep_takes_evaluates_rows(tiny_run):
+    rc, out, result = tiny_run
+    assert rc == 0, out[-3000:]
+    ev, sw = gpu_check.TINY_SIZES["evaluate"], result["sizes"]["sweep"]
+    for name in gpu_check.DEFAULT_MODELS:
+        rows = {r["stage"]: r for r in result["stages"] if r["model"] == name}
+        bench = next(b for b in result["generate"] if b["model"] == name)
+        shape = rows["evaluate"]["shape"]
+        # evaluate's plan: its batch size's rows (the plan has 16), its width rounded up to 256, + its 16 new tokens
+        assert shape["rows"] == ev["batch_size"] and shape["width"] % 256 == 0, shape
+        assert shape["cache_len"] == shape["width"] + ev["max_new_tokens"]
+        assert rows["evaluate_warm"]["shape"] == rows["sweep"]["shape"] == bench["shape"] == bench["like"] == shape
+        assert bench["batch_size"] == shape["rows"]
+        # the decode step compiled once, by evaluate; evaluate_warm, the sweep and the benchmark's engine run it warm
+        # (the shared model); plain `generate` runs uncompiled
+        assert rows["evaluate"]["graphs"] == 1, rows["evaluate"]
+        assert sum(r["graphs"] for r in rows.values()) + bench["graphs"] == 1, (
+            {s: r["graphs"] for s, r in rows.items()}, bench["graphs"])
+        assert rows["evaluate"]["warmup_s"] > 0
+        assert rows["evaluate_warm"]["warmup_s"] is None and rows["sweep"]["warmup_s"] is None
+        assert bench["engine_warmup_s"] is None
+        # the sweep runs evaluate's problems: count 0 and 55 are evaluate's none and mless rows, taken
+        s = rows["sweep"]
+        prompts = sw["accuracy_samples"] * (1 + len([c for c in sw["counts"] if c]))
+        assert s["reused"] == 2 * sw["accuracy_samples"] and s["generated"] == prompts - s["reused"], s
+        assert s["tokens"] == s["generated"] * ev["max_new_tokens"]
