@@ -124,14 +124,16 @@ test-gpu:
 
 # One command for whoever is lent a GPU (docs/gpu.md, "make gpu-check"): the CUDA tier, then every model stage on
 # random-weight models with the real configs of Qwen2.5-Math-1.5B and -7B (ALL=1: Llama-3.1-8B-Instruct and
-# Gemma-3-4b-it too), timed; gpu-check.json and a table. Installs the wheels as test-gpu does. TINY=1: tiny widths
-# on the CPU in this project's venv (gpu-check-tiny.json); GPU_CHECK_ARGS: more options of benchmarks/gpu_check.py.
+# Gemma-3-4b-it too), timed, each part within its time limit (6 minutes in all); gpu-check.json, gpu-check.md and
+# tier.log in GPU_CHECK_OUT, written as each row finishes. Installs the wheels as test-gpu does. TINY=1: tiny widths
+# on the CPU in this project's venv; GPU_CHECK_ARGS: more options of benchmarks/gpu_check.py.
+GPU_CHECK_OUT ?= /tmp/gpu-check$(if $(TINY),-tiny)
 gpu-check: $(if $(TINY),install)
 ifdef TINY
-	$(BIN)/python benchmarks/gpu_check.py --tiny $(if $(ALL),--all-models) $(GPU_CHECK_ARGS)
+	$(BIN)/python benchmarks/gpu_check.py --tiny --out $(GPU_CHECK_OUT) $(if $(ALL),--all-models) $(GPU_CHECK_ARGS)
 else
 	$(gpu_site)
-	PYTHONPATH=$(GPU_SITE):$(CURDIR) $(GPU_PYTHON) benchmarks/gpu_check.py $(if $(ALL),--all-models) $(GPU_CHECK_ARGS)
+	PYTHONPATH=$(GPU_SITE):$(CURDIR) $(GPU_PYTHON) benchmarks/gpu_check.py --out $(GPU_CHECK_OUT) $(if $(ALL),--all-models) $(GPU_CHECK_ARGS)
 endif
 
 gpu-wheels:

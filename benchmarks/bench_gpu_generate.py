@@ -14,8 +14,9 @@ the stage's batches (engines.make_batches); `--batches` batches of `--batch-size
 evaluate stage's sampled rows (evaluate.sampling: the engine's per-row seeded draws; `generate` draws with
 do_sample and the same temperature, top-p and top-k).
 
-Arm `engine`: engines.open_engine(...), fitted to the rows (`.fit`: the batch size and, compiled, the plan's one
-shape) and `.generate(batches)`: the evaluate stage's engine with `--batch-size`, `--new-tokens` (the stop at
+Arm `engine`: engines.open_engine(...) (with evaluate's ARM hook, idle: no row is an arm row), fitted to the rows
+(`.fit`: the batch size and, compiled, the plan's one shape; `measure(like=...)`: the evaluate stage's shape, as
+gpu_check passes it, so that its compiled step is evaluate's) and `.generate(batches)`: the evaluate stage's engine with `--batch-size`, `--new-tokens` (the stop at
 \\boxed{} off) and evaluate.compile (auto: on for CUDA; `--compile`). Arm `generate`: a second copy of the model
 (the same loader) and `model.generate` on the same left-padded batch. Both keep the model's end-of-text ids; random weights never
 write them, so every row runs to its limit (the table counts the rows that did). Each arm's first call on a
@@ -133,12 +134,14 @@ def gpu_profile_evaluate_tokens() -> tuple[int, int]:
 
 
 def measure(params, name: str, batch_size: int = PLAN_BATCH, new_tokens: int = 128, batches: int = 2,
-            compile: str | None = None, log=None) -> dict:
+            compile: str | None = None, log=None, like=None) -> dict:
     """Both arms on `batches` batches of `batch_size` rows, greedy then sampled (module docstring): a dict of
-    what was measured, with the targets (`targets`)."""
+    what was measured, with the targets (`targets`). `like`: the evaluate stage's shape (generations.Shape), which the
+    engine adopts, its prompts those that fit its width (both arms the same), so that in the process that ran
+    evaluate its compiled step is evaluate's (engines.transformers: the shared model)."""
     import torch
 
-    from meaningless_tokens import engines, models, sampling
+    from meaningless_tokens import arm, engines, models, progress, sampling
     from meaningless_tokens.prompts import builder_for, check_context, dataset_spec, load_problems, select_problems
 
     say = log or (lambda msg: print(msg, file=sys.stderr))
@@ -148,7 +151,10 @@ def measure(params, name: str, batch_size: int = PLAN_BATCH, new_tokens: int = 1
     conditions = [c for c in params.prompt.conditions if c != "arm"]
     rows = batch_size * batches
     problems, _ = load_problems(dataset_spec(params.dataset, params.file))  # bad input before any model loads
-    chosen = select_problems(problems, -(-rows // len(conditions)), cfg.seed, "--batch-size x --batches")
+    wanted = -(-rows // len(conditions))
+    # with `like`, more problems than the rows need: those with a prompt longer than its width are left out
+    chosen = select_problems(problems, wanted if like is None else min(4 * wanted, len(problems)), cfg.seed,
+                             "--batch-size x --batches")
     setup = models.setup_for(params, name)
     cuda = setup.device.startswith("cuda")
 
@@ -157,7 +163,11 @@ def measure(params, name: str, batch_size: int = PLAN_BATCH, new_tokens: int = 1
             torch.cuda.synchronize()
 
     t0 = time.perf_counter()
-    engine = engines.open_engine(cfg, conditions, setup, arm_settings=None, sampled=True)
+    # opened as evaluate's is (its ARM hook where prompt.conditions holds arm: idle here, as no row is an arm row), so
+    # that the process's shared compiled model is evaluate's (the hook is part of its key)
+    arm_settings = arm.settings_for(params.arm, params.dataset.benchmark, setup) \
+        if "arm" in params.prompt.conditions else None
+    engine = engines.open_engine(cfg, conditions, setup, arm_settings=arm_settings, sampled=True)
     load_engine = time.perf_counter() - t0
     t0 = time.perf_counter()
     model, tokenizer, _ = engines.load_for_generation(setup)
@@ -166,15 +176,16 @@ def measure(params, name: str, batch_size: int = PLAN_BATCH, new_tokens: int = 1
 
     builder = builder_for(params.prompt, setup, engine.tokenizer)
     built = {p.index: builder.build(p) for p in chosen}
-    greedy = [engines.Item(p.index, c, built[p.index][c].input_ids) for p in chosen for c in conditions][:rows]
+    fits = (lambda ids: True) if like is None else (lambda ids: len(ids) <= like.width)
+    greedy = [engines.Item(p.index, c, built[p.index][c].input_ids) for p in chosen for c in conditions
+              if fits(built[p.index][c].input_ids)][:rows]
     sampled = [engines.Item(p.index, c, built[p.index][c].input_ids, j) for p in chosen for c in conditions
-               for j in range(cfg.sampling.n)][:rows]
+               for j in range(cfg.sampling.n) if fits(built[p.index][c].input_ids)][:rows]
     longest = max(len(it.input_ids) for it in greedy)
     check_context(setup, "--new-tokens", f"a prompt of {longest} tokens plus {new_tokens} new tokens",
                   longest + new_tokens)
     # the plan's batch size and, compiled, its one shape, from every row as the evaluate stage fits them
-    batch_size = engine.fit([(greedy, new_tokens), (sampled, new_tokens)])
-    engine.store = None  # every row generated: the arms measure generation, not rows kept by an earlier arm
+    batch_size = engine.fit([(greedy, new_tokens), (sampled, new_tokens)], like=like)
     work = {"greedy": engines.make_batches(greedy, batch_size), "sampled": engines.make_batches(sampled, batch_size)}
 
     with torch.no_grad():  # process start-up (kernels, handles) before any arm is timed
@@ -184,6 +195,7 @@ def measure(params, name: str, batch_size: int = PLAN_BATCH, new_tokens: int = 1
 
     def timed(arm: str, mode: str, batch, k: int):
         nonlocal cache_class
+        progress.check()  # a harness's deadline (gpu_check's part limit), between two batches
         gc.collect()
         if cuda:
             torch.cuda.reset_peak_memory_stats()
@@ -205,6 +217,7 @@ def measure(params, name: str, batch_size: int = PLAN_BATCH, new_tokens: int = 1
               "hidden_size": int(model.config.get_text_config().hidden_size),
               "layers": int(model.config.get_text_config().num_hidden_layers),
               "batch_size": batch_size, "new_tokens": new_tokens, "batches": batches, "conditions": conditions,
+              "shape": engine.stats.get("shape"), "like": None if like is None else vars(like),
               "compile": getattr(cfg, "compile", None), "engine_settings": engine.settings,
               "sampling": {k: draw[k] for k in ("n", "temperature", "top_p", "top_k")},
               "load_s": {"engine": round(load_engine, 2), "generate": round(load_plain, 2)}, "modes": {}}

@@ -1,27 +1,37 @@
 """`make gpu-check`: one command that shows whether the GPU path works on this machine, and how fast.
 
-1. The CUDA tier (`pytest -m cuda tests/test_cuda.py`, a subprocess): passed, failed, skipped.
+Its parts, in order, each with a time limit (LIMITS; `--limit PART=SECONDS`, `--total SECONDS`), the default sized
+to finish within 6 minutes of one H100: the tier, then per model its build, stages and benchmark (2-3 below). A
+limit is checked between batches (meaningless_tokens/progress.py's deadline): a stage past it is "timed out" and
+the part's later steps "timed out (not started)", then the next part runs; a step starts only with MIN_START
+seconds of its part left (the step in flight, a cold compile, cannot be stopped).
+
+1. The CUDA tier (`pytest -v -m cuda tests/test_cuda.py`, a subprocess, its output streamed into tier.log; killed
+   at its limit, counted from what it printed): passed, failed, skipped.
 2. Every model stage in-process (`run(params, name, root=...)`: prepare, extract, stats, activations, likelihood,
-   evaluate, evaluate once more on the same process (warm: compiled kernels and graphs already made), sweep,
+   evaluate, evaluate once more in the same process (evaluate_warm: the shared model, hook, compiled step and
+   cache: no compile, no warm-up), sweep (taking evaluate's rows, in evaluate's shape),
    arm_tuning) on random-weight models with the real configs of the paper's models (tests/tiny.py,
    REAL_CONFIGS; the tests' tokenizer), bfloat16, built on the GPU and saved once into the work folder; the
    GPU profile's params (profiles/gpu.yaml) with its sizes bounded (SIZES) and the `arm` condition added.
    Default: Qwen2.5-Math-1.5B and -7B; --all-models adds Llama-3.1-8B-Instruct and Gemma-3-4b-it.
 3. Per model, benchmarks/bench_gpu_generate.py: the evaluate engine against plain `model.generate` (dynamic cache)
    at batch 64 on the same prompts, greedy and sampled, steady tokens/s and the warm-up apart (BENCH).
-4. gpu-check.json and a Markdown table: per model and stage the wall seconds, the stage's own work seconds
+4. In the out folder (`--out`), rewritten whole after every row: gpu-check.json and gpu-check.md, a Markdown table:
+   the parts; per model and stage the wall seconds, the stage's own work seconds
    (its timing sidecar: the model's passes, the load excluded), peak CUDA memory, host-device syncs, tokens and
    tokens per second (extract's and likelihood's from their sidecars); the tier's result; the generation
    benchmark's rows; per model the GPU profile's projected hours at 500 problems; the GPU plan's targets beside
    what was measured.
-5. Exit 1 on any failure (a stage raising, the tier failing, a non-finite value in an artifact), after writing
-   what it measured.
+5. Exit 1 unless every part ran through (a stage raising or timing out, the tier failing or timing out, a
+   non-finite value in an artifact), after writing what it measured.
 
 --tiny: tests/tiny.py-sized widths of the same families on the CPU, the same code path (syncs: n/a);
 tests/test_gpu_check.py runs it inside `make test`.
 
-    python benchmarks/gpu_check.py [--all-models] [--tiny] [--no-tier] [--no-bench] [--bench KEY=N] [--work DIR]
-                                   [--json FILE] [--set KEY=VALUE]
+    python benchmarks/gpu_check.py [--all-models] [--tiny] [--no-tier] [--no-bench] [--bench KEY=N] [--out DIR]
+                                   [--limit PART=SECONDS] [--total SECONDS] [--min-start SECONDS] [--work DIR]
+                                   [--set KEY=VALUE]
 """
 
 from __future__ import annotations
@@ -32,6 +42,8 @@ import gc
 import json
 import math
 import os
+import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -53,25 +65,46 @@ STAGES = ("prepare", "extract", "stats", "activations", "likelihood", "evaluate"
           "arm_tuning")
 PROBLEMS = 500  # the projection's problems: all of MATH-500, as the GPU profile runs
 # the GPU profile's sizes bounded so that the default (the tier, two models) fits 6 minutes of one H100
+# evaluate's plan has 64 rows (8 problems x 4 conditions x 2 samples), so that its one shape has the GPU plan's 64 rows
+# (batch_size auto: at most the plan's rows) and a cache of its width + 32 tokens; the sweep adopts that shape, the
+# generation benchmark too (BENCH: 32 new tokens): one compile of the decode step per model. The sweep's accuracy runs
+# evaluate's problems (the same count and seed) at counts up to mless's 55: its prompts are no longer than evaluate's
+# mless prompts, so they fit evaluate's width (a count of 70 may cross a multiple of 256: a shape, a compile of its
+# own), and its count-0 and count-55 rows are evaluate's none and mless rows, which it takes
 SIZES = {"extract": {"n_samples": 4, "showcase": 1},
-         "evaluate": {"n_samples": 4, "max_new_tokens": 32, "sampling": {"n": 2, "max_new_tokens": 16}},
+         "evaluate": {"n_samples": 8, "max_new_tokens": 32, "sampling": {"n": 2, "max_new_tokens": 16}},
          "stats": {"n_boot": 50},
          "activations": {"n_boot": 50},
-         "sweep": {"attention_samples": 4, "accuracy_samples": 2, "likelihood_samples": 2, "n_boot": 50},
+         "sweep": {"attention_samples": 4, "accuracy_samples": 8, "likelihood_samples": 2, "n_boot": 50,
+                   "counts": [0, 10, 25, 40, 55]},
          "likelihood": {"n_samples": 4, "n_boot": 50},
          "arm_tuning": {"n_samples": 2, "n_boot": 50}}
 # the CPU's seconds (the tiny mode runs inside `make test`): fewer problems and tokens, reference solutions cut to
 # 32 tokens (whole ones were most of the scoring: arm_tuning scores them once per setting)
 # (the CPU refuses evaluate.batch_size auto, the GPU profile's: the tiny mode fixes it)
-TINY_SIZES = {"extract": {"n_samples": 2}, "evaluate": {"n_samples": 2, "max_new_tokens": 16, "batch_size": 16},
-              "sweep": {"attention_samples": 2}, "likelihood": {"n_samples": 2, "solution_tokens": 32}}
+# compile on, as on a GPU (dynamo's eager backend there: tiny_compile), so that the planned shape, the sweep's taking
+# evaluate's rows and the one compile per model run on the CPU too; 16 rows (2 x 4 x 2 samples), the benchmark's batch
+TINY_SIZES = {"extract": {"n_samples": 2},
+              "evaluate": {"n_samples": 2, "max_new_tokens": 16, "batch_size": 16, "compile": "on"},
+              "sweep": {"attention_samples": 2, "accuracy_samples": 2}, "likelihood": {"n_samples": 2, "solution_tokens": 32}}
 # the stage's own work seconds in its timing sidecar (metrics/timing/<stage>-<model>.json): the model's passes
 WORK_KEYS = {"extract": ("seconds",), "activations": ("seconds",), "likelihood": ("scoring_seconds",),
              "arm_tuning": ("scoring_seconds",), "evaluate": ("generation_seconds", "sampled_generation_seconds")}
 NOT_RUN = "not run (--no-tier: tests/test_cuda.py runs in the same `make test`)"
-# the generation benchmark (benchmarks/bench_gpu_generate.py) per model: the GPU plan's batch; tiny: the CPU's seconds
-BENCH = {"batch_size": 64, "new_tokens": 128, "batches": 2}
-TINY_BENCH = {"batch_size": 4, "new_tokens": 8, "batches": 2}
+# the generation benchmark (benchmarks/bench_gpu_generate.py) per model: the GPU plan's batch; one batch per mode and
+# 32 new tokens, since plain `generate` runs uncompiled (about 47 ms a decode step at the 1.5B width, batch 64):
+# 2 modes x (warm-up + steady) x 32 steps is about 6 s of it per model; tiny: the CPU's seconds
+BENCH = {"batch_size": 64, "new_tokens": 32, "batches": 1}
+TINY_BENCH = {"batch_size": 16, "new_tokens": 8, "batches": 1}
+# The parts' time limits in seconds (`--limit PART=SECONDS`): a model's part is its build, its stages and its
+# benchmark. The default run (the tier, the 1.5B and 7B widths) adds up to 340 s, the total: 20 s of the 6 minutes of
+# one H100 left for the interpreter's start and the wheels' install. A limit is checked between batches; the step in
+# flight (a cold compile of the decode step: about a minute at the 1.5B width) runs to its end.
+LIMITS = {"tier": 90, "qwen2_5-math-1_5b": 110, "qwen2_5-math-7b": 140, "llama3_1-8b-instruct": 150,
+          "gemma3-4b-it": 130}
+MIN_START = 30  # a stage, the benchmark or the tier starts only with this many seconds of its part left
+TIMED_OUT, NOT_STARTED = "timed out", "timed out (not started)"
+TIER_LINE = re.compile(r"^(\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b", re.M)  # pytest -v, a test's line
 # the GPU plan's projected hours of the GPU profile: (models, at most hours)
 PLAN_HOURS = [(DEFAULT_MODELS, 1.5), (DEFAULT_MODELS + MORE_MODELS, 3.0)]
 # stages whose sidecar records the tokens they processed and their tokens per second
@@ -260,19 +293,39 @@ def counts(params, project: Path, stage: str, name: str, out) -> dict:
                  + (-(-srows // size) * ev.sampling.max_new_tokens if srows else 0))
         return {"tokens": greedy + sampled, "kind": "generated", "per": steps, "unit": "decode step"}
     if stage == "sweep":  # random weights write no end-of-sequence: each row runs to its limit (the count is that)
-        cfg = params.sweep
-        rows = cfg.accuracy_samples * (1 + len(cfg.tokens) * len([c for c in cfg.counts if c]))
-        steps = -(-rows // batch_size(project, name, ev)) * ev.max_new_tokens
-        return {"tokens": rows * ev.max_new_tokens, "kind": "generated (at the limit)", "per": steps,
-                "unit": "decode step"}
+        acc = sidecar(project, stage, name).get("accuracy", {})
+        rows, reused = acc.get("generated"), acc.get("reused", 0)  # (no key: it took none)
+        if not isinstance(rows, int) or not isinstance(reused, int):
+            raise RuntimeError(f"{project / 'metrics/timing'}/sweep-{name}.json: accuracy: generated {rows!r}, reused "
+                               f"{reused!r}: not the rows the sweep generated and took from evaluate's")
+        size = acc["shape"]["rows"] if "shape" in acc else batch_size(project, name, ev)
+        return {"tokens": rows * ev.max_new_tokens, "kind": "generated (at the limit)",
+                "per": -(-rows // size) * ev.max_new_tokens, "unit": "decode step", "reused": reused, "generated": rows}
     return {"tokens": None, "kind": None, "per": None, "unit": None}
 
 
-def run_stage(params, project: Path, stage: str, name: str, cuda: bool) -> dict:
+def tiny_compile() -> None:
+    """The tiny mode's compiled decode step: dynamo's eager backend (the graph traced and run as it is: no C++ build
+    on the CPU), the engine's other CompileConfig options kept."""
+    from meaningless_tokens.engines import transformers as engine
+
+    engine.COMPILE_OPTIONS = {**engine.COMPILE_OPTIONS, "backend": "eager", "mode": None}
+
+
+def graphs() -> int:
+    """Dynamo's graphs compiled in this process so far (its counter of unique graphs)."""
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
+
+
+def run_stage(params, project: Path, stage: str, name: str, cuda: bool, at: float = math.inf) -> dict:
     """One stage in-process: wall seconds, peak CUDA memory, syncs (the model load included), tokens, and its
-    artifacts' non-finite values; an exception is the row's status."""
+    artifacts' non-finite values; an exception is the row's status, the deadline `at` (time.monotonic(), checked
+    between its batches: meaningless_tokens/progress.py) passed is "timed out"."""
     import torch
 
+    from meaningless_tokens import progress
     from stages import activations, arm_tuning, evaluate, extract, likelihood, prepare, stats, sweep
 
     module = {"prepare": prepare, "extract": extract, "stats": stats, "activations": activations,
@@ -283,10 +336,11 @@ def run_stage(params, project: Path, stage: str, name: str, cuda: bool) -> dict:
     if cuda:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-    t0 = time.perf_counter()
+    t0, g0 = time.perf_counter(), graphs()
     try:
-        with counting_syncs(cuda) as syncs:
+        with counting_syncs(cuda) as syncs, progress.deadline(at):
             out = module.run(params, name, root=project)
+        row["graphs"] = graphs() - g0
         if cuda:  # the stage's queued kernels inside its wall time
             torch.cuda.synchronize()
         row["wall_s"] = round(time.perf_counter() - t0, 2)
@@ -295,9 +349,13 @@ def run_stage(params, project: Path, stage: str, name: str, cuda: bool) -> dict:
         row["work_s"] = work_seconds(project, sidecar_stage, name)
         n = counts(params, project, stage, name, out)
         row["tokens"], row["tokens_kind"] = n["tokens"], n["kind"]
-        for key in ("problems", "sequences", "conditions"):
-            if n.get(key):
+        for key in ("problems", "sequences", "conditions", "reused", "generated"):
+            if n.get(key) is not None:
                 row[key] = n[key]
+        if stage in ("evaluate", "evaluate_warm", "sweep"):  # the plan's one shape and the warm-up, where made
+            data = sidecar(project, "evaluate" if stage == "evaluate_warm" else stage, name)
+            data = data.get("accuracy", {}) if stage == "sweep" else data
+            row["shape"], row["warmup_s"] = data.get("shape"), data.get("warmup_seconds")
         secs = row["work_s"] or row["wall_s"]
         if stage in SIDECAR_RATES:  # the stage's own count over its own seconds
             row["tokens_per_s"], row["tokens_per_s_over"] = sidecar_rate(project, stage, name), "work"
@@ -314,6 +372,8 @@ def run_stage(params, project: Path, stage: str, name: str, cuda: bool) -> dict:
         for key in ("wall_s", "work_s", "peak_cuda_gib", "tokens_per_s"):
             if row[key] is not None and not math.isfinite(row[key]):
                 row["status"] = f"non-finite {key}"
+    except progress.TimedOut:  # it wrote nothing (a stage writes its outputs at its end)
+        row["wall_s"], row["status"] = round(time.perf_counter() - t0, 2), TIMED_OUT
     except Exception as e:  # the row records it; the run goes on to the next stage and exits 1 at the end
         row["wall_s"] = round(time.perf_counter() - t0, 2)
         row["status"] = f"{type(e).__name__}: {e}".splitlines()[0][:300]
@@ -321,15 +381,35 @@ def run_stage(params, project: Path, stage: str, name: str, cuda: bool) -> dict:
     return row
 
 
-def run_tier(work: Path) -> dict:
-    """The CUDA tier as a subprocess, its result read from pytest's JUnit XML."""
-    report = work / "tier.xml"
+def run_tier(out: Path, at: float = math.inf, tests: tuple[str, ...] = ("tests/test_cuda.py",)) -> dict:
+    """The CUDA tier (marker cuda of `tests`) as a subprocess, its output streamed into out/tier.log (-v: a line per
+    test as it ends); killed at the deadline `at` (time.monotonic()): "timed out", with the counts of the lines it
+    wrote; otherwise its result read from pytest's JUnit XML (out/tier.xml)."""
+    report, log = out / "tier.xml", out / "tier.log"
     report.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-m", "cuda", "tests/test_cuda.py",
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v", "-m", "cuda", *tests,
            f"--junitxml={report}"]
     t0 = time.perf_counter()
-    rc = subprocess.run(cmd, cwd=ROOT).returncode
-    result = {"command": " ".join(cmd[2:-1]), "returncode": rc, "wall_s": round(time.perf_counter() - t0, 1)}
+    with open(log, "w") as f:
+        # a session of its own: the kill reaches whatever the tier started; unbuffered: a killed tier's lines are in
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        try:
+            rc = proc.wait(timeout=None if math.isinf(at) else max(left(at), 0))
+        except subprocess.TimeoutExpired:
+            rc = None
+        finally:  # timed out, or this process interrupted: the tier does not outlive it
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    result = {"command": " ".join(cmd[2:-1]), "returncode": rc, "wall_s": round(time.perf_counter() - t0, 1),
+              "log": str(log)}
+    if rc is None:
+        seen = TIER_LINE.findall(log.read_text(errors="replace"))
+        n = {s: sum(1 for _, x in seen if x == s) for s in ("PASSED", "FAILED", "ERROR", "SKIPPED", "XFAIL", "XPASS")}
+        result.update(status=TIMED_OUT, passed=n["PASSED"] + n["XPASS"], failed=n["FAILED"], errors=n["ERROR"],
+                      skipped=n["SKIPPED"] + n["XFAIL"], failing=[t.split("::", 1)[1] for t, x in seen if x in ("FAILED", "ERROR")])
+        return result
     try:
         suite = ET.parse(report).getroot()
         suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
@@ -356,11 +436,22 @@ def bench_module():
     return sys.modules["bench_gpu_generate"]
 
 
-def run_bench(params, name: str, sizes: dict) -> dict:
-    """The generation benchmark on model `name` (bench_gpu_generate.measure); an exception is its status."""
-    t0 = time.perf_counter()
+def run_bench(params, name: str, sizes: dict, at: float = math.inf, project: Path | None = None) -> dict:
+    """The generation benchmark on model `name` (bench_gpu_generate.measure) in evaluate's shape (its kept
+    generations' file in `project`: the benchmark's batch is its rows); an exception is its status, the deadline `at`
+    (checked between its batches) passed is "timed out"."""
+    from meaningless_tokens import generations, progress, store
+
+    t0, g0 = time.perf_counter(), graphs()
     try:
-        result = {"status": "ok", **bench_module().measure(params, name, **sizes)}
+        kept = generations.read(project / store.path("generations", name)) if project is not None else None
+        like = kept.shape if kept else None
+        with progress.deadline(at):
+            result = {"status": "ok", **bench_module().measure(params, name, **{
+                **sizes, **({"batch_size": like.rows} if like else {})}, like=like)}
+        result["graphs"] = graphs() - g0
+    except progress.TimedOut:
+        result = {"model": name, "status": TIMED_OUT}
     except Exception as e:  # recorded; the run goes on and exits 1 at the end
         traceback.print_exc()
         result = {"model": name, "status": f"{type(e).__name__}: {e}".splitlines()[0][:300]}
@@ -413,6 +504,8 @@ def projection(rows: list[dict], name: str) -> dict:
     mless = gpu["prompt"]["mless"]
     shared = min(sw["accuracy_samples"], PROBLEMS, ev["n_samples"] or PROBLEMS)
     kept = shared * (1 + (mless["token"] in sw["tokens"] and mless["count"] in sw["counts"]))
+    if by.get("sweep", {}).get("reused") == 0:  # this run's sweep took none of evaluate's rows: nor would the profile's
+        kept = 0
     gen = rate("evaluate_warm") or rate("evaluate")
     work = {  # row -> [(tokens, tokens per second)]
         "evaluate": [(PROBLEMS * n_cond * ev["max_new_tokens"], gen)],
@@ -470,12 +563,22 @@ def table(result: dict) -> str:
              + f", torch {m['torch']} (CUDA {m['cuda']}), transformers {m['transformers']}, commit {m['git_commit']}"
              + (" (uncommitted changes)" if m["git_dirty"] else "") + (", tiny widths" if tiny else ", real widths")
              + f"; {result['wall_s']:.0f} s in all", ""]
-    if tier.get("status") == "not run":
+    if tier is None:  # a run stopped before the tier's end (gpu-check.json is written from the start)
+        lines.append("CUDA tier: running")
+    elif tier.get("status") == "not run":
         lines.append(f"CUDA tier: {tier['reason']}")
     else:
         lines.append(f"CUDA tier: {tier['status']}: {fmt(tier.get('passed'))} passed, {fmt(tier.get('failed'))} failed, "
                      f"{fmt(tier.get('errors'))} errors, {fmt(tier.get('skipped'))} skipped in {tier['wall_s']} s"
-                     + (f" ({', '.join(tier['failing'])})" if tier.get("failing") else ""))
+                     + (f" ({', '.join(tier['failing'])})" if tier.get("failing") else "")
+                     + (f"; its output: {tier['log']}" if tier.get("log") else ""))
+    if result.get("parts"):
+        limits = result["limits"]
+        lines += ["", f"Parts (time limits checked between batches; total {fmt(limits['total'])} s; a step starts with "
+                  f"at least {fmt(limits['min_start'])} s of its part left):", "",
+                  "| part | limit s | build s | wall s | status |", "|---|---:|---:|---:|---|"]
+        lines += [f"| {p['part']} | {fmt(p['limit_s'])} | {fmt(p.get('build_s'))} | {fmt(p['wall_s'])} | {p['status']} |"
+                  for p in result["parts"]]
     lines += ["", "| model | stage | status | wall s | work s | peak CUDA GiB | syncs | syncs per unit | tokens | tokens/s |",
               "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in result["stages"]:
@@ -485,6 +588,11 @@ def table(result: dict) -> str:
         lines.append(f"| {r['model']} | {r['stage']} | {r['status']} | {fmt(r.get('wall_s'))} | {fmt(r.get('work_s'))} | "
                      f"{fmt(r.get('peak_cuda_gib'), 2)} | {fmt(r.get('syncs'))} | {per} | {fmt(r.get('tokens'))}{kind} | "
                      f"{rate} |")
+    compiled = [shapes_line(result, name) for name in result["models"]]
+    if any(compiled):
+        lines += ["", "The decode step's shape and the dynamo graphs compiled per model (one compile: evaluate's; "
+                  "evaluate_warm, the sweep and the benchmark's engine share its model, hook and cache):", ""]
+        lines += [f"- {line}" for line in compiled if line]
     if result.get("generate"):
         lines += ["", "Generation (benchmarks/bench_gpu_generate.py): the evaluate engine vs model.generate with its "
                   "default cache, same prompts and batch; steady tokens/s, the warm-up (first batch's excess) apart:", "",
@@ -515,8 +623,129 @@ def table(result: dict) -> str:
             v = t["measured"]
             shown = f"{v:.3g}" if isinstance(v, float) and abs(v) < 10 else fmt(v)
             lines.append(f"| {t['model']} | {t['target']} | {shown} | {t['status']} |")
-    lines += ["", f"result: {'ok' if result['ok'] else 'FAILED'}"]
+    if not result["finished"]:  # the file as a stopped run leaves it
+        lines += ["", "result: incomplete (the run was stopped, or is still running)"]
+    else:
+        lines += ["", f"result: {'ok' if result['ok'] else 'FAILED'}"]
     return "\n".join(lines)
+
+
+def parse_limits(items: list[str], total: str | None, parts: list[str], tiny: bool) -> tuple[dict, float]:
+    """The parts' time limits in seconds (`--limit PART=SECONDS` over LIMITS; the tiny mode has none but those
+    given: a CPU's seconds are no GPU's) and the total (`--total`; default: the parts' limits added up, none where a
+    part has none). Bad input: ValueError, one line."""
+    known = ("tier",) + DEFAULT_MODELS + MORE_MODELS
+    limits = {p: (None if tiny else LIMITS[p]) for p in known}
+    for item in items:
+        part, sep, value = item.partition("=")
+        seconds = _seconds(value)
+        if not sep or part not in known or seconds is None:
+            raise ValueError(f"--limit {item}: expected PART=SECONDS with PART one of {', '.join(known)} and "
+                             f"SECONDS > 0")
+        limits[part] = seconds
+    limits = {p: limits[p] for p in parts}  # a limit of a part this run leaves out is moot
+    if total is None:
+        return limits, (math.inf if None in limits.values() else sum(limits.values()))
+    seconds = _seconds(total)
+    if seconds is None:
+        raise ValueError(f"--total {total}: expected SECONDS > 0")
+    return limits, seconds
+
+
+def _seconds(text: str) -> float | None:
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) and value > 0 else None
+
+
+def save(out: Path, result: dict, started: float) -> None:
+    """gpu-check.json and gpu-check.md in `out`, each replaced whole (a temporary file, then os.replace): a run
+    stopped at any moment leaves the last complete version of both."""
+    result["wall_s"] = round(time.monotonic() - started, 1)
+    result["targets"] = plan_targets(result)
+    for name, text in (("gpu-check.json", json.dumps(result, indent=2) + "\n"), ("gpu-check.md", table(result) + "\n")):
+        tmp = out / f".{name}.tmp"
+        tmp.write_text(text)
+        os.replace(tmp, out / name)
+
+
+def left(at: float) -> float:
+    """Seconds to the deadline `at` (time.monotonic())."""
+    return at - time.monotonic()
+
+
+def run_model_part(params, project: Path, work: Path, name: str, at: float, min_start: float, bench: dict | None,
+                   tiny: bool, record) -> dict:
+    """Model `name`'s part: its build, its stages in order, then its generation benchmark (`bench`; None: none),
+    each inside the part's deadline `at` and started only with `min_start` seconds left; `record(key, row)` keeps
+    each row as it finishes. A stage that times out ends the part: the stages after it would need what it did not
+    write (a stage writes its outputs at its end). Returns the part's row."""
+    import torch
+
+    cuda = not tiny
+    t0 = time.monotonic()
+    part, rows = {"part": name}, []
+    stopped = None  # the status of every step not run from here on
+    if left(at) < min_start:
+        stopped = NOT_STARTED
+    else:
+        b0 = time.perf_counter()
+        try:
+            build_models([name], work, tiny, "cpu" if tiny else "cuda")
+            part["build_s"] = round(time.perf_counter() - b0, 1)
+        except Exception as e:  # every stage would fail on it: none runs
+            traceback.print_exc()
+            stopped = f"not run: the model's build failed ({type(e).__name__}: {e}".splitlines()[0][:300] + ")"
+
+    def step(key: str, label: str, run) -> None:
+        nonlocal stopped
+        if stopped is None and left(at) < min_start:
+            stopped = NOT_STARTED
+        if stopped is not None:
+            row = {"model": name, **({"stage": label} if key == "stages" else {}), "status": stopped}
+        else:
+            row = run()
+            print(f"gpu-check: {name} {label}: {row['status']} in {row['wall_s']} s")
+            if row["status"] == TIMED_OUT:
+                stopped = NOT_STARTED
+        rows.append(row)
+        record(key, row)
+
+    for stage in STAGES:
+        step("stages", stage, lambda: run_stage(params, project, stage, name, cuda, at))
+    if bench is not None:
+        gc.collect()
+        if cuda:
+            torch.cuda.empty_cache()
+        step("generate", "generation benchmark", lambda: run_bench(params, name, bench, at, project))
+    statuses = {r["status"] for r in rows}
+    part["status"] = (TIMED_OUT if statuses & {TIMED_OUT, NOT_STARTED} else "ok" if statuses == {"ok"} else "failed")
+    part["wall_s"] = round(time.monotonic() - t0, 1)
+    return part
+
+
+def shapes_line(result: dict, name: str) -> str | None:
+    """Model `name`'s shapes, graphs compiled and the sweep's taken rows, as one line; None before its evaluate row."""
+    rows = {r["stage"]: r for r in result["stages"] if r["model"] == name and "graphs" in r}
+    bench = next((b for b in result["generate"] if b["model"] == name and "graphs" in b), None)
+    if "evaluate" not in rows:
+        return None
+
+    def shape(x):
+        s = x.get("shape")
+        return f"{s['rows']} x {s['width']} (cache {s['cache_len']})" if s else "none (per-batch)"
+
+    parts = [f"{stage} {shape(r)}, {r['graphs']} graph{'s' * (r['graphs'] != 1)}" for stage, r in rows.items()
+             if stage in ("evaluate", "evaluate_warm", "sweep")]
+    if bench:
+        parts.append(f"benchmark {shape(bench)}, {bench['graphs']} graph{'s' * (bench['graphs'] != 1)}")
+    total = sum(r["graphs"] for r in rows.values()) + (bench["graphs"] if bench else 0)
+    sweep = rows.get("sweep")
+    took = (f"; the sweep took {sweep['reused']} of evaluate's rows and generated {sweep['generated']}"
+            if sweep and "reused" in sweep else "")
+    return f"{name}: {'; '.join(parts)}; {total} in all{took}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -530,62 +759,100 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-bench", action="store_true", help="skip the generation benchmark")
     ap.add_argument("--bench", action="append", default=[], metavar="KEY=N",
                     help="a size of the generation benchmark over the check's (batch_size, new_tokens, batches)")
+    ap.add_argument("--out", type=Path, help="the folder of the results: gpu-check.json, gpu-check.md, tier.log "
+                    "(default: <tmp>/gpu-check, tiny: <tmp>/gpu-check-tiny)")
+    ap.add_argument("--limit", action="append", default=[], metavar="PART=SECONDS",
+                    help="a part's time limit (tier or a model), over the defaults: "
+                         + ", ".join(f"{k}={v}" for k, v in LIMITS.items()) + " (tiny: none)")
+    ap.add_argument("--total", metavar="SECONDS", help="the whole run's time limit (default: the parts' limits "
+                    "added up)")
+    ap.add_argument("--min-start", type=float, default=MIN_START, metavar="SECONDS",
+                    help=f"a step starts only with this much of its part left (default {MIN_START})")
     ap.add_argument("--work", type=Path, help="folder of the saved models and the run's project "
                     "(default: <tmp>/meaningless-tokens-gpu-check[-tiny])")
-    ap.add_argument("--json", type=Path, help="where the result goes (default: gpu-check.json, tiny: gpu-check-tiny.json)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="a params value over the check's (YAML), e.g. --set sweep.layer=2")
     args = ap.parse_args(argv)
-    import torch
+    started = time.monotonic()
 
-    t_start = time.perf_counter()
-    suffix = "-tiny" if args.tiny else ""
-    work = args.work or Path(tempfile.gettempdir()) / f"meaningless-tokens-gpu-check{suffix}"
-    out_json = args.json or ROOT / f"gpu-check{suffix}.json"
-    cuda = not args.tiny
-    if cuda and not torch.cuda.is_available():
-        print("gpu-check: torch sees no CUDA device; run it on a GPU machine, or --tiny for the CPU", file=sys.stderr)
+    def bad(line: str) -> int:
+        print(f"gpu-check: {line}", file=sys.stderr)
         return 2
+
     names = DEFAULT_MODELS + (MORE_MODELS if args.all_models else ())
     if args.models:
         names = tuple(args.models.split(","))
         unknown = sorted(set(names) - set(DEFAULT_MODELS + MORE_MODELS))
         if unknown:
-            print(f"gpu-check: --models: unknown {unknown}; known: {', '.join(DEFAULT_MODELS + MORE_MODELS)}",
-                  file=sys.stderr)
-            return 2
+            return bad(f"--models: unknown {unknown}; known: {', '.join(DEFAULT_MODELS + MORE_MODELS)}")
     bench = dict(TINY_BENCH if args.tiny else BENCH)
     for item in args.bench:
         key, _, value = item.partition("=")
         if key not in bench or not value.isdigit() or int(value) < 1:
-            print(f"gpu-check: --bench {item}: expected KEY=N with KEY one of {', '.join(bench)} and N >= 1",
-                  file=sys.stderr)
-            return 2
+            return bad(f"--bench {item}: expected KEY=N with KEY one of {', '.join(bench)} and N >= 1")
         bench[key] = int(value)
-    result = {"tiny": args.tiny, "machine": machine(), "models": list(names),
-              "sizes": {**SIZES, **({k: {**SIZES.get(k, {}), **v} for k, v in TINY_SIZES.items()} if args.tiny else {})},
-              "syncs_counted": None if args.tiny else "inside each stage's run(), the model load included",
-              "tier": {"status": "not run", "reason": NOT_RUN} if args.no_tier else None, "stages": [],
-              "generate": [], "bench_sizes": None if args.no_bench else bench,
-              "projection": {}, "projected_hours": None, "targets": [], "ok": False, "wall_s": 0.0}
+    parts = ([] if args.no_tier else ["tier"]) + list(names)
+    try:
+        limits, total = parse_limits(args.limit, args.total, parts, args.tiny)
+    except ValueError as e:
+        return bad(str(e))
+    if not math.isfinite(args.min_start) or args.min_start < 0:
+        return bad(f"--min-start {args.min_start}: expected SECONDS >= 0")
+    import torch
 
-    def finish(ok: bool) -> int:
-        result["ok"] = ok
-        result["targets"] = plan_targets(result)
-        result["wall_s"] = round(time.perf_counter() - t_start, 1)
-        out_json.write_text(json.dumps(result, indent=2) + "\n")
+    if args.tiny:
+        tiny_compile()
+    suffix = "-tiny" if args.tiny else ""
+    work = args.work or Path(tempfile.gettempdir()) / f"meaningless-tokens-gpu-check{suffix}"
+    out = args.out or Path(tempfile.gettempdir()) / f"gpu-check{suffix}"
+    cuda = not args.tiny
+    if cuda and not torch.cuda.is_available():
+        return bad("torch sees no CUDA device; run it on a GPU machine, or --tiny for the CPU")
+    end = started + total
+    result = {"tiny": args.tiny, "machine": machine(), "models": list(names), "out": str(out),
+              "sizes": {**SIZES, **({k: {**SIZES.get(k, {}), **v} for k, v in TINY_SIZES.items()} if args.tiny else {})},
+              "limits": {"parts": limits, "total": None if math.isinf(total) else total, "min_start": args.min_start},
+              "syncs_counted": None if args.tiny else "inside each stage's run(), the model load included",
+              "tier": {"status": "not run", "reason": NOT_RUN} if args.no_tier else None, "parts": [], "stages": [],
+              "generate": [], "bench_sizes": None if args.no_bench else bench,
+              "projection": {}, "projected_hours": None, "targets": [], "finished": False, "ok": False, "wall_s": 0.0}
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in ("gpu-check.json", "gpu-check.md", "tier.log", "tier.xml"):  # nothing of an earlier run is read as this one's
+        (out / stale).unlink(missing_ok=True)
+    save(out, result, started)
+
+    def deadline(part: str) -> float:
+        limit = limits[part]
+        return min(end, math.inf if limit is None else time.monotonic() + limit)
+
+    def finish() -> int:
+        totals = [p["total"] for p in result["projection"].values()]
+        result["projected_hours"] = None if not totals or None in totals else round(sum(totals), 2)
+        result["finished"] = True
+        # ok only when every part ran through: a timed-out part is not (its rows are kept and say so)
+        result["ok"] = ("error" not in result and result["tier"]["status"] in ("ok", "not run")
+                        and len(result["parts"]) == len(parts) and all(p["status"] == "ok" for p in result["parts"]))
+        save(out, result, started)
         print(table(result))
-        print(f"gpu-check: {out_json}")
-        return 0 if ok else 1
+        print(f"gpu-check: {out / 'gpu-check.json'}, {out / 'gpu-check.md'}")
+        return 0 if result["ok"] else 1
 
     work.mkdir(parents=True, exist_ok=True)
     if not args.no_tier:
-        result["tier"] = run_tier(work)
+        t0, at = time.monotonic(), deadline("tier")
+        result["tier"] = (run_tier(out, at) if left(at) >= args.min_start else
+                          {"status": NOT_STARTED, "wall_s": 0.0})
+        print(f"gpu-check: CUDA tier: {result['tier']['status']} in {result['tier']['wall_s']} s ({out / 'tier.log'})")
+        result["parts"].append({"part": "tier", "limit_s": limits["tier"], "status": result["tier"]["status"],
+                                "wall_s": round(time.monotonic() - t0, 1)})
+        save(out, result, started)
     try:
         from meaningless_tokens.config import load_params
 
-        raw = check_params({n: work / "models" / n for n in names}, args.tiny, args.set)
-        build_models(names, work, args.tiny, "cpu" if args.tiny else "cuda")
+        dirs = {n: work / "models" / n for n in names}
+        raw = check_params(dirs, args.tiny, args.set)
+        for d in dirs.values():  # the params name them; each part builds its model there
+            d.mkdir(parents=True, exist_ok=True)
         project = work / "project"
         if project.exists():  # a stage must never read an artifact of an earlier check
             import shutil
@@ -596,38 +863,33 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:
         result["error"] = f"{type(e).__name__}: {e}".splitlines()[0]
         traceback.print_exc()
-        return finish(False)
+        return finish()
+
+    def record(key: str, row: dict) -> None:
+        result[key].append(row)
+        save(out, result, started)  # what is measured stays measured, whenever the run stops
+
+    from meaningless_tokens.engines import transformers as engine
+
     before = os.environ.get("MLESS_CACHE"), os.environ.get("MLESS_REUSE")
     os.environ["MLESS_CACHE"] = str(work / "cache")  # the model cache of the check's own
-    # every stage generates every row: its tokens/s are the engine's; the projection counts what the sweep reuses
-    os.environ["MLESS_REUSE"] = "0"
+    os.environ["MLESS_REUSE"] = "1"  # the sweep takes evaluate's rows, as the GPU profile's does
     try:
         for name in names:
-            for stage in STAGES:
-                row = run_stage(params, project, stage, name, cuda)
-                print(f"gpu-check: {name} {stage}: {row['status']} in {row['wall_s']} s")
-                result["stages"].append(row)
-                out_json.write_text(json.dumps(result, indent=2) + "\n")  # what is measured stays measured
-            if not args.no_bench:
-                gc.collect()
-                if cuda:
-                    torch.cuda.empty_cache()
-                b = run_bench(params, name, bench)
-                print(f"gpu-check: {name} generation benchmark: {b['status']} in {b['wall_s']} s")
-                result["generate"].append(b)
-                out_json.write_text(json.dumps(result, indent=2) + "\n")
+            part = run_model_part(params, project, work, name, deadline(name), args.min_start,
+                                  None if args.no_bench else bench, args.tiny, record)
+            engine.release()  # the model's compiled step and weights go before the next model's
+            result["parts"].append({"part": name, "limit_s": limits[name], **part})
             result["projection"][name] = projection(result["stages"], name)
+            save(out, result, started)
     finally:
+        engine.release()
         for var, value in zip(("MLESS_CACHE", "MLESS_REUSE"), before):
             if value is None:
                 os.environ.pop(var, None)
             else:
                 os.environ[var] = value
-    totals = [p["total"] for p in result["projection"].values()]
-    result["projected_hours"] = None if None in totals else round(sum(totals), 2)
-    ok = (result["tier"]["status"] in ("ok", "not run") and all(r["status"] == "ok" for r in result["stages"])
-          and all(b["status"] == "ok" for b in result["generate"]))
-    return finish(ok)
+    return finish()
 
 
 if __name__ == "__main__":

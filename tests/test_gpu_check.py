@@ -1,13 +1,19 @@
 """`make gpu-check` in its tiny mode (benchmarks/gpu_check.py --tiny): every model stage of the default models on
 tiny widths of the paper models' families, on the CPU, through the same code as on a GPU, and the generation
 benchmark on each; the JSON's structure, the printed table, the sidecars' token rates, the projection's arithmetic,
-the GPU plan's targets and a non-zero exit when a stage fails."""
+the GPU plan's targets and a non-zero exit when a stage fails; the out folder, written as each row finishes; the
+parts' time limits (a stage past its deadline, a part that times out and the run going on, a run killed midway);
+the tier's streamed log and its time limit."""
 
 import importlib.util
 import json
 import math
+import os
+import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import h5py
 import numpy as np
@@ -24,12 +30,21 @@ gpu_check = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(gpu_check)
 
 
+def command(tmp, *args):
+    return [sys.executable, str(SCRIPT), "--tiny", "--no-tier", "--work", str(tmp / "work"), "--out", str(tmp / "out"),
+            *args]
+
+
 def run(tmp, *args):
     """The script as `make gpu-check TINY=1` runs it, in a process of its own; (exit status, stdout, its JSON)."""
-    out = tmp / "gpu-check.json"
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--tiny", "--no-tier", "--work", str(tmp / "work"),
-                           "--json", str(out), *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    out = tmp / "out" / "gpu-check.json"
+    proc = subprocess.run(command(tmp, *args), cwd=ROOT, capture_output=True, text=True, timeout=600)
     return proc.returncode, proc.stdout + proc.stderr, json.loads(out.read_text()) if out.exists() else None
+
+
+def built_models(tiny_dir, tmp):
+    """A work folder holding the tiny run's built models (no build: the part's seconds are its stages')."""
+    shutil.copytree(tiny_dir / "work" / "models", tmp / "work" / "models")
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +65,10 @@ def test_every_stage_runs_for_every_model_with_finite_numbers(tiny_run):
     m = result["machine"]
     assert m["gpu"] is None and m["torch"] and m["transformers"] and m["git_commit"]
     assert result["tier"] == {"status": "not run", "reason": gpu_check.NOT_RUN}
+    assert result["finished"] is True
+    assert result["limits"] == {"parts": {n: None for n in gpu_check.DEFAULT_MODELS}, "total": None,
+                                "min_start": gpu_check.MIN_START}  # tiny: no limits but those given
+    assert [(p["part"], p["status"]) for p in result["parts"]] == [(n, "ok") for n in gpu_check.DEFAULT_MODELS]
     assert result["syncs_counted"] is None  # the CPU: no host-device syncs to count
     rows = {(r["model"], r["stage"]): r for r in result["stages"]}
     assert len(rows) == len(result["stages"])
@@ -98,6 +117,8 @@ def test_extract_and_likelihood_rates_are_their_sidecars(tiny_run, tiny_dir):
 def test_the_generation_benchmark_runs_on_every_model(tiny_run):
     rc, out, result = tiny_run
     assert result["bench_sizes"] == gpu_check.TINY_BENCH
+    # plain `generate` runs uncompiled: the check's benchmark is one batch per mode of a few tokens
+    assert gpu_check.BENCH["batches"] == 1 and gpu_check.BENCH["new_tokens"] <= 32
     assert [b["model"] for b in result["generate"]] == list(gpu_check.DEFAULT_MODELS)
     rows = gpu_check.TINY_BENCH["batch_size"] * gpu_check.TINY_BENCH["batches"]
     for b in result["generate"]:
@@ -211,5 +232,180 @@ def test_the_projection_is_the_gpu_profiles_tokens_over_the_measured_rates():
     assert p["extraction"] == round((500 * 3 * 100 + sw["attention_samples"] * 6 * 100) / 1000 / 3600
                                     + 500 * 3 * 100 / 500 / 3600, 2)
     assert p["total"] == round(sum(v for k, v in p.items() if k != "total"), 2)
+    # a sweep that took none of evaluate's rows (their key not its own): the profile's sweep generates every row
+    taken = gpu_check.projection(rows + [{"model": "m", "stage": "sweep", "status": "ok", "reused": 0}], "m")
+    assert taken["sweep accuracy"] == round(sw["accuracy_samples"] * 6 * ev["max_new_tokens"] / 100 / 3600, 2)
+    assert gpu_check.projection(rows + [{"model": "m", "stage": "sweep", "status": "ok", "reused": 4}], "m") == p
     del rows[2]  # extract failed: no rate, no projection of what needs it
     assert gpu_check.projection(rows, "m")["extraction"] is None and gpu_check.projection(rows, "m")["total"] is None
+
+
+def test_the_out_folder_holds_the_json_and_the_table(tiny_run, tiny_dir):
+    rc, out, result = tiny_run
+    folder = tiny_dir / "out"
+    assert result["out"] == str(folder)
+    assert sorted(p.name for p in folder.iterdir()) == ["gpu-check.json", "gpu-check.md"]  # no tier: no tier.log
+    table = (folder / "gpu-check.md").read_text()
+    assert table == gpu_check.table(result) + "\n" and table in out
+    assert "| part | limit s | build s | wall s | status |" in table
+    for p in result["parts"]:
+        assert f"| {p['part']} | n/a | {p['build_s']:,.1f} | {p['wall_s']:,.1f} | ok |" in table
+
+
+def test_a_bad_limit_is_one_line(tmp_path):
+    for args, line in [(["--limit", "qwen2_5-math-1_5b=0"], "--limit qwen2_5-math-1_5b=0: expected PART=SECONDS with "
+                        "PART one of tier, qwen2_5-math-1_5b, "),
+                       (["--limit", "tier"], "--limit tier: expected PART=SECONDS"),
+                       (["--limit", "qwen2_5-math-8b=60"], "--limit qwen2_5-math-8b=60: expected PART=SECONDS"),
+                       (["--total", "six"], "--total six: expected SECONDS > 0")]:
+        rc, out, result = run(tmp_path, *args)
+        assert rc == 2 and result is None, (args, out[-2000:])
+        assert out.startswith("gpu-check: ") and line in out and len(out.strip().splitlines()) == 1, out
+
+
+def test_the_default_limits_fit_six_minutes():
+    limits, total = gpu_check.parse_limits([], None, ["tier", *gpu_check.DEFAULT_MODELS], tiny=False)
+    assert total == sum(limits.values()) <= 360 - 15  # the interpreter's start and the wheels' install
+    assert all(v >= 2 * gpu_check.MIN_START for v in limits.values())
+    limits, total = gpu_check.parse_limits(["tier=30", "qwen2_5-math-7b=200"], "300", ["tier", "qwen2_5-math-7b"], False)
+    assert limits == {"tier": 30.0, "qwen2_5-math-7b": 200.0} and total == 300.0
+    assert gpu_check.parse_limits(["qwen2_5-math-1_5b=5"], None, list(gpu_check.DEFAULT_MODELS), tiny=True) == (
+        {"qwen2_5-math-1_5b": 5.0, "qwen2_5-math-7b": None}, math.inf)
+
+
+def test_a_stage_past_its_deadline_times_out_and_writes_nothing(tiny_run, tiny_dir, tmp_path, monkeypatch):
+    from meaningless_tokens import store
+    from meaningless_tokens.config import load_params
+
+    name = gpu_check.DEFAULT_MODELS[0]
+    project = tmp_path / "project"
+    shutil.copytree(tiny_dir / "work" / "project", project)
+    monkeypatch.setenv("MLESS_CACHE", str(tiny_dir / "work" / "cache"))
+    artifact = project / store.path("attention", name)
+    before = artifact.read_bytes()
+    row = gpu_check.run_stage(load_params(project / "params.yaml"), project, "extract", name, False,
+                              time.monotonic() - 1)
+    assert row["status"] == gpu_check.TIMED_OUT and row["wall_s"] > 0, row
+    assert artifact.read_bytes() == before  # the stage stopped between two prompts, before writing
+
+
+def test_a_part_that_times_out_keeps_its_rows_and_the_run_goes_on_killed_midway(tiny_run, tiny_dir, tmp_path):
+    first, second = gpu_check.DEFAULT_MODELS
+    built_models(tiny_dir, tmp_path)
+    out = tmp_path / "out" / "gpu-check.json"
+    proc = subprocess.Popen(command(tmp_path, "--no-bench", "--min-start", "0", "--total", "600", "--limit",
+                                    f"{first}=1"), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        # until the second model's extract is in: the first part is over, the run went on to the next
+        deadline, result = time.monotonic() + 300, None
+        while time.monotonic() < deadline and proc.poll() is None:
+            result = json.loads(out.read_text()) if out.exists() else None  # replaced whole: never half-written
+            if result and any(r["model"] == second and r["stage"] == "extract" for r in result["stages"]):
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None, "the run ended before it could be killed"
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+    result = json.loads(out.read_text())
+    assert result["finished"] is False and result["ok"] is False
+    assert result["parts"] == [{"part": first, "limit_s": 1.0, "status": gpu_check.TIMED_OUT,
+                                "build_s": result["parts"][0]["build_s"], "wall_s": result["parts"][0]["wall_s"]}]
+    rows = [r for r in result["stages"] if r["model"] == first]
+    assert [r["stage"] for r in rows] == list(gpu_check.STAGES)
+    statuses = [r["status"] for r in rows]
+    stop = next(k for k, s in enumerate(statuses) if s != "ok")  # the limit of 1 s: a stage or two at most
+    assert statuses[stop] in (gpu_check.TIMED_OUT, gpu_check.NOT_STARTED), statuses
+    assert statuses[stop + 1:] == [gpu_check.NOT_STARTED] * (len(statuses) - stop - 1), statuses
+    assert [(r["stage"], r["status"]) for r in result["stages"] if r["model"] == second][:2] == [
+        ("prepare", "ok"), ("extract", "ok")]
+    table = (tmp_path / "out" / "gpu-check.md").read_text()
+    assert f"| {first} | 1.0 | " in table and f"| {first} | arm_tuning | {gpu_check.NOT_STARTED} |" in table
+    assert table.rstrip().endswith("result: incomplete (the run was stopped, or is still running)")
+
+
+def test_a_timed_out_part_exits_1_with_its_rows(tmp_path):
+    name = gpu_check.DEFAULT_MODELS[0]
+    rc, out, result = run(tmp_path, "--models", name, "--total", "0.001")
+    assert rc == 1, out[-3000:]
+    assert result["finished"] is True and result["ok"] is False and "result: FAILED" in out
+    assert [{k: v for k, v in p.items() if k != "wall_s"} for p in result["parts"]] == [
+        {"part": name, "limit_s": None, "status": gpu_check.TIMED_OUT}]
+    assert [(r["stage"], r["status"]) for r in result["stages"]] == [(s, gpu_check.NOT_STARTED) for s in gpu_check.STAGES]
+    assert result["generate"] == [{"model": name, "status": gpu_check.NOT_STARTED}]
+    assert not (tmp_path / "work" / "models" / name / "done").exists()  # not even the build started
+    assert f"| {name} | prepare | {gpu_check.NOT_STARTED} |" in out
+
+
+TIER_CASES = """
+import time
+import pytest
+
+pytestmark = pytest.mark.cuda
+
+
+def test_passes():
+    pass
+
+
+def test_fails():
+    assert False
+
+
+@pytest.mark.skip(reason="no CUDA")
+def test_skips():
+    pass
+
+
+def test_hangs():
+    time.sleep(float(__import__("os").environ.get("TIER_CASE_SLEEP", "0")))
+"""
+
+
+def test_the_tier_streams_its_log_and_is_killed_at_its_limit(tmp_path, monkeypatch):
+    cases = tmp_path / "test_tier_cases.py"
+    cases.write_text(TIER_CASES)
+    done = gpu_check.run_tier(tmp_path, tests=(str(cases),))  # no limit: read from the JUnit XML
+    assert done["status"] == "failed" and done["returncode"] == 1, done
+    assert (done["passed"], done["failed"], done["errors"], done["skipped"]) == (2, 1, 0, 1)
+    assert done["failing"] == ["test_fails"]
+    monkeypatch.setenv("TIER_CASE_SLEEP", "600")
+    t0 = time.monotonic()
+    stopped = gpu_check.run_tier(tmp_path, time.monotonic() + 8, tests=(str(cases),))
+    assert time.monotonic() - t0 < 30
+    assert stopped["status"] == gpu_check.TIMED_OUT and stopped["returncode"] is None, stopped
+    # the counts of the lines it wrote before the kill: test_hangs never ended
+    assert (stopped["passed"], stopped["failed"], stopped["errors"], stopped["skipped"]) == (1, 1, 0, 1)
+    assert stopped["failing"] == ["test_fails"]
+    log = (tmp_path / "tier.log").read_text()
+    assert "::test_passes PASSED" in log and "::test_fails FAILED" in log and "::test_hangs" in log
+    assert "test_hangs PASSED" not in log
+
+
+def test_one_shape_and_one_compile_per_model_and_the_sweep_takes_evaluates_rows(tiny_run):
+    rc, out, result = tiny_run
+    assert rc == 0, out[-3000:]
+    ev, sw = gpu_check.TINY_SIZES["evaluate"], result["sizes"]["sweep"]
+    for name in gpu_check.DEFAULT_MODELS:
+        rows = {r["stage"]: r for r in result["stages"] if r["model"] == name}
+        bench = next(b for b in result["generate"] if b["model"] == name)
+        shape = rows["evaluate"]["shape"]
+        # evaluate's plan: its batch size's rows (the plan has 16), its width rounded up to 256, + its 16 new tokens
+        assert shape["rows"] == ev["batch_size"] and shape["width"] % 256 == 0, shape
+        assert shape["cache_len"] == shape["width"] + ev["max_new_tokens"]
+        assert rows["evaluate_warm"]["shape"] == rows["sweep"]["shape"] == bench["shape"] == bench["like"] == shape
+        assert bench["batch_size"] == shape["rows"]
+        # the decode step compiled once, by evaluate; evaluate_warm, the sweep and the benchmark's engine run it warm
+        # (the shared model); plain `generate` runs uncompiled
+        assert rows["evaluate"]["graphs"] == 1, rows["evaluate"]
+        assert sum(r["graphs"] for r in rows.values()) + bench["graphs"] == 1, (
+            {s: r["graphs"] for s, r in rows.items()}, bench["graphs"])
+        assert rows["evaluate"]["warmup_s"] > 0
+        assert rows["evaluate_warm"]["warmup_s"] is None and rows["sweep"]["warmup_s"] is None
+        assert bench["engine_warmup_s"] is None
+        # the sweep runs evaluate's problems: count 0 and 55 are evaluate's none and mless rows, taken
+        s = rows["sweep"]
+        prompts = sw["accuracy_samples"] * (1 + len([c for c in sw["counts"] if c]))
+        assert s["reused"] == 2 * sw["accuracy_samples"] and s["generated"] == prompts - s["reused"], s
+        assert s["tokens"] == s["generated"] * ev["max_new_tokens"]
