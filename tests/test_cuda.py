@@ -517,7 +517,9 @@ def compiled_arm_against_the_cpu(device: str, dtype: str, variant: str, c: float
 @pytest.mark.skipif(not CUDA, reason=NO_CUDA)
 @pytest.mark.parametrize("pool", ["row", "batch"])
 @pytest.mark.parametrize("variant, c, percentage", ARM_VARIANTS)
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+# bfloat16, the GPU profile's dtype (an inductor compile each, in a tier sized for minutes): in float32 the compiled arm
+# rows are checked end to end by evaluate's cuda-float32 case, whose tokens must equal the CPU's
+@pytest.mark.parametrize("dtype", ["bfloat16"])
 def test_the_compiled_arm_edit_on_cuda_moves_what_the_cpu_does(dtype, variant, c, percentage, pool):
     """The ARM hook's decode step compiled by inductor on CUDA (ArmHook.traced, as the compiled decode step runs it)
     against the eager hook on the CPU, three steps of six rows (three arm rows): the same elements moved, their
