@@ -370,6 +370,7 @@ def bench_params(name: str, model_dir: Path, work: Path, tiny: bool, device: str
 
     raw = gpu_check.check_params({name: model_dir}, tiny, [])
     raw["profile"] = "bench-gpu-generate"
+    raw["evaluate"]["compile"] = "auto"  # the GPU profile's (the tiny check's `on` needs its eager backend): --compile
     raw["runtime"].update({k: v for k, v in (("device", device), ("dtype", dtype), ("threads", threads)) if v})
     project = work / "bench-project"
     project.mkdir(parents=True, exist_ok=True)

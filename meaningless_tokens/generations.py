@@ -14,9 +14,13 @@ reason; no timing, so that the file is a function of its inputs). The key holds 
 beyond its prompt ids: the weights' digest, the engine's settings (dtype, device, attention, compile, the shape and its
 rows, max_new_tokens, the stop rule, the end-of-text ids), the ARM hook the compiled step carries (its settings, or
 none), the generating code's digest, the torch and transformers versions and the machine (the GPU's name, or the CPU's
-instruction set). The sweep depends on the folder (dvc.yaml), adopts the file's shape where its own prompts fit in it,
-and takes a row only where its engine's key equals the file's: a taken row is then the row it would generate, so its
-outputs are the same with or without the file (tests/test_sweep_reuse.py). MLESS_REUSE=0 makes the sweep take none.
+instruction set). The sweep of the same model adopts the file's shape where its own prompts fit in it, and takes a row
+only where its engine's key equals the file's: a taken row is then the row it would generate, so its outputs are the
+same bytes with the file or without it (tests/test_sweep_reuse.py). The file is therefore a memo, as DVC's run-cache
+is, not a declared dependency of the sweep: a declared one would rerun every model's sweep (the GPU profile's largest
+cost) whenever any evaluate reran or a model was added, for outputs that cannot change; dvc.yaml's order runs evaluate
+first. A model evaluate does not run has no file, and its sweep generates its own rows. MLESS_REUSE=0 makes the sweep
+take none.
 """
 
 from __future__ import annotations

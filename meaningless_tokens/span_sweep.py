@@ -147,7 +147,7 @@ def accuracy_sweep(params: Params, setup: models.ModelSetup, problems, journal_p
     ev, name = params.evaluate, setup.name
     arm_settings = arm.settings_for(params.arm, params.dataset.benchmark, setup) \
         if "arm" in params.prompt.conditions else None
-    kept = generations.read(kept_path) if kept_path is not None and name in params.evaluated else None
+    kept = generations.read(kept_path) if kept_path is not None else None
     with open_engine(ev, CONDITIONS, setup, arm_settings, sampled=False) as engine:
         prompts = _build(builders(params, setup, engine.tokenizer), params, name, problems)
         cond = {key: f"{key[0]}x{key[1]}" for key in prompts if key != "none" and key[1] > 0}

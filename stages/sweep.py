@@ -58,7 +58,7 @@ metrics/timing/sweep-<model>.json.
 # the stage's outputs (and its journal): role -> artifact kind (store.PATHS)
 OUTPUTS = {"out": "sweep", "metrics": "metrics/sweep", "table": "plots/sweep", "timing": "timing/sweep",
            "journal": "journal/sweep"}
-INPUTS = {"kept": "generations"}  # evaluate's kept generations of this model (read where it is evaluated)
+INPUTS = {"kept": "generations"}  # evaluate's kept generations of this model, where it wrote them (a memo: see below)
 
 
 def run(params: Params, name: str, root: Path | None = None) -> Path:

@@ -81,15 +81,17 @@ def test_without_planned_shapes_nothing_is_kept_or_taken(tiny_dirs, write_params
 
 def test_a_model_evaluate_does_not_run_generates_its_own(tiny_dirs, write_params, cache_dir, tmp_path,
                                                         eager_compile):
-    """A file left for a model that evaluate.models no longer lists is not read: the sweep generates its own rows."""
+    """No file of evaluate's for the model (it is not evaluated): the sweep generates every row, and writes the bytes
+    of a sweep that took evaluate's rows."""
     params = reuse_params(write_params, tiny_dirs, "on", ["none", "mless", "mful"])
     evaluate.run(params, "tiny", root=tmp_path)
-    raw = params.model_dump()
-    raw["models"]["other"] = raw["models"]["tiny"]
-    for key in ("evaluate", "likelihood"):
-        raw[key]["models"] = ["other"]
-    other = load_params(write_params(raw))
+    sweep.run(params, "tiny", root=tmp_path)
+    took = {k: (tmp_path / k).read_bytes() for k in OUTPUTS}
+    (tmp_path / "artifacts/generations/tiny.jsonl").unlink()
     engine_module.release()
-    sweep.run(other, "tiny", root=tmp_path)
+    torch._dynamo.reset()
+    sweep.run(params, "tiny", root=tmp_path)
     timing = json.loads((tmp_path / "metrics/timing/sweep-tiny.json").read_text())["accuracy"]
     assert "reused" not in timing and timing["generated"] == 12
+    for k in OUTPUTS:
+        assert (tmp_path / k).read_bytes() == took[k], k

@@ -388,8 +388,8 @@ class TransformersEngine(_Likelihood, Closing):
             import torch._inductor.config as inductor
 
             self.compile_config = CompileConfig(**COMPILE_OPTIONS)
-            for key, value in INDUCTOR_CONFIG.items():
-                setattr(inductor, key, value)
+            for option, value in INDUCTOR_CONFIG.items():
+                setattr(inductor, option, value)
             if not device.startswith("cuda"):
                 self.compile_config._compile_all_devices = True  # transformers compiles on CUDA alone otherwise
         if shared is None:
