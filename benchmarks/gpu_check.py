@@ -664,14 +664,15 @@ def _seconds(text: str) -> float | None:
 
 
 def save(out: Path, result: dict, started: float) -> None:
-    """gpu-check.json and gpu-check.md in `out`, each replaced whole (a temporary file, then os.replace): a run
-    stopped at any moment leaves the last complete version of both."""
+    """gpu-check.json and gpu-check.md in `out`, each replaced whole (store.atomic_path: a temporary file, then a
+    rename): a run stopped at any moment leaves the last complete version of both."""
+    from meaningless_tokens.store import atomic_path
+
     result["wall_s"] = round(time.monotonic() - started, 1)
     result["targets"] = plan_targets(result)
     for name, text in (("gpu-check.json", json.dumps(result, indent=2) + "\n"), ("gpu-check.md", table(result) + "\n")):
-        tmp = out / f".{name}.tmp"
-        tmp.write_text(text)
-        os.replace(tmp, out / name)
+        with atomic_path(out / name) as tmp:
+            tmp.write_text(text)
 
 
 def left(at: float) -> float:
