@@ -585,16 +585,18 @@ def test_power_is_stated_beside_the_papers_effect(project):
         diff = 100 * (f["mless/correct"][()].astype(float) - f["none/correct"][()].astype(float))
     a = v["power"]["accuracy"]["tiny-llama"]
     assert a["n"] == len(diff)
+    from statsmodels.stats.power import TTestPower
+
+    def exact(x, n):  # a paired t-test's MDE on n problems at x's spread (tests/test_power.py checks the function)
+        return TTestPower().solve_power(nobs=n, alpha=0.05, power=0.8) * x.std(ddof=1)
+
     if diff.std() > 0:
-        from scipy.stats import norm
-        expect = (norm.ppf(0.975) + norm.ppf(0.8)) * diff.std(ddof=1) / np.sqrt(len(diff))
-        assert a["mde_points"] == pytest.approx(expect, rel=1e-2)
+        assert a["mde_points"] == pytest.approx(exact(diff, len(diff)), rel=1e-2)
     with h5py.File(root / "artifacts/likelihood/tiny-llama.h5", "r") as f:
         d = f["contrasts/mless-none/solution/diff"][()]
     lk = v["power"]["likelihood"]["tiny-llama"]
-    from scipy.stats import norm
-    assert lk["mde_nats_per_token"] == pytest.approx((norm.ppf(0.975) + norm.ppf(0.8)) * d.std(ddof=1) / np.sqrt(len(d)),
-                                                     rel=1e-2)
+    assert lk["mde_nats_per_token"] == pytest.approx(exact(d, len(d)), rel=1e-2)
+    assert lk["mde_at_500"] == pytest.approx(exact(d, 500), rel=1e-2)
     text = _text(html_path)
     power = text.split("Power")[1].split("Contents")[0]
     assert power.count("Accuracy, ") == power.count("Likelihood, ") == len(params.models)

@@ -17,6 +17,8 @@ def load_stats(path: Path) -> dict:
         conds = [str(c) for c in f.attrs["conditions"]]
         data = {"layers": [int(x) for x in f.attrs["layers"]], "heads": [int(x) for x in f.attrs["heads"]],
                 "conditions": conds, "query_set": str(f.attrs["query_set"]), "span": {},
+                # the problems its intervals are over (the verdict's MDE); None in a file written before it was kept
+                "n_samples": int(f.attrs["n_samples"]) if "n_samples" in f.attrs else None,
                 "mless_span": mless_span(path, f.attrs["provenance"])}
         for c in conds:
             data[c] = {k: f[c][k][()] for k in f[c]}

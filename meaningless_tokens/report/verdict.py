@@ -58,6 +58,7 @@ class Cell:
     run: str = ""                # not run: the command that runs it
     note: str = ""               # what the number was measured with (ARM: the setting and how it was chosen)
     estimate: float | None = None
+    n: int | None = None         # the problems the interval is over (its MDE's t has n - 1 degrees of freedom), if one
     unit: str = ""
     fmt: str = "+.3g"
     sesoi: float | None = None   # the smallest effect of interest applied, and where it comes from
@@ -80,9 +81,9 @@ class Claim:
     pooled: dict | None = None
 
 
-def _cell(value: Num, low: Num, high: Num, unit: str) -> Cell:
+def _cell(value: Num, low: Num, high: Num, unit: str, n: int | None) -> Cell:
     return Cell("", Text(value, unit, " ", interval(low, high)), "", value, low.value, high.value,
-                estimate=value.value, unit=unit.strip(), fmt=value.fmt)
+                estimate=value.value, n=n, unit=unit.strip(), fmt=value.fmt)
 
 
 def _not_run(reason: str, cond: str = "", run: str = "") -> Cell:
@@ -103,7 +104,7 @@ def _stats_layer(ctx: Context, name: str, cond: str, ds: str, layer: int, unit: 
         return _not_run("one layer" if ds == "first_layer_lead_pct" else "not in statistics")
     return _cell(ctx.src.h5(f, f"{cond}/{ds}", fmt="+.1f", layer=layer),
                  ctx.src.h5(f, f"{cond}/{ds}_ci", fmt="+.1f", bound="low", layer=layer),
-                 ctx.src.h5(f, f"{cond}/{ds}_ci", fmt="+.1f", bound="high", layer=layer), unit)
+                 ctx.src.h5(f, f"{cond}/{ds}_ci", fmt="+.1f", bound="high", layer=layer), unit, st.get("n_samples"))
 
 
 def _layer1(ctx: Context, name: str) -> int | None:
@@ -157,7 +158,7 @@ def activation(measure: str):
         if name not in ctx.activations or "mless" not in ctx.activations[name]["conditions"]:
             return _not_run("not measured", "mless")
         d, lo, hi, _ = ActivationView(ctx, name).diff("mless", measure)
-        return _cell(d, lo, hi, " points" if measure.startswith("near_zero") else "")
+        return _cell(d, lo, hi, " points" if measure.startswith("near_zero") else "", ctx.activations[name]["n_samples"])
     return cell
 
 
@@ -186,7 +187,7 @@ def accuracy(cond: str):
                 return _not_run("not evaluated", cond)
             return _not_run("not evaluated", "arm", exp_run("prompt.conditions=" + _with_arm(conds)))
         d, lo, hi = (ctx.src.js(f, f"{cond}-none.{k}", 100, "+.1f") for k in ("delta", "ci95_low", "ci95_high"))
-        return _cell(d, lo, hi, " points")
+        return _cell(d, lo, hi, " points", ctx.metrics[name].get("n_problems"))
     return cell
 
 
@@ -204,7 +205,8 @@ def likelihood(cond: str, part: str):
         f, g = artifact("likelihood", name), f"contrasts/{cond}-none/{part}"
         fmt = "+.4f" if part == "solution" else "+.3f"
         out = _cell(ctx.src.h5(f, f"{g}/mean", fmt=fmt, group=0), ctx.src.h5(f, f"{g}/ci", fmt=fmt, group=0, bound="low"),
-                    ctx.src.h5(f, f"{g}/ci", fmt=fmt, group=0, bound="high"), " nats/token" if part == "solution" else " nats")
+                    ctx.src.h5(f, f"{g}/ci", fmt=fmt, group=0, bound="high"), " nats/token" if part == "solution" else " nats",
+                    ctx.likelihood[name]["n"])
         if cond == "arm":
             s = ctx.likelihood[name]["arm"]
             out.note = plain(VERDICT, "untuned", setting=setting(s["variant"], s["c"], s["percentage"]),
@@ -226,7 +228,7 @@ def arm_likelihood(ctx: Context, name: str) -> Cell:
         return likelihood("arm", "solution")(ctx, name)
     f, s = artifact("arm_tuning", name), tuned
     out = _cell(ctx.src.h5(f, "out_of_sample/mean", fmt="+.4f"), ctx.src.h5(f, "out_of_sample/ci", fmt="+.4f", bound="low"),
-                ctx.src.h5(f, "out_of_sample/ci", fmt="+.4f", bound="high"), " nats/token")
+                ctx.src.h5(f, "out_of_sample/ci", fmt="+.4f", bound="high"), " nats/token", tuned.get("n_tested"))
     c, own = s["chosen"], s["own"]
     out.note = plain(VERDICT, "tuned", setting=setting(s["variant"], c["c"], c["percentage"]), n=s["n_tuning"],
                      grid=len(s["grid"]), own=setting(s["variant"], own["c"], own["percentage"]), origin=own["origin"])
@@ -302,7 +304,7 @@ def judge(c: Cell, direction: int, sesoi: float | None, sesoi_from: str, paper_v
         ratio = f"{c.estimate / paper_value:.2g}" if paper_value else None
     c.detail = plain(VERDICT, "detail", basis=basis, unit=f" {c.unit}" if c.unit else "",
                      sesoi=None if sesoi is None else f"{direction * sesoi:{c.fmt}}",
-                     mde=f"{pooling.mde(c.low, c.high):.2g}" if basis == "inconclusive" else None,
+                     mde=f"{pooling.mde(c.low, c.high, c.n):.2g}" if basis == "inconclusive" else None,
                      paper=None if paper_value is None else f"{paper_value:+g}", where=where, ratio=ratio)
 
 
@@ -365,25 +367,45 @@ def counts(rows: list[Claim]) -> dict[str, int]:
 
 # ---- power -----------------------------------------------------------------------------------------------
 
-Z = pooling.Z95 + pooling.Z80  # two-sided 5 % test, 80 % power
 PAPER_GAINS = paper.reported("g1").values  # points: the paper's mless − none gains on MATH-500 (report/paper.yaml)
 PAPER_GAIN = float(min(PAPER_GAINS.values()))  # the smallest of them
 
 
-def mde(diff: np.ndarray) -> float | None:
-    """The minimum detectable mean of paired differences at 80 % power (two-sided 5 %), from their spread."""
+def _sd(diff) -> float:
     diff = np.asarray(diff, dtype=np.float64)
-    if len(diff) < 2:
+    return float(np.std(diff, ddof=1)) if len(diff) > 1 else 0.0
+
+
+def mde(diff: np.ndarray, at: int | None = None) -> float | None:
+    """The minimum detectable mean of paired differences at 80 % power (two-sided 5 %) from their spread: the exact
+    paired t-test's (noncentral t, n - 1 degrees of freedom) with n = `at` problems (a design of that size at this
+    run's spread), else the run's own."""
+    sd, n = _sd(diff), len(diff) if at is None else at
+    if len(diff) < 2 or n < 2 or not sd > 0:
         return None
-    sd = float(np.std(diff, ddof=1))
-    return Z * sd / math.sqrt(len(diff)) if sd > 0 else None
+    return pooling.noncentrality(n - 1) * sd / math.sqrt(n)
 
 
 def needed(diff: np.ndarray, effect: float) -> int | None:
-    """Problems needed to detect a mean paired difference `effect` at 80 % power, at this run's spread."""
-    diff = np.asarray(diff, dtype=np.float64)
-    sd = float(np.std(diff, ddof=1)) if len(diff) > 1 else 0.0
-    return math.ceil((Z * sd / effect) ** 2) if sd > 0 else None
+    """The fewest problems whose paired t-test detects a mean difference `effect` at 80 % power (two-sided 5 %),
+    the spread held at this run's: the smallest n with exact power (noncentral t, n - 1 degrees of freedom) >= 80 %."""
+    if not effect > 0:
+        raise ValueError(f"effect {effect!r}: expected a positive size")
+    sd = _sd(diff)
+    if not sd > 0:
+        return None
+    d = effect / sd
+
+    def enough(n: int) -> bool:
+        return pooling.power(d * math.sqrt(n), n - 1) >= pooling.POWER
+
+    lo, hi = 1, 2  # power rises with n: double until enough, then bisect (lo not enough, 1 having no test; hi enough)
+    while not enough(hi):
+        lo, hi = hi, 2 * hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if enough(mid) else (mid, hi)
+    return hi
 
 
 def power(ctx: Context) -> dict:
@@ -415,7 +437,7 @@ def power(ctx: Context) -> dict:
         secs = ctx.src.json(artifact("timing/likelihood", n)).get("seconds") if t.is_file() else None
         m = mde(diff)
         out["likelihood"][n] = {"n": len(diff), "mde_nats_per_token": _r(m),
-                                "mde_at_500": _r(m * math.sqrt(len(diff) / limit)) if m else None,
+                                "mde_at_500": _r(mde(diff, at=limit)),
                                 "seconds_this_run": secs,
                                 "hours_at_500": _r(secs * limit / len(diff) / 3600) if secs else None}
     return out
