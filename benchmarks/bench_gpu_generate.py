@@ -49,7 +49,7 @@ for _p in (str(ROOT), str(HERE)):  # loaded by path from gpu_check too, where ne
     if _p not in sys.path:
         sys.path.append(_p)
 
-import yaml  # noqa: E402
+from meaningless_tokens.config import yaml12  # noqa: E402 - YAML as DVC reads it (1.2: `on` a string)
 
 if TYPE_CHECKING:
     from meaningless_tokens.engines import Engine, Item
@@ -127,7 +127,7 @@ def bench_config(ev, batch_size: int, new_tokens: int, compile: str | None):
 
 def gpu_profile_evaluate_tokens() -> tuple[int, int]:
     """(greedy, sampled) tokens a full evaluate stage of profiles/gpu.yaml generates when no row stops early."""
-    gpu = yaml.safe_load((ROOT / "profiles" / "gpu.yaml").read_text())
+    gpu = yaml12.load((ROOT / "profiles" / "gpu.yaml").read_text())
     ev, rows = gpu["evaluate"], PROBLEMS * len(gpu["prompt"]["conditions"])
     s = ev["sampling"]
     return rows * ev["max_new_tokens"], rows * s["n"] * (s["max_new_tokens"] or ev["max_new_tokens"])
@@ -374,7 +374,7 @@ def bench_params(name: str, model_dir: Path, work: Path, tiny: bool, device: str
     raw["runtime"].update({k: v for k, v in (("device", device), ("dtype", dtype), ("threads", threads)) if v})
     project = work / "bench-project"
     project.mkdir(parents=True, exist_ok=True)
-    (project / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    (project / "params.yaml").write_text(yaml12.dump(raw))
     return load_params(project / "params.yaml")
 
 

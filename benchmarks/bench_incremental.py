@@ -28,16 +28,15 @@ import tempfile
 import time
 from pathlib import Path
 
-import yaml
-
 import common
+from meaningless_tokens.config import yaml12
 
 
 def edit_params(path: Path, change) -> None:
     """Apply `change` to the clone's params.yaml (comments are lost; DVC compares values only)."""
-    data = yaml.safe_load(path.read_text())
+    data = yaml12.load(path.read_text())  # as DVC reads it: a value the clone's DVC wrote reads back the same
     change(data)
-    path.write_text(yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=10_000))
+    path.write_text(yaml12.dump(data))
 
 
 def repro(clone: Path, env: dict, label: str) -> tuple[float, list[str]]:

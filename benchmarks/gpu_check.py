@@ -57,7 +57,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # `python benchmarks/gpu_check.py` puts only benchmarks/ on the path
     sys.path.insert(0, str(ROOT))
 
-import yaml  # noqa: E402
+from meaningless_tokens.config import yaml12  # noqa: E402 - YAML as DVC reads it (1.2: `on` a string)
 
 DEFAULT_MODELS = ("qwen2_5-math-1_5b", "qwen2_5-math-7b")
 MORE_MODELS = ("llama3_1-8b-instruct", "gemma3-4b-it")
@@ -138,7 +138,7 @@ def build_models(names, work: Path, tiny: bool, device: str) -> None:
 
 def check_params(dirs: dict[str, Path], tiny: bool, overrides: list[str]) -> dict:
     """profiles/gpu.yaml with local random-weight sources, SIZES, the arm condition and `overrides` (KEY=VALUE)."""
-    raw = yaml.safe_load((ROOT / "profiles" / "gpu.yaml").read_text())
+    raw = yaml12.load((ROOT / "profiles" / "gpu.yaml").read_text())
     raw["profile"] = "gpu-check-tiny" if tiny else "gpu-check"
     raw["runtime"].update(device="cpu" if tiny else "cuda", dtype="bfloat16", offline=True,
                           **({"threads": 1} if tiny else {}))
@@ -168,7 +168,7 @@ def check_params(dirs: dict[str, Path], tiny: bool, overrides: list[str]) -> dic
             node = node.get(part) if isinstance(node, dict) else None
         if not sep or not path or not isinstance(node, dict) or last not in node:
             raise ValueError(f"--set {item}: expected KEY=VALUE with KEY a params key (section.key)")
-        node[last] = yaml.safe_load(value)
+        node[last] = yaml12.load(value)  # as `dvc exp run -S` would write it: `on` a string, 1e-3 a float
     return raw
 
 
@@ -488,7 +488,7 @@ def machine() -> dict:
 def projection(rows: list[dict], name: str) -> dict:
     """The GPU profile's hours for model `name` at PROBLEMS problems, from this run's tokens per second: every
     generated row runs to its token limit (random weights write no end-of-sequence; a real model stops earlier)."""
-    gpu = yaml.safe_load((ROOT / "profiles" / "gpu.yaml").read_text())
+    gpu = yaml12.load((ROOT / "profiles" / "gpu.yaml").read_text())
     ev, sw, lk = gpu["evaluate"], gpu["sweep"], gpu["likelihood"]
     by = {r["stage"]: r for r in rows if r["model"] == name and r["status"] == "ok"}
 
@@ -775,7 +775,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", type=Path, help="folder of the saved models and the run's project "
                     "(default: <tmp>/meaningless-tokens-gpu-check[-tiny])")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="a params value over the check's (YAML), e.g. --set sweep.layer=2")
+                    help="a params value over the check's (YAML 1.2, as DVC reads it), e.g. --set sweep.layer=2")
     args = ap.parse_args(argv)
     started = time.monotonic()
 
@@ -862,7 +862,7 @@ def main(argv: list[str] | None = None) -> int:
             import shutil
             shutil.rmtree(project)
         project.mkdir()
-        (project / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+        (project / "params.yaml").write_text(yaml12.dump(raw))
         params = load_params(project / "params.yaml")
     except Exception as e:
         result["error"] = f"{type(e).__name__}: {e}".splitlines()[0]

@@ -9,11 +9,11 @@ architecture and family, layers, query and key-value heads, whether layer 0's ML
 act_fn(gate_proj(x))), whether the tokenizer has a chat template, the parameter count. A model the study cannot
 use is refused in one line that says why, and params.yaml is left as it was.
 
-Then its complete `models.<NAME>` entry (every key dvc.yaml lists) is appended to params.yaml's `models` (the
-file's comments kept), with `--outcomes` the name is added to `evaluate.models` and `likelihood.models` (a model
-without a gated MLP only to `evaluate.models`: the likelihood scores `arm`), and the command prints what to run and
-what the run will cost on this machine, scaled by parameter count from the throughput the last run measured
-(metrics/timing/).
+Then its complete `models.<NAME>` entry (every key dvc.yaml lists) is appended to params.yaml's `models` (every
+other line kept as it was, whatever the file's layout), with `--outcomes` the name is added to `evaluate.models` and
+`likelihood.models` (a model without a gated MLP only to `evaluate.models`: the likelihood scores `arm`), and the
+command prints what to run and what the run will cost on this machine, scaled by parameter count from the
+throughput the last run measured (metrics/timing/).
 """
 
 from __future__ import annotations
@@ -24,9 +24,8 @@ import re
 import sys
 from pathlib import Path
 
-import yaml
-
-from meaningless_tokens.config import PARAMS_FILE, Params, dvc_model_defaults, load_params
+from meaningless_tokens.config import PARAMS_FILE, Params, dvc_model_defaults, load_params, yaml12
+from meaningless_tokens.config.yaml12 import MappingNode, Node, ScalarNode, SequenceNode
 from meaningless_tokens.errors import ConfigError, StageError
 
 TIMED = ("extract", "activations", "sweep", "evaluate", "likelihood")  # the stages whose time grows with the model
@@ -107,69 +106,82 @@ def inspect(params: Params, name: str, entry: dict) -> dict:
     return facts
 
 
-def entry_text(name: str, entry: dict) -> str:
-    """The YAML of one `models` entry, as params.yaml writes its models (two-space indent, flow-style lists)."""
-    def flow(v):  # JSON is YAML: scalars quoted as needed, lists and mappings in flow style
-        if isinstance(v, str) and re.fullmatch(r"[A-Za-z0-9][\w.+/-]*", v) and v not in ("null", "true", "false"):
-            return v
-        return json.dumps(v, ensure_ascii=False)
+def _get(node: Node, key: str) -> Node | None:
+    """The value node of `key` in mapping `node` (None where absent or `node` is no mapping)."""
+    if isinstance(node, MappingNode):
+        for k, v in node.value:
+            if isinstance(k, ScalarNode) and k.value == key:
+                return v
+    return None
 
-    lines = [f"  {name}:"]
+
+def _after_line(text: str, node: Node) -> int:
+    """The text's index just past the line `node` ends on (a block mapping or list: its last value's line; its own
+    end lies at the next key, past any comments between)."""
+    while isinstance(node, (MappingNode, SequenceNode)) and not node.flow_style and node.value:
+        node = node.value[-1][1] if isinstance(node, MappingNode) else node.value[-1]
+    end = node.end_mark.index
+    if end > 0 and text[end - 1] == "\n":  # a block scalar ends past its own line break
+        return end
+    newline = text.find("\n", end)
+    return len(text) if newline < 0 else newline + 1
+
+
+def _insert(text: str, at: int, new: str) -> str:
+    head = text[:at]
+    if head and not head.endswith("\n") and new.endswith("\n"):  # the last line of a file without a final newline
+        head += "\n"
+    return head + new + text[at:]
+
+
+def entry_text(name: str, entry: dict, indent: int = 2, step: int = 2) -> str:
+    """The YAML of one `models` entry, its key at column `indent`, nested by `step`, lists and mappings in flow style
+    as params.yaml writes its models."""
+    pad = [" " * (indent + i * step) for i in range(3)]
+    lines = [f"{pad[0]}{yaml12.flow(name)}:"]
     for k in ("display_name", "template", "family"):
-        lines.append(f"    {k}: {flow(entry[k])}")
-    lines.append("    source:")
-    lines += [f"      {k}: {flow(v)}" for k, v in entry["source"].items()]
+        lines.append(f"{pad[1]}{k}: {yaml12.flow(entry[k])}")
+    lines.append(f"{pad[1]}source:")
+    lines += [f"{pad[2]}{k}: {yaml12.flow(v)}" for k, v in entry["source"].items()]
     for k in ("layers", "heads", "trust_remote_code"):
-        lines.append(f"    {k}: {flow(entry[k])}")
-    lines.append("    arm: {c: null, percentage: null, k: null, pmin: null, pmax: null}   # null: the paper's value "
-                 "for this model, else the variant's fallback")
+        lines.append(f"{pad[1]}{k}: {yaml12.flow(entry[k])}")
+    lines.append(f"{pad[1]}arm: {yaml12.flow(entry['arm'])}   # null: the paper's value for this model, else the "
+                 "variant's fallback")
     return "\n".join(lines) + "\n"
 
 
-def add_to_models(text: str, block: str) -> str:
-    """params.yaml's text with `block` appended at the end of its top-level `models:` mapping."""
-    lines = text.splitlines(keepends=True)
-    start = next((i for i, line in enumerate(lines) if re.match(r"^models:\s*(#.*)?$", line)), None)
-    if start is None:
-        raise ConfigError("no top-level `models:` mapping to add the model to")
-    end = next((i for i in range(start + 1, len(lines)) if re.match(r"^\S", lines[i])), len(lines))
-    while end > start + 1 and not lines[end - 1].strip():
-        end -= 1
-    if lines[end - 1] and not lines[end - 1].endswith("\n"):
-        lines[end - 1] += "\n"
-    return "".join(lines[:end] + [block] + lines[end:])
+def add_to_models(text: str, name: str, entry: dict) -> str:
+    """params.yaml's text with entry `name` written after the last of its `models`, at their indentation; every
+    other line as it was. The places come from the YAML parser (ruamel.yaml's node marks), so any layout serves."""
+    models = _get(yaml12.compose(text), "models")
+    if not isinstance(models, MappingNode) or not models.value:
+        raise ConfigError("models: not a mapping of model entries to add the model to")
+    if models.flow_style:  # `models: {a: {...}}`: written again in flow style, on one line
+        data = yaml12.load(text)["models"]
+        return text[:models.start_mark.index] + yaml12.flow({**data, name: entry}) + text[models.end_mark.index:]
+    first_key, first = models.value[0]
+    indent = first_key.start_mark.column
+    inner = first.value[0][0].start_mark.column if isinstance(first, MappingNode) and first.value else 0
+    step = inner - indent if inner > indent else 2
+    return _insert(text, _after_line(text, models), entry_text(name, entry, indent, step))
 
 
 def add_to_list(text: str, section: str, name: str) -> str:
-    """`name` appended to the `models` list of top-level `section`: flow style (`models: [a, b]`) or block style
-    (`models:` then `- a` lines, as yaml.safe_dump writes it)."""
-    lines = text.splitlines(keepends=True)
-    start = next((i for i, line in enumerate(lines) if re.match(rf"^{section}:", line)), None)
-    if start is None:
-        raise ConfigError(f"no top-level `{section}:` section")
-    for i in range(start + 1, len(lines)):
-        if re.match(r"^\S", lines[i]):
-            break
-        m = re.match(r"^(  models:\s*\[)([^\]]*)(\].*)$", lines[i], re.S)
-        if m:
-            items = [x.strip() for x in m[2].split(",") if x.strip()]
-            if name not in items:
-                items.append(name)
-            lines[i] = f"{m[1]}{', '.join(items)}{m[3]}"
-            return "".join(lines)
-        if re.match(r"^  models:\s*(#.*)?$", lines[i]):
-            items, last = [], i
-            for j in range(i + 1, len(lines)):
-                item = re.match(r"^(\s+)- (\S+)\s*(#.*)?$", lines[j])
-                if not item or len(item[1]) < 2:
-                    break
-                items.append(item[2])
-                last, indent = j, item[1]
-            if items:
-                if name not in items:
-                    lines.insert(last + 1, f"{indent}- {name}\n")
-                return "".join(lines)
-    raise ConfigError(f"{section}.models: not a one-line list [a, b] that this command can extend; add '{name}' by hand")
+    """`name` appended to the `models` list of top-level `section`, in the list's own style: after its last item in a
+    flow list (`[a, b]`, on one line or several), a `- name` line under the last item in a block list."""
+    models = _get(_get(yaml12.compose(text), section), "models")
+    if not isinstance(models, SequenceNode):
+        raise ConfigError(f"{section}.models: not a list in the file (the schema's default applies); write it out, "
+                          "as DVC needs it spelled out too")
+    if name in yaml12.load(text)[section]["models"]:
+        return text
+    item = yaml12.flow(name)
+    if models.flow_style:
+        if not models.value:
+            return _insert(text, models.end_mark.index - 1, item)  # before the `]` of `[]`
+        return _insert(text, models.value[-1].end_mark.index, f", {item}")
+    dash = models.start_mark.column  # a block list's node starts at its first `-`
+    return _insert(text, _after_line(text, models), f"{' ' * dash}- {item}\n")
 
 
 def estimate(root: Path, params: Params, parameters: int, outcomes: bool, likelihood: bool) -> list[tuple[str, float, str]]:
@@ -225,12 +237,19 @@ def run(args) -> int:
     with_model(params, name, entry)  # the final entry validates
 
     text = params_path.read_text(encoding="utf-8")
-    new = add_to_models(text, entry_text(name, entry))
+    new = add_to_models(text, name, entry)
+    expected = yaml12.load(text)
+    expected["models"][name] = entry
     likelihood = args.outcomes and facts["gated_mlp"]
-    if args.outcomes:
-        new = add_to_list(new, "evaluate", name)
-        if likelihood:
-            new = add_to_list(new, "likelihood", name)
+    for section in ("evaluate", "likelihood") if args.outcomes else ():
+        if section == "evaluate" or likelihood:
+            new = add_to_list(new, section, name)
+            if name not in expected[section]["models"]:
+                expected[section]["models"].append(name)
+    # what the file will say is exactly what was there plus the model: an edit of the text can only add, never alter
+    if yaml12.load(new) != expected:
+        raise ConfigError(f"{params_path}: models.{name}: editing the file would change more than the model's "
+                          "entry and lists; nothing written")
     tmp = params_path.with_name(f".{params_path.name}.add-model")
     tmp.write_text(new, encoding="utf-8")
     try:

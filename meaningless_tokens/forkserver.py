@@ -31,7 +31,7 @@ import traceback
 
 IDLE = float(os.environ.get("MLESS_FORKSERVER_IDLE", 60))  # seconds with no stage running before the server exits
 CONNECT_TIMEOUT = 30.0  # the server forks within milliseconds; past this the stage runs in-process, cold
-PRELOAD = ("numpy", "h5py", "yaml", "pydantic", "torch", "safetensors", "tokenizers", "transformers",
+PRELOAD = ("numpy", "h5py", "ruamel.yaml", "pydantic", "torch", "safetensors", "tokenizers", "transformers",
            "transformers.modeling_utils", "transformers.generation", "transformers.masking_utils",
            "transformers.activations", "transformers.tokenization_utils_tokenizers", "transformers.models.auto",
            "scipy.stats", "statsmodels.stats.meta_analysis", "statsmodels.stats.multitest", "matplotlib",

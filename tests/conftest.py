@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from meaningless_tokens.config import yaml12
 from tests import tiny
 
 ROOT = tiny.ROOT
@@ -26,7 +27,7 @@ def cache_dir(tmp_path, monkeypatch) -> Path:
 
 
 def default_params() -> dict:
-    return yaml.safe_load((ROOT / "params.yaml").read_text())
+    return yaml12.load((ROOT / "params.yaml").read_text())  # as the stages and DVC read it (`on` a string)
 
 
 @pytest.fixture

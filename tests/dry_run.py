@@ -22,8 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import yaml
-
+from meaningless_tokens.config import yaml12
 from tests import tiny
 
 ROOT = tiny.ROOT
@@ -50,7 +49,7 @@ def build_models(folder: Path) -> dict[str, Path]:
 
 def dry_run_params(model_dirs: dict[str, Path], absolute_paths: bool = False) -> dict:
     """profiles/gpu.yaml with tiny local models on the CPU and a few problems (see the module doc)."""
-    raw = yaml.safe_load((ROOT / "profiles" / "gpu.yaml").read_text())
+    raw = yaml12.load((ROOT / "profiles" / "gpu.yaml").read_text())
     raw["profile"] = "gpu-dry-run"
     raw["runtime"].update(device="cpu", dtype="float32", offline=True, threads=1)
     for section, values in SMALL.items():
@@ -79,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         base = args.keep or Path(tmp)
         dirs = build_models(base / "models")
         repo = Repo.create(base / "project", base / "home", base / "model-cache", {})
-        (repo.path / "params.yaml").write_text(yaml.safe_dump(dry_run_params(dirs), sort_keys=False))
+        (repo.path / "params.yaml").write_text(yaml12.dump(dry_run_params(dirs)))
         repo.run(str(Path(sys.executable)), "-m", "meaningless_tokens.config", "check")
         proc = repo.dvc("repro", check=False)
         sys.stdout.write(proc.stdout[-4000:])

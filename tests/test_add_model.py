@@ -4,6 +4,7 @@ params.yaml untouched; a hub id resolved through the offline cache."""
 
 from __future__ import annotations
 
+import difflib
 import json
 import shutil
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 import yaml
 
 from meaningless_tokens import add_model, store
-from meaningless_tokens.config import load_params
+from meaningless_tokens.config import load_params, yaml12
 from tests import tiny
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -108,3 +109,88 @@ def test_the_outcome_lists_are_extended_in_flow_or_block_style():
         "evaluate:\n  n_samples: 3\n  models:\n  - a\n  - b\n  - c\n  seed: 0\nlikelihood:\n  models: [a, c]  # kept\n")
     assert add_to_list(text, "evaluate", "a") == text  # listed already
     assert add_to_list("evaluate:\n  models:\n    - a   # x\n", "evaluate", "c") == "evaluate:\n  models:\n    - a   # x\n    - c\n"
+
+
+# a layout the old line expressions refused: 4-space indentation, a flow list spread over lines, block lists indented
+# under their key, comments between keys and after the last model, a file without a final newline
+LAYOUT = """\
+evaluate:
+    n_samples: 5    # problems
+    # the models evaluated
+    models: [a,
+             b]     # one stage each
+    seed: 0
+likelihood:
+    models:
+        - a         # first
+        # between items
+        - b
+    # after the list
+models:
+    a:
+        source:
+            kind: hf    # the hub
+        arm: {c: null}
+    # between models
+    b:
+        note: |
+            kept
+    # after the last model
+figures:
+    models: all     # last line"""
+
+
+def test_an_entry_and_the_lists_are_added_in_any_layout_keeping_every_other_line():
+    entry = {"display_name": "on", "template": "raw", "family": "llama",
+             "source": {"kind": "local_dir", "path": "models/my model"}, "layers": [0, 1], "heads": "all",
+             "trust_remote_code": False, "arm": {"c": None, "percentage": None, "k": None, "pmin": None, "pmax": None}}
+    new = add_model.add_to_models(LAYOUT, "mine", entry)
+    new = add_model.add_to_list(add_model.add_to_list(new, "evaluate", "mine"), "likelihood", "mine")
+    before, after = LAYOUT.splitlines(), new.splitlines()
+    # every line kept, in order (only the flow list's last line gains the name), the additions in the file's indentation
+    diff = list(difflib.unified_diff(before, after, lineterm="", n=0))[2:]
+    assert [line[1:] for line in diff if line.startswith("-")] == ["             b]     # one stage each"]
+    assert [line[1:] for line in diff if line.startswith("+")] == [
+        "             b, mine]     # one stage each",
+        "        - mine",
+        "    mine:", "        display_name: on", "        template: raw", "        family: llama", "        source:",
+        "            kind: local_dir", "            path: models/my model", "        layers: [0, 1]", "        heads: all",
+        "        trust_remote_code: false",
+        "        arm: {c: null, percentage: null, k: null, pmin: null, pmax: null}   # null: the paper's value for this "
+        "model, else the variant's fallback"]
+    assert after.index("        - mine") == after.index("        - b") + 1
+    assert after.index("    mine:") == after.index("            kept") + 1  # right after the last model's last value
+    data = yaml12.load(LAYOUT)
+    data["models"]["mine"] = entry
+    data["evaluate"]["models"].append("mine")
+    data["likelihood"]["models"].append("mine")
+    assert yaml12.load(new) == data  # nothing else read differently (display_name "on" a string: YAML 1.2)
+    assert add_model.add_to_list(new, "evaluate", "mine") == new  # listed already
+
+
+def test_add_model_edits_a_file_the_line_expressions_refused(family_dirs, project, capsys):
+    """The shipped params.yaml re-laid out: 4-space indentation, the outcome lists spread over lines, a comment
+    between every two keys; the command adds the model and keeps every comment."""
+    lines = []
+    for line in project.read_text().splitlines():
+        stripped = line.lstrip()
+        depth = (len(line) - len(stripped)) // 2
+        if stripped.startswith("models: [") and depth == 1:
+            items = stripped.removeprefix("models: [").split("]")[0].split(", ")
+            stripped = "models: [" + f",\n{' ' * (4 * depth + 9)}".join(items) + "]"
+        if depth == 1 and stripped and not stripped.startswith("#"):
+            lines.append(f"    # a comment before {stripped.split(':')[0]}")
+        lines.append(" " * (4 * depth) + stripped if line.strip() else "")
+    project.write_text("\n".join(lines) + "\n")
+    before = project.read_text()
+    old = load_params(project)
+    assert add(project, "mine", "--local", str(family_dirs["llama"]), "--outcomes") == 0, capsys.readouterr().err
+    after = project.read_text()
+    comments = [line.split("#", 1)[1] for line in before.splitlines() if "#" in line]
+    kept = [line.split("#", 1)[1] for line in after.splitlines() if "#" in line]
+    assert all(c in kept for c in comments) and len(kept) == len(comments) + 1  # + the new entry's arm comment
+    new = load_params(project)
+    assert list(new.models) == [*old.models, "mine"]
+    assert new.evaluate.models == [*old.evaluate.models, "mine"] and new.likelihood.models == [*old.likelihood.models, "mine"]
+    assert new.model_dump(exclude={"models", "evaluate", "likelihood"}) == \
+        old.model_dump(exclude={"models", "evaluate", "likelihood"})

@@ -162,9 +162,85 @@ def test_an_entry_without_a_listed_key_is_refused_with_the_flags_that_add_it(wri
         config.check_spelled_out(params, ["mine"])
     assert ("dvc exp run -S '+models.mine.family=null' -S '+models.mine.trust_remote_code=false' "
             "-S '+models.mine.template=null' -S '+models.mine.layers=[0, 1, 2]' -S '+models.mine.heads=all' "
-            "-S '+models.mine.arm={c: null, k: null, percentage: null, pmax: null, pmin: null}'") in str(e.value)
+            "-S '+models.mine.arm={c: null, percentage: null, k: null, pmin: null, pmax: null}'") in str(e.value)
     for args, said in ((["meaningless_tokens.config", "check", str(path)], "models.smollm2-135m: heads missing"),
                        (["stages.prepare", "--model", "mine", "--params", str(path)], "models.mine: family, trust_remote_code"),
                        (["stages.extract", "--model", "mine", "--params", str(path)], "models.mine: family, trust_remote_code")):
         proc = subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, cwd=ROOT)
         assert proc.returncode == 2 and said in proc.stderr, proc.stderr
+
+
+# ---- YAML as DVC reads it --------------------------------------------------------------------------------
+
+# every literal the schema and the profiles document for these keys, quoted and not: (key, literal, value)
+LITERALS = [("evaluate.compile", "on", "on"), ("evaluate.compile", "off", "off"), ("evaluate.compile", "auto", "auto"),
+            ("evaluate.compile", "'on'", "on"), ("evaluate.compile", '"off"', "off"),
+            ("evaluate.sampling.temperature", "null", None), ("evaluate.sampling.temperature", "1e-3", 0.001),
+            ("evaluate.sampling.temperature", ".5", 0.5), ("verdict.sesoi.f2", "1e-3", 0.001),
+            ("verdict.sesoi.f2", ".5", 0.5)]
+
+
+def _value(params, key: str):
+    node = params
+    for part in key.split("."):
+        node = node[part] if isinstance(node, dict) else getattr(node, part)
+    return node
+
+
+def _read_as_dvc_shows_it(path, key: str, value):
+    """load_params reads `key` as DVC's own params reader does, and as the literal means."""
+    from dvc.utils.serialize import load_yaml
+
+    shown = _value(load_yaml(path), key)
+    assert shown == value and type(shown) is type(value), (key, shown)
+    ours = _value(load_params(path), key)
+    assert ours == shown and type(ours) is type(shown), (key, ours, shown)
+
+
+@pytest.mark.parametrize("key, literal, value", LITERALS)
+def test_a_literal_written_by_hand_reads_as_dvc_shows_it(tmp_path, key, literal, value):
+    *_, last = key.split(".")
+    lines = (ROOT / "params.yaml").read_text().splitlines(keepends=True)
+    [at] = [i for i, line in enumerate(lines) if line.lstrip().startswith(f"{last}:")]  # the one line of that key
+    indent = lines[at][:len(lines[at]) - len(lines[at].lstrip())]
+    lines[at] = f"{indent}{last}: {literal}   # by hand\n"
+    path = tmp_path / "params.yaml"
+    path.write_text("".join(lines))
+    _read_as_dvc_shows_it(path, key, value)
+
+
+@pytest.mark.parametrize("key, literal, value", LITERALS)
+def test_a_literal_set_through_dvc_reads_as_dvc_shows_it(tmp_path, key, literal, value):
+    """`dvc exp run -S key=literal` writes params.yaml through this function (ruamel.yaml, YAML 1.2)."""
+    from dvc.utils.hydra import apply_overrides
+
+    path = tmp_path / "params.yaml"
+    path.write_text((ROOT / "params.yaml").read_text())
+    apply_overrides(path, [f"{key}={literal}"])
+    _read_as_dvc_shows_it(path, key, value)
+
+
+def test_every_file_the_project_reads_as_yaml_reads_as_dvc_reads_it():
+    from dvc.utils.serialize import parse_yaml
+
+    from meaningless_tokens.config import yaml12
+
+    for name in ("params.yaml", "profiles/cpu.yaml", "profiles/gpu.yaml", "tests/profile.yaml", "dvc.yaml", "dvc.lock",
+                 "meaningless_tokens/report/paper.yaml"):
+        text = (ROOT / name).read_text()
+        assert yaml12.load(text) == parse_yaml(text, name), name
+
+
+def test_a_key_given_twice_is_named_with_both_lines_in_flow_and_quoted_form(tmp_path):
+    text = (ROOT / "params.yaml").read_text()
+    path = tmp_path / "params.yaml"
+    cases = [("  seed: 0               # subset and bootstrap seed", "  seed: 0\n  'seed': 1", "evaluate.seed"),
+             ("tokens: [\"/\"]", "tokens: [{a: 1, a: 2}]", "sweep.tokens.0.a")]
+    for old, new, key in cases:
+        assert text.count(old) == 1, old
+        path.write_text(text.replace(old, new))
+        line = text[:text.index(old)].count("\n") + 1
+        second = line + new.count("\n")
+        with pytest.raises(ConfigError) as e:
+            load_params(path)
+        assert str(e.value) == f"{path}: {key}: given twice (lines {line} and {second}); YAML keys are unique: keep one"

@@ -409,3 +409,30 @@ def test_one_shape_and_one_compile_per_model_and_the_sweep_takes_evaluates_rows(
         prompts = sw["accuracy_samples"] * (1 + len([c for c in sw["counts"] if c]))
         assert s["reused"] == 2 * sw["accuracy_samples"] and s["generated"] == prompts - s["reused"], s
         assert s["tokens"] == s["generated"] * ev["max_new_tokens"]
+
+
+@pytest.mark.parametrize("item, value", [("evaluate.compile=on", "on"), ("evaluate.compile=off", "off"),
+                                         ("evaluate.compile='on'", "on"), ("evaluate.sampling.temperature=null", None),
+                                         ("evaluate.sampling.temperature=1e-3", 0.001),
+                                         ("verdict.sesoi.f2=.5", 0.5)])
+def test_a_set_value_is_read_as_dvc_reads_it(tmp_path, item, value):
+    """`--set KEY=VALUE` takes VALUE as DVC would read it in params.yaml (YAML 1.2: `on` a string, 1e-3 a float), and
+    the params file the check writes reads back the same."""
+    from dvc.utils.serialize import parse_yaml
+
+    from meaningless_tokens.config import load_params, yaml12
+
+    key, literal = item.split("=")
+    *path, last = key.split(".")
+    assert parse_yaml(f"v: {literal}", "-")["v"] == value
+    raw = gpu_check.check_params({"qwen2_5-math-1_5b": tmp_path}, True, [item])
+    node = raw
+    for part in path:
+        node = node[part]
+    assert node[last] == value and type(node[last]) is type(value)
+    (tmp_path / "params.yaml").write_text(yaml12.dump(raw))
+    params = load_params(tmp_path / "params.yaml")
+    got = getattr(params, path[0])
+    for part in [*path[1:], last]:
+        got = got[part] if isinstance(got, dict) else getattr(got, part)
+    assert got == value

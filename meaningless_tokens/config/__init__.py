@@ -4,6 +4,7 @@
   model    a model's entry (`models.<name>`): source, layers, heads, ARM settings
   schema   every other section of params.yaml, and `Params`
   charts   chart selection: the models, layers and heads each chart shows (checked when the params load)
+  yaml12   YAML as DVC reads and writes it (1.2, ruamel.yaml): every reader of params, profiles, dvc.yaml, dvc.lock
   loading  `load_params`: unique-key YAML, the schema, one error line per problem naming file, key and value
   checks   a model's facts once prepared; every key a stage lists spelled out; the files the params name
   cli      `python -m meaningless_tokens.config check [FILE] | use <profile>`

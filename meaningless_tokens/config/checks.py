@@ -3,10 +3,9 @@ run through DVC needs (every key a stage lists spelled out, the model lists, the
 
 from __future__ import annotations
 
-
-import yaml
 from pydantic import BaseModel
 
+from meaningless_tokens.config import yaml12
 from meaningless_tokens.config.base import FAMILIES, PROFILES_DIR, ROOT, resolve_path
 from meaningless_tokens.config.charts import check_chart_facts
 from meaningless_tokens.config.loading import model_spec
@@ -79,7 +78,7 @@ def check_spelled_out(params: Params, names: list[str] | None = None) -> None:
 
 def _flow(value) -> str:
     """A default as `dvc exp run -S` reads it (YAML flow style, one line)."""
-    return yaml.safe_dump(value, default_flow_style=True, width=1 << 20).strip().removesuffix("...").strip()
+    return yaml12.flow(value)
 
 
 def check_files(p: Params) -> None:

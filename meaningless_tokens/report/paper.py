@@ -13,9 +13,8 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-import yaml
-
 from meaningless_tokens.charts.context import Context
+from meaningless_tokens.config import yaml12
 from meaningless_tokens.report.phrases import label
 from meaningless_tokens.report.trace import ALL, Num, Text, artifact, excludes_zero, interval
 
@@ -27,7 +26,7 @@ NUMBERS = Path(__file__).with_name("paper.yaml")  # the paper's reported numbers
 
 @cache
 def numbers() -> dict:
-    return yaml.safe_load(NUMBERS.read_text(encoding="utf-8"))
+    return yaml12.load(NUMBERS.read_text(encoding="utf-8"))
 
 
 # MATH-500 accuracy in percent, w/o / w/ Mless / w/ Mful, read from the paper's "Results on Math-500" chart

@@ -7,8 +7,8 @@ import copy
 import functools
 import re
 
-from meaningless_tokens.config import ROOT
-from meaningless_tokens.errors import StageError
+from meaningless_tokens.config import ROOT, yaml12
+from meaningless_tokens.errors import ConfigError, StageError
 
 DVC_YAML = ROOT / "dvc.yaml"
 CODE_PATHS = ("stages", "meaningless_tokens", "pyproject.toml")  # the code: run_info's git_commit is the last commit touching it
@@ -44,21 +44,17 @@ def code_hashes(stage: str) -> dict[str, str]:
 @functools.lru_cache(maxsize=4)
 def _stages(text: str) -> dict:
     """The file's `stages`, aliases resolved (a stage reads dvc.yaml several times: parsed once per content)."""
-    import yaml
-
-    return yaml.safe_load(text)["stages"]
+    return yaml12.load(text)["stages"]
 
 
 def dvc_stage(stage: str) -> dict:
     """dvc.yaml's definition of `stage` (a foreach stage's `do` part, with `foreach` beside it), `params` as the flat
     list of params.yaml's dotted keys DVC tracks for it (`${key}` / `${item}` left for the model name)."""
-    import yaml
-
     try:
         spec = _stages(DVC_YAML.read_text())[stage]
         body = copy.deepcopy(spec.get("do") or spec)
         foreach = spec.get("foreach")
-    except (OSError, yaml.YAMLError, KeyError, TypeError, AttributeError) as e:
+    except (OSError, yaml12.YAMLError, ConfigError, KeyError, TypeError, AttributeError) as e:
         raise StageError(f"{DVC_YAML}: stages.{stage}: cannot read the stage ({type(e).__name__}: {e})") from None
     body["params"] = _params_keys(stage, body.get("params") or [])
     for dep in body.get("deps") or []:

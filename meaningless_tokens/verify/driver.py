@@ -26,10 +26,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 from meaningless_tokens import store
-from meaningless_tokens.errors import Differs, VerifyError
+from meaningless_tokens.config import yaml12
+from meaningless_tokens.errors import ConfigError, Differs, VerifyError
 from meaningless_tokens.progress import bar
 from meaningless_tokens.verify.compare import Largest, changed_keys, compare_file
 
@@ -60,9 +59,9 @@ class Output:
 
 def read_lock(text: str, source: str) -> dict:
     try:
-        lock = yaml.safe_load(text) or {}
+        lock = yaml12.load(text) or {}
         return lock["stages"]
-    except (yaml.YAMLError, KeyError, TypeError) as e:
+    except (yaml12.YAMLError, ConfigError, KeyError, TypeError) as e:
         raise VerifyError(f"{source}: stages: not a dvc.lock ({type(e).__name__}: {e})") from None
 
 
