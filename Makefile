@@ -3,43 +3,68 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 # Every package comes from a lock (locks/*.txt: exact versions and sha256 hashes, made by `make lock`).
-# TORCH picks the build of torch and so the lock: cpu (the reference machine's CPU wheel, torch 2.13.0+cpu)
+# TORCH picks the build of torch and so the lock: cpu (torch 2.13.0+cpu, from PyTorch's CPU wheel index)
 # or cuda (PyPI's torch 2.13.0 with its CUDA wheels, for Linux x86-64 and Python 3.12).
 TORCH  ?= cpu
 LOCK   := locks/$(TORCH).txt
-UV_VERSION := 0.13.9
+# The test harness (pytest, playwright, moto), locked as a layer over LOCK at its versions: `make test` adds it to
+# .venv; `make repro` never installs it, and provenance names LOCK alone.
+TEST_LOCK := locks/$(TORCH)-test.txt
 export PATH := $(abspath $(BIN)):$(PATH)
 export DVC_NO_ANALYTICS := 1
 export PYTHONDONTWRITEBYTECODE := 1
 # pip's notice that a newer pip exists is no news to a newcomer: the venv's own pip installs the locks.
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install install-vllm lock check-torch system-packages repro verify test faults test-vllm test-gpu gpu-check gpu-wheels clean-venv
+.PHONY: install install-test install-vllm uv lock check-torch system-packages repro verify test faults test-vllm test-gpu gpu-check gpu-wheels clean-venv
 
 install: $(VENV)/.installed
+install-test: $(VENV)/.installed-test
 
 check-torch:
 	@case "$(TORCH)" in cpu|cuda) ;; *) echo "error: TORCH=$(TORCH): expected cpu or cuda (the lock locks/<TORCH>.txt)" >&2; exit 2;; esac
 
-# A new environment holding exactly the lock: --require-hashes --no-deps fail loudly on any package
-# the lock lacks or whose file differs; the project itself goes in without build isolation (setuptools
-# is locked too), then `envlock record` notes the lock for provenance and `envlock check` compares.
-$(VENV)/.installed: pyproject.toml Makefile $(LOCK) | check-torch
+# uv installs the environments (seconds where pip takes minutes: docs/benchmarks.md) and makes the locks. It comes
+# from locks/uv.txt (one version, every platform's hashes) into a venv of its own, by pip, which reads this
+# machine's configuration; uv reads neither pip.conf nor PIP_* variables, so `envlock install` hands pip's index
+# and find-links settings over to it.
+UV_VENV ?= .venv-uv
+UV      := $(UV_VENV)/bin/uv
+uv: $(UV)
+$(UV): locks/uv.txt
+	rm -rf $(UV_VENV)
+	$(PYTHON) -m venv $(UV_VENV)
+	$(UV_VENV)/bin/python -m pip install --quiet --require-hashes --no-deps -r locks/uv.txt
+	touch $@
+
+# A new environment holding exactly the lock: uv with --require-hashes --no-deps fails loudly on any package the
+# lock lacks or whose file differs, and runs no resolver; torch's CPU build comes from PyTorch's CPU index, or from
+# a wheel folder of pip's configuration that holds the locked file (meaningless_tokens/envlock.py, `install`). The
+# project itself goes in without build isolation (setuptools is locked too), then `envlock record` notes the lock
+# for provenance and `envlock check` compares.
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+envlock_install = $(PYTHON) -m meaningless_tokens.envlock install --uv $(UV) --python $(1)/bin/python --torch-index $(TORCH_INDEX) $(2)
+$(VENV)/.installed: pyproject.toml Makefile $(LOCK) $(UV) | check-torch
 	rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --require-hashes --no-deps -r $(LOCK)
-	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
+	$(call envlock_install,$(VENV),$(LOCK))
+	$(UV) pip install --quiet --python $(BIN)/python --no-deps --no-build-isolation -e .
 	$(BIN)/python -m pip check
 	$(BIN)/python -m meaningless_tokens.envlock record $(LOCK)
 	$(BIN)/python -m meaningless_tokens.envlock check
 	touch $@
 
-# Remake every lock from pyproject.toml and locks/*.in with uv (pinned, in a venv of its own), then
-# reinstall from it. Results then follow the environment: `dvc repro` and commit dvc.lock with the locks.
-LOCK_VENV ?= .venv-lock
-lock:
-	test -x $(LOCK_VENV)/bin/uv || { $(PYTHON) -m venv $(LOCK_VENV) && $(LOCK_VENV)/bin/python -m pip install --quiet uv==$(UV_VERSION); }
-	$(LOCK_VENV)/bin/python -m meaningless_tokens.envlock lock --uv $(LOCK_VENV)/bin/uv
+$(VENV)/.installed-test: $(VENV)/.installed $(TEST_LOCK)
+	$(call envlock_install,$(VENV),$(TEST_LOCK))
+	$(BIN)/python -m pip check
+	$(BIN)/python -m meaningless_tokens.envlock record $(LOCK) $(TEST_LOCK)
+	$(BIN)/python -m meaningless_tokens.envlock check
+	touch $@
+
+# Remake every lock from pyproject.toml and locks/*.in with uv, then reinstall from it. Results then follow the
+# environment: `dvc repro` and commit dvc.lock with the locks.
+lock: $(UV)
+	$(PYTHON) -m meaningless_tokens.envlock lock --uv $(UV)
 
 # The vLLM engine (evaluate.engine: vllm) in an environment of its own, from its own lock: vLLM pins
 # transformers, so this one gets an older release than the default install. TORCH=cuda on a GPU machine
@@ -49,11 +74,11 @@ VLLM_VENV  ?= .venv-vllm
 VLLM_LOCK  := locks/vllm-$(TORCH).txt
 install-vllm: $(VLLM_VENV)/.installed
 
-$(VLLM_VENV)/.installed: pyproject.toml Makefile $(VLLM_LOCK) | check-torch
+$(VLLM_VENV)/.installed: pyproject.toml Makefile $(VLLM_LOCK) $(UV) | check-torch
 	rm -rf $(VLLM_VENV)
 	$(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/python -m pip install --quiet --require-hashes --no-deps -r $(VLLM_LOCK)
-	$(VLLM_VENV)/bin/python -m pip install --quiet --no-deps --no-build-isolation -e .
+	$(call envlock_install,$(VLLM_VENV),$(VLLM_LOCK))
+	$(UV) pip install --quiet --python $(VLLM_VENV)/bin/python --no-deps --no-build-isolation -e .
 	$(VLLM_VENV)/bin/python -m meaningless_tokens.envlock record $(VLLM_LOCK)
 	$(VLLM_VENV)/bin/python -c "import vllm, transformers; print('vllm', vllm.__version__, 'transformers', transformers.__version__)"
 	touch $@
@@ -87,12 +112,12 @@ system-packages:
 # run side by side. `make test PYTEST_WORKERS=` runs everything in one process.
 PYTEST_WORKERS ?= -n 2 --dist loadfile
 
-test: install system-packages
+test: install-test system-packages
 	$(BIN)/python -m pytest $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 # The fault-injection cases alone (docs/faults.md; `make test` runs them too); FAULT_SEED=<n> replays a kill
 # sequence, FAULT_KILLS=<n> sets how many kills.
-faults: install
+faults: install-test
 	$(BIN)/python -m pytest $(PYTEST_ARGS) tests/test_faults.py
 
 # The tests of the vLLM engine (tests/test_vllm.py) in the vLLM environment; `make test` skips them.
@@ -148,4 +173,4 @@ gpu-wheels:
 	du -sh .whl
 
 clean-venv:
-	rm -rf $(VENV) $(VLLM_VENV) $(LOCK_VENV)
+	rm -rf $(VENV) $(VLLM_VENV) $(UV_VENV)

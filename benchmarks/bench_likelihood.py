@@ -5,8 +5,7 @@ sequences, in one run.
     python benchmarks/bench_likelihood.py --tiny-vocab 262144     # a generated 2-layer Gemma 3 with that vocabulary
 
     # the lm-eval arm needs lm_eval, which the project never installs; a benchmark-only environment:
-    python3 -m venv .venv-bench && .venv-bench/bin/pip install --require-hashes --no-deps -r locks/cpu.txt
-    .venv-bench/bin/pip install lm_eval==0.4.13 && .venv-bench/bin/pip install --no-deps --no-build-isolation -e .
+    make install VENV=.venv-bench && .venv-bench/bin/pip install lm_eval==0.4.13
     .venv-bench/bin/python benchmarks/bench_likelihood.py --n 40
 
 The workload: `--n` problems (seeded, stratified, as the stage picks them) x the none and mless prompts x the two

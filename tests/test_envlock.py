@@ -17,15 +17,47 @@ def test_this_environment_is_its_lock():
     assert env["lock"] is not None, "this environment was not installed from a lock: run `make install`"
     lock = ROOT / env["lock"]
     assert env["sha256"] == hashlib.sha256(lock.read_bytes()).hexdigest(), f"{lock} changed since the install"
-    assert envlock.drift(lock) == []
+    assert envlock.drift([lock, *(ROOT / layer for layer in envlock.recorded_layers())]) == []
 
 
 def test_every_lock_answers_pyproject():
     assert [p for spec in envlock.SPECS.values() for p in envlock.pyproject_disagreements(spec)] == []
     for spec in envlock.SPECS.values():
         pins = envlock.parse(spec.path)
+        if spec.base is not None:  # a layer holds only what it adds: torch is its base's
+            assert "torch" not in pins and not set(pins) & set(envlock.parse(envlock.SPECS[spec.base].path))
+            continue
         assert pins["torch"] == ("2.13.0+cpu" if spec.torch == "cpu" else "2.13.0")
         assert not set(spec.omit) & set(pins)
+
+
+TEST_ONLY = {"pytest", "pytest-xdist", "playwright", "moto", "flask", "docker", "cfn-lint", "aws-xray-sdk"}
+
+
+def test_the_results_environment_holds_no_test_harness():
+    """`make repro` installs locks/cpu.txt alone: the test extra and what only it pulls in live in the test layer,
+    at the results lock's versions for everything both need."""
+    for base in ("cpu", "cuda"):
+        results = envlock.parse(envlock.SPECS[base].path)
+        layer = envlock.parse(envlock.SPECS[f"{base}-test"].path)
+        assert not TEST_ONLY & set(results), (base, TEST_ONLY & set(results))
+        assert TEST_ONLY <= set(layer), (base, TEST_ONLY - set(layer))
+        assert {"dvc-s3", "dvc-ssh"} <= set(results)  # sharing is a user feature, not a test's
+
+
+def test_a_layer_that_repeats_its_base_is_told(tmp_path, monkeypatch):
+    (tmp_path / "locks").mkdir()
+    for p in (ROOT / "locks").iterdir():
+        shutil.copy(p, tmp_path / "locks" / p.name)
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    base = (tmp_path / "locks" / "cpu.txt").read_text()
+    numpy = base[base.index("\nnumpy=="):].split("\n# ")[0].split("\n    # via")[0]
+    with open(tmp_path / "locks" / "cpu-test.txt", "a") as f:
+        f.write(numpy.strip() + "\n")
+    monkeypatch.setattr(envlock, "ROOT", tmp_path)
+    monkeypatch.setattr(envlock, "LOCK_DIR", tmp_path / "locks")
+    assert envlock.pyproject_disagreements(envlock.SPECS["cpu-test"]) == [
+        "locks/cpu-test.txt: pins numpy, which its base locks/cpu.txt pins too (a layer holds only what it adds)"]
 
 
 def test_drift_names_the_package_and_both_versions():
@@ -128,4 +160,102 @@ def test_vendored_metadata_on_sys_path_is_not_an_installed_package():
 
     assert any(p.endswith("_vendor") for p in sys.path)
     env = environment()
-    assert envlock.drift(ROOT / env["lock"]) == []
+    assert envlock.drift([ROOT / env["lock"], *(ROOT / layer for layer in envlock.recorded_layers())]) == []
+
+
+# ---- install: where each pin comes from --------------------------------------------------------------------------
+
+def _installable_wheel(folder, name, version):
+    """A wheel an installer accepts (METADATA, WHEEL, RECORD) standing in for a real one; its sha256."""
+    import base64
+    import zipfile
+
+    dist = f"{name}-{version}.dist-info"
+    files = {f"{name}_stub/__init__.py": "", f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+             f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    record = "".join(f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b'=').decode()},"
+                     f"{len(text.encode())}\n" for path, text in files.items()) + f"{dist}/RECORD,,\n"
+    path = folder / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as z:
+        for member, text in {**files, f"{dist}/RECORD": record}.items():
+            z.writestr(member, text)
+    return path, hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _no_pip_configuration():
+    """The environment of a machine whose pip reads no configuration (PIP_CONFIG_FILE=/dev/null, no PIP_*, no UV_*)."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "UV_"))}
+    return {**env, "PIP_CONFIG_FILE": "/dev/null"}
+
+
+def _make_install_lines(**overrides):
+    """The Makefile's install recipe up to the locked install, as `make -n` prints it with these variables."""
+    import subprocess
+
+    overrides = {k: str(v) for k, v in overrides.items()}
+    out = subprocess.run(["make", "-n", "--no-print-directory", "install", *(f"{k}={v}" for k, v in overrides.items())],
+                         cwd=ROOT, capture_output=True, text=True, check=True).stdout.splitlines()
+    start = next(i for i, line in enumerate(out) if line.startswith("rm -rf ") and overrides["VENV"] in line)
+    end = next(i for i, line in enumerate(out) if i > start and overrides["LOCK"] in line)
+    return out[start:end + 1]
+
+
+@pytest.mark.parametrize("where", ["index", "folder"])
+def test_the_cpu_torch_pin_installs_from_its_named_source_without_pip_configuration(tmp_path, where):
+    """torch's CPU build (a local version, +cpu) is on no PyPI: `make install` names PyTorch's CPU index for it
+    (TORCH_INDEX), so a machine whose pip reads no configuration installs it; a local file index stands in for
+    PyTorch's page. And where pip's configuration names a wheel folder holding the file (the reference machine),
+    the folder serves it and the index is never asked: here the index is a closed port, which would fail."""
+    import subprocess
+    import sys
+
+    if not (ROOT / ".venv-uv" / "bin" / "uv").exists():
+        pytest.fail(".venv-uv/bin/uv missing: `make install` bootstraps it")
+    simple = tmp_path / "simple" / "torch"
+    simple.mkdir(parents=True)
+    wheel, digest = _installable_wheel(simple, "torch", "2.13.0+cpu")
+    (simple / "index.html").write_text(f'<html><body><a href="{wheel.name}#sha256={digest}">{wheel.name}</a></body></html>\n')
+    lock = tmp_path / "lock.txt"
+    lock.write_text(f"torch==2.13.0+cpu \\\n    --hash=sha256:{digest}\n")
+    venv = tmp_path / "venv"
+    env = _no_pip_configuration()
+    if where == "index":
+        index = (tmp_path / "simple").as_uri()
+    else:
+        index = "http://127.0.0.1:9/simple"  # nothing listens: asking it fails the install
+        env["PIP_FIND_LINKS"] = str(simple)
+    lines = _make_install_lines(VENV=venv, LOCK=lock, TORCH_INDEX=index, PYTHON=sys.executable)
+    assert any("envlock install" in line and f"--torch-index {index}" in line for line in lines), lines
+    for line in lines:
+        subprocess.run(line, shell=True, cwd=ROOT, env=env, check=True, timeout=300)
+    got = subprocess.run([venv / "bin" / "python", "-c", "from importlib.metadata import version; print(version('torch'))"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    assert got == "2.13.0+cpu"
+
+
+def test_the_makefile_names_pytorchs_cpu_index():
+    """Without an override, the install names PyTorch's CPU wheel index (PyTorch's own instructions for CPU-only
+    machines) for the +cpu pin, and installs the results lock with uv, hashes required."""
+    lines = _make_install_lines(VENV="/nonexistent/venv", LOCK="locks/cpu.txt")
+    install = next(line for line in lines if "envlock install" in line)
+    assert "--torch-index https://download.pytorch.org/whl/cpu" in install and install.endswith(" locks/cpu.txt")
+
+
+def test_pip_sources_are_read_as_pip_reads_them(tmp_path, monkeypatch):
+    """uv reads no pip.conf and no PIP_* variable: `install` takes pip's own reading of both."""
+    import sys
+
+    conf = tmp_path / "pip.conf"
+    conf.write_text("[global]\nextra-index-url = file:///a/simple\n    file:///b/simple\nfind-links = /wheels\n")
+    for k in [k for k in __import__("os").environ if k.startswith("PIP_")]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("PIP_CONFIG_FILE", str(conf))
+    monkeypatch.setenv("PIP_INDEX_URL", "https://mirror.example/simple")
+    src = envlock.pip_sources(sys.executable)
+    assert src == envlock.Sources("https://mirror.example/simple", ("file:///a/simple", "file:///b/simple"), ("/wheels",))
+    assert src.uv_args()[-2:] == ["--index-strategy", "unsafe-best-match"]
+    monkeypatch.setenv("PIP_CONFIG_FILE", "/dev/null")
+    monkeypatch.delenv("PIP_INDEX_URL")
+    assert envlock.pip_sources(sys.executable) == envlock.Sources()

@@ -409,7 +409,7 @@ def test_push_to_an_unreachable_ssh_host_fails_with_dvcs_message(alice, sshd):
 @pytest.fixture(scope="module")
 def s3_server():
     """moto's standalone S3 server on 127.0.0.1 (what DVC's own S3 tests use) with one bucket."""
-    pytest.importorskip("moto.server", reason="moto[server] not installed (a test extra: make install)")
+    pytest.importorskip("moto.server", reason="moto[server] not installed (the test layer: make install-test)")
     import boto3
     from moto.server import ThreadedMotoServer
 
