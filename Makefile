@@ -133,7 +133,7 @@ GPU_SITE   ?= /tmp/meaningless-tokens-gpu-site
 # The image's own package names (no versions) are in locks/gpu-image.txt: `make gpu-wheels` fails naming any
 # requirement of a carried wheel that neither another carried wheel nor the image provides.
 GPU_WHEELS := transformers tokenizers huggingface-hub safetensors httpx2 httpcore2 truststore pydantic pydantic-core \
-              annotated-types typing-inspection math-verify latex2sympy2-extended antlr4-python3-runtime
+              annotated-types typing-inspection math-verify latex2sympy2-extended antlr4-python3-runtime ruamel-yaml
 GPU_IMAGE  := locks/gpu-image.txt
 # The carried wheels into $(GPU_SITE), then pip check with that folder on the path (printed, not fatal: the
 # image's own packages may conflict among themselves).

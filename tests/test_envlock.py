@@ -151,6 +151,46 @@ def test_the_gpu_wheels_of_the_makefile_form_a_closed_set():
     assert envlock.closure(dists, envlock.image_names(ROOT / image), "GPU_WHEELS") == []
 
 
+# What the GPU machine never imports: the DVC-side commands (run cache, verify), GGUF conversion (the GPU profile's
+# models come from the hub as safetensors) and the vLLM engine (its own environment).
+NOT_ON_THE_GPU = {"dvc": "runcache and verify, not run there", "gguf": "GGUF conversion; the GPU models are safetensors",
+                  "vllm": "the vLLM engine, its own environment"}
+
+
+def test_every_package_the_gpu_check_imports_travels_or_is_in_the_image():
+    """Each third-party package imported by the library, the stages, the CUDA tier or benchmarks/gpu_check.py is in
+    the GPU image (locks/gpu-image.txt) or among GPU_WHEELS: a package missing there stops `make gpu-check` at
+    import on the GPU machine, where nothing can be installed."""
+    import ast
+    import re
+    import sys
+    from importlib.metadata import packages_distributions
+
+    make = (ROOT / "Makefile").read_text()
+    carried = {envlock.canonical(n) for n in
+               re.search(r"^GPU_WHEELS := ((?:.*\\\n)*.*)$", make, re.M).group(1).replace("\\\n", " ").split()}
+    image = envlock.image_names(ROOT / "locks" / "gpu-image.txt")
+    owners = packages_distributions()
+    files = [*(ROOT / "meaningless_tokens").rglob("*.py"), *(ROOT / "stages").glob("*.py"),
+             ROOT / "benchmarks" / "gpu_check.py", ROOT / "tests" / "test_cuda.py"]
+    missing = {}
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            for top in {n.split(".")[0] for n in names}:
+                if top in sys.stdlib_module_names or top in ("meaningless_tokens", "stages", "tests", "benchmarks"):
+                    continue
+                dists = {envlock.canonical(d) for d in owners.get(top, [top])}
+                if not dists & (carried | image) and top not in NOT_ON_THE_GPU:
+                    missing.setdefault(top, []).append(path.relative_to(ROOT).as_posix())
+    assert missing == {}, missing
+
+
 def test_vendored_metadata_on_sys_path_is_not_an_installed_package():
     """Importing setuptools (torch's compiler does) puts setuptools/_vendor on sys.path, whose packages' metadata
     (autocommand, jaraco-*, an older platformdirs...) is not the environment's."""
