@@ -34,10 +34,27 @@ def servers(env: dict) -> list[Path]:
     return sorted(Path(env["MLESS_FORKSERVER_DIR"]).glob("*.sock"))
 
 
-def wait_for_server(env: dict, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
+def starting(env: dict) -> bool:
+    """Whether a server process of this test's socket folder is alive (still importing torch and transformers)."""
+    folder = env["MLESS_FORKSERVER_DIR"].encode()
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and folder in (proc / "cmdline").read_bytes():
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def wait_for_server(env: dict, timeout: float = 60, loaded: float = 600) -> None:
+    """Until a server listens: `timeout` seconds for one to start, longer (up to `loaded`) while a started one is
+    alive and still importing (minutes on two cores that other tests load); a server that died names its log."""
+    start = time.monotonic()
     while not servers(env):
-        assert time.monotonic() < deadline, "no server started"
+        waited = time.monotonic() - start
+        if waited > timeout and not (waited < loaded and starting(env)):
+            logs = "".join(p.read_text(errors="replace") for p in Path(env["MLESS_FORKSERVER_DIR"]).glob("*.log"))
+            raise AssertionError(f"no server listening after {waited:.0f} s; its log: {logs or '(empty)'}")
         time.sleep(0.2)
 
 
