@@ -37,7 +37,7 @@ LOCK_DIR = ROOT / "locks"
 HEADER = "# input-sha256: "
 # PyTorch's CPU wheel index, where PyTorch's install guide sends CPU-only machines: the only public source of
 # torch's CPU build (2.13.0+cpu; PyPI's torch 2.13.0 is the CUDA build). A lock pin with a local version (`+cpu`)
-# comes from here, unless a wheel folder of pip's configuration already holds that file (`torch_source`).
+# comes from here, unless a wheel folder of pip's configuration already holds that file (`local_wheel_folder`).
 CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
 # Where the CPU build of torch is found when locking: the reference machine's wheel folder (its pip.conf names it
 # too), else PyTorch's CPU wheel page; MLESS_TORCH_WHEELS overrides both.
@@ -108,12 +108,18 @@ def parse(path: Path) -> dict[str, str]:
         line = line.strip()
         if not line or line.startswith(("#", "--")):
             continue
-        req = line.split(";")[0].split("\\")[0].strip()
-        if "==" not in req:
+        name, version, req = _pin(line)
+        if not version:
             raise LockError(f"{path}:{number}: '{req}' is not pinned to one version")
-        name, version = req.split("==", 1)
-        pins[canonical(name.split("[")[0])] = version.strip()
+        pins[name] = version
     return pins
+
+
+def _pin(line: str) -> tuple[str, str, str]:
+    """(canonical name, exact version or "", the requirement) of a lock's requirement line."""
+    req = line.split(";")[0].split("\\")[0].strip()
+    name, _, version = req.partition("==")
+    return canonical(name.split("[")[0]), version.strip(), req
 
 
 def recorded_digest(path: Path) -> str | None:
@@ -208,6 +214,14 @@ def recorded_layers() -> list[str]:
         return []
 
 
+def recorded_locks() -> list[Path]:
+    """The lock this environment was installed from and the layers over it, as `record` noted them ([] if none)."""
+    from meaningless_tokens.store import environment
+
+    lock = environment()["lock"]
+    return [ROOT / path for path in [lock, *recorded_layers()]] if lock else []
+
+
 # ---- install ---------------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -259,8 +273,7 @@ def blocks(lock: Path) -> list[tuple[str, str, str]]:
     out: list[tuple[str, str, str]] = []
     for line in lock.read_text().splitlines(keepends=True):
         if line[:1].isalnum():
-            name, version = line.split(";")[0].split("\\")[0].strip().split("==", 1)
-            out.append((canonical(name.split("[")[0]), version.strip(), line))
+            out.append((*_pin(line)[:2], line))
         elif out and line[:1].isspace():
             out[-1] = (*out[-1][:2], out[-1][2] + line)
     return out
@@ -466,8 +479,9 @@ def main(argv: list[str] | None = None) -> int:
             if env["lock"] is None:
                 problems.append(f"{sys.prefix}: not installed from a lock (no {ENV_RECORD}): run `make install`")
             else:
-                locks = [env["lock"], *recorded_layers()]
-                problems += [f"{' + '.join(locks)}: {line}" for line in drift([ROOT / lock for lock in locks])]
+                locks = recorded_locks()
+                shown = " + ".join(str(lock.relative_to(ROOT)) for lock in locks)
+                problems += [f"{shown}: {line}" for line in drift(locks)]
             if problems:
                 print("\n".join(f"error: {p}" for p in problems), file=sys.stderr)
                 return 1
