@@ -104,6 +104,11 @@ class Largest:
             rel = f", relative {diff / abs(b):.1e}" if b else ""
             self.share, self.text = share, f"{where}: {a!r} here, {b!r} in the revision (|diff| {diff:.1e}{rel}; {kind})"
 
+    def offer_share(self, share: float, kind: str, text: str) -> None:
+        """A difference already measured as a share of what its tolerance allows (the reference's blocks)."""
+        if share > 0 and share > self.share:
+            self.share, self.text = share, text
+
 
 def _index(idx) -> str:
     return "[" + ", ".join(str(int(i)) for i in idx) + "]" if len(idx) else ""
@@ -211,9 +216,11 @@ def _float(s: str):
         return None
 
 
-def compare_h5(file: str, path_a: Path, path_b: Path, largest: Largest) -> None:
+def compare_h5(file: str, path_a: Path, path_b: Path, largest: Largest, reduced=None, skip_attrs: tuple = ()) -> None:
     """Two HDF5 files, as h5diff would: the same objects, each dataset's shape, dtype and values, and every
-    attribute except the provenance keys (PROVENANCE_KEYS inside the `provenance` attribute)."""
+    attribute except the provenance keys (PROVENANCE_KEYS inside the `provenance` attribute). `reduced(file, name,
+    dataset_a, dataset_b, largest)`, where given, compares a dataset `path_b` holds in another form (the
+    reference's blocks: verify/reference.py) and returns False for one held whole; `skip_attrs` are its own."""
     import h5py
 
     def open_(p: Path, side: str):
@@ -238,7 +245,9 @@ def compare_h5(file: str, path_a: Path, path_b: Path, largest: Largest) -> None:
                     raise Differs(f"{file}: {name}: a {names_a[name]} here, a {names_b[name]} in the revision")
                 texts = names_b[name] == "dataset" and _is_text(oa) and _is_text(ob)
                 # texts are compared decoded (store.read_texts): how an element was escaped is not its value
-                _compare_attrs(file, name, oa, ob, largest, skip=TEXT_ATTRS if texts else ())
+                _compare_attrs(file, name, oa, ob, largest, skip=(TEXT_ATTRS if texts else ()) + skip_attrs)
+                if names_b[name] == "dataset" and reduced is not None and reduced(file, name, oa, ob, largest):
+                    continue
                 if names_b[name] == "dataset":
                     try:
                         va, vb = (store.read_texts(oa), store.read_texts(ob)) if texts else (oa[()], ob[()])

@@ -9,7 +9,9 @@ data and params are unchanged and every output they read is identical or within 
 of dvc.lock).
 
 REV's outputs are read through DVC (`dvc.api.DVCFileSystem`): git-tracked metrics from git, cached outputs from
-the DVC cache or the default remote. What neither holds is "not compared", never taken as equal. The answer is
+the DVC cache or the default remote, and where neither holds them, from the revision's reference (`reference/`, in
+git: meaningless_tokens/verify/reference.py), whose rows say so. What none of them holds is "not compared", never
+taken as equal. The answer is
 one row per output and a verdict line; exit status 0 when everything was compared and reproduced, 1 when an
 output differs or is missing, 3 when nothing differs but some outputs could not be compared. The tolerances,
 and the measured differences they rest on: docs/sharing.md#reproduced-or-not-make-verify.
@@ -28,17 +30,16 @@ from pathlib import Path
 
 from meaningless_tokens import store
 from meaningless_tokens.config import yaml12
-from meaningless_tokens.errors import ConfigError, Differs, VerifyError
+from meaningless_tokens.errors import ArtifactError, ConfigError, Differs, VerifyError
 from meaningless_tokens.progress import bar
 from meaningless_tokens.verify.compare import Largest, changed_keys, compare_file
+from meaningless_tokens.verify.reference import DRAWN, RevisionReference, compare_held
 
 # Outputs that record a run (wall times, the machine), not a result: shown, never counted as differing. The
 # folders of the run sidecars (store.PATHS' "timing/<stage>" kinds), so a revision's sidecar of a stage since
 # renamed or removed is still one.
 RUN_RECORDS = tuple(sorted({f"{store.path(kind, '*').parent.as_posix()}/*" for kind in store.PATHS
                             if kind.startswith("timing/")}))
-# Outputs drawn from other outputs: reproduced when what they draw is (see the module's docstring).
-DRAWN = (".png", ".svg", ".html", ".md")
 
 IDENTICAL, WITHIN, DIFFERS, MISSING, NOT_COMPARED, RUN_RECORD = (
     "identical", "within tolerance", "differs", "missing", "not compared", "run record")
@@ -54,6 +55,7 @@ class Output:
     md5: str | None  # the revision's, from its dvc.lock
     status: str = ""
     detail: str = ""
+    via: str = ""  # "reference" where the revision's side came from its reference, not the cache or remote
     largest: Largest | None = None  # the largest within-tolerance difference, for the closing line
 
 
@@ -95,6 +97,27 @@ class Verifier:
             raise VerifyError(f"{rev}:dvc.lock: no dvc.lock at that revision ({e})") from None
         self.old = read_lock(rev_lock, f"{rev}:dvc.lock")
         self.tmp = tempfile.TemporaryDirectory(prefix="verify-")
+        self._reference: RevisionReference | None = None
+
+    @property
+    def reference(self) -> RevisionReference:
+        """The revision's reference, read the first time an output is in no cache or remote."""
+        if self._reference is None:
+            self._reference = RevisionReference(
+                self.fetch, lambda folder: self.fs.find(folder), self.old, self.rev, store.path("reference").as_posix())
+        return self._reference
+
+    def notes(self) -> list[str]:
+        """One line per problem of the revision's reference that left outputs not compared."""
+        ref = self._reference
+        if ref is None:
+            return []
+        lines = [ref.problem] if ref.problem else []
+        if ref.mismatched:
+            lines.append(f"{ref.folder}/manifest.json at {self.rev}: {len(ref.mismatched)} output(s) recorded with "
+                         f"other md5s than its dvc.lock (first: {ref.mismatched[0]}; the reference stage did not run "
+                         f"after it): not compared from the reference")
+        return lines
 
     def _resolve(self, rev: str) -> str:
         """A git revision or an experiment name -> its commit."""
@@ -164,8 +187,11 @@ class Verifier:
         try:
             theirs = self.rev_files(out)
         except Exception as e:  # noqa: BLE001 - whatever DVC raises for a listing it cannot get
-            out.status, out.detail = NOT_COMPARED, f"its listing is in no cache or remote ({type(e).__name__})"
-            return
+            theirs, why = self.reference.listing(out.path, out.md5)
+            if theirs is None:
+                out.status, out.detail = NOT_COMPARED, f"its listing is in no cache or remote ({type(e).__name__}); {why}"
+                return
+            out.via = "reference"
         mine = ({str(p.relative_to(self.root)): p for p in sorted(here.rglob("*")) if p.is_file()}
                 if here.is_dir() else {out.path: here})
         gone = sorted(set(theirs) - set(mine))
@@ -189,11 +215,21 @@ class Verifier:
                 try:
                     theirs_path = self.fetch(p)
                 except Exception as e:  # noqa: BLE001 - not in the cache, not on the remote, remote unreachable
-                    out.status, out.detail = NOT_COMPARED, f"{p}: in no cache or remote ({type(e).__name__})"
-                    return
+                    listed, why = self.reference.listing(out.path, out.md5)
+                    held, why = (self.reference.held(p, self.fetch) if listed and listed.get(p) == theirs[p]
+                                 else (None, why or f"{self.rev}'s reference records another md5 for it"))
+                    if held is None:
+                        out.status, out.detail = NOT_COMPARED, f"{p}: in no cache or remote ({type(e).__name__}); {why}"
+                        return
+                    out.via = "reference"
+                    compare_held(p, mine[p], held, largest)
+                    continue
                 compare_file(p, mine[p], theirs_path, largest)
         except Differs as e:
             out.status, out.detail = DIFFERS, str(e)
+            return
+        except ArtifactError as e:  # a reduction the reference holds that this code cannot read
+            out.status, out.detail = NOT_COMPARED, str(e)
             return
         if drawn:
             status, why = self.drawn_from(out, results)
@@ -266,11 +302,16 @@ class Verifier:
 # ---- the answer -----------------------------------------------------------------------------------------
 
 
+def shown(r: Output) -> str:
+    """The status as the table prints it: compared from the reference says so."""
+    return f"{r.status} ({r.via})" if r.via and r.status in (IDENTICAL, WITHIN, DIFFERS) else r.status
+
+
 def table(rows: list[Output]) -> str:
     width = max(len("Path"), *(len(r.path) for r in rows))
-    swidth = max(len(s) for s in (IDENTICAL, WITHIN, DIFFERS, MISSING, NOT_COMPARED, RUN_RECORD))
+    swidth = max(len(shown(r)) for r in rows)
     lines = [f"{'Path':<{width}}  {'Status':<{swidth}}  Detail"]
-    lines += [f"{r.path:<{width}}  {r.status:<{swidth}}  {r.detail}".rstrip() for r in rows]
+    lines += [f"{r.path:<{width}}  {shown(r):<{swidth}}  {r.detail}".rstrip() for r in rows]
     return "\n".join(lines)
 
 
@@ -317,12 +358,15 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     line, code = verdict(rows)
+    notes = v.notes()
     if args.json:
-        print(json.dumps({"rev": args.rev, "commit": v.sha, "verdict": line,
-                          "outputs": [{"path": r.path, "status": r.status, "detail": r.detail,
+        print(json.dumps({"rev": args.rev, "commit": v.sha, "verdict": line, "notes": notes,
+                          "outputs": [{"path": r.path, "status": r.status, "via": r.via or None, "detail": r.detail,
                                        "largest_share_of_tolerance": r.largest.share if r.largest else None}
                                       for r in rows]}, indent=2))
         return code
+    for note in notes:
+        print(f"note: {note}")
     print(table(rows))
     facts = []
     for r in rows:
