@@ -63,7 +63,7 @@ def run(params: Params, root: Path | None = None) -> Path:
         raise StageError(f"{DVC_YAML}: stages.{STAGE}.deps: {uncovered[0]} (and {len(uncovered) - 1} more) is a "
                          f"cached output none of its deps covers: list its folder there, so that this stage reruns "
                          f"when it changes")
-    out = root / store.path(STAGE)
+    out = root / reference.FOLDER
     manifest = reference.write(root, files_of(root, outputs), out)
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     print(f"reference: {len(manifest['files'])} files of {len(outputs)} outputs in "

@@ -21,7 +21,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 # outputs and files the pipeline does not need; the copy starts with no outputs at all
-SKIP = ("artifacts/", "metrics/", "reports/", "tests/", "benchmarks/", ".ci/", "dvc.lock")
+SKIP = ("artifacts/", "metrics/", "reports/", "reference/", "tests/", "benchmarks/", ".ci/", "dvc.lock")
 
 
 def project_files() -> list[str]:

@@ -83,6 +83,7 @@ def repo(tiny_dirs, tmp_path_factory) -> Repo:
     r.all = set(r.stages())
     r.report = {"report"} if "report" in r.all else set()  # the report stage, once dvc.yaml has it
     r.explorer = {"explorer"} & r.all  # reports/explorer.html: reads figures params, attention, activations, stats
+    r.reference = {"reference"} & r.all  # reference/: reruns whenever a cached output changes
     r.other = Repo(base / "second", {**r.env, "MLESS_FORKSERVER": "0"})  # every stage cold there: the same hashes
     r.git("clone", "-q", str(r.path), str(r.other.path))
     r.background = Background(lambda: second_checkout(r.other))
@@ -139,7 +140,7 @@ def test_figure_param_reruns_only_figures_and_report(clean):
     repo = clean
     repo.set_params(figures__dpi=41)
     assert params_diff(repo) == {"figures.dpi": {"old": 40, "new": 41}}
-    assert repo.repro() == {"figures"} | repo.report | repo.explorer
+    assert repo.repro() == {"figures"} | repo.report | repo.explorer | repo.reference
     assert repo.status() == {}
     assert repo.repro() == set()
 
@@ -147,17 +148,17 @@ def test_figure_param_reruns_only_figures_and_report(clean):
 def test_activation_params_rerun_the_activation_stages_figures_and_report_only(clean):
     repo = clean
     repo.set_params(activations__bins=60)
-    assert repo.repro() == {f"activations@{A}", f"activations@{B}", "figures"} | repo.report | repo.explorer
+    assert repo.repro() == {f"activations@{A}", f"activations@{B}", "figures"} | repo.report | repo.explorer | repo.reference
     assert repo.status() == {}
     # a figure-only param of the activation charts reruns no model stage either
     repo.set_params(figures__activation_set="after_span")
-    assert repo.repro() == {"figures"} | repo.report | repo.explorer
+    assert repo.repro() == {"figures"} | repo.report | repo.explorer | repo.reference
 
 
 def test_sweep_params_rerun_the_sweep_stages_figures_and_report_only(clean):
     repo = clean
     repo.set_params(sweep__counts=[0, 5, 55])
-    assert repo.repro() == {f"sweep@{A}", f"sweep@{B}", "figures"} | repo.report
+    assert repo.repro() == {f"sweep@{A}", f"sweep@{B}", "figures"} | repo.report | repo.reference
     assert repo.status() == {}
     for m in (A, B):
         got = json.loads((repo.path / f"metrics/sweep/{m}.json").read_text())
@@ -168,7 +169,7 @@ def test_likelihood_params_rerun_the_likelihood_stages_figures_and_report_only(c
     repo = clean
     repo.set_params(likelihood__n_samples=4)
     assert params_diff(repo) == {"likelihood.n_samples": {"old": 3, "new": 4}}
-    assert repo.repro() == {f"likelihood@{A}", f"likelihood@{B}", "figures"} | repo.report
+    assert repo.repro() == {f"likelihood@{A}", f"likelihood@{B}", "figures"} | repo.report | repo.reference
     assert repo.status() == {}
     for m in (A, B):
         got = json.loads((repo.path / f"metrics/likelihood/{m}.json").read_text())
@@ -184,7 +185,7 @@ def test_display_name_reruns_only_figures_and_report(clean):
     repo.set_params(**{f"models__{A}__display_name": "Renamed model A"})
     assert params_diff(repo) == {f"models.{A}.display_name": {"old": "Tiny llama", "new": "Renamed model A"}}
     manifest = (repo.path / f"artifacts/models/{A}.json").read_bytes()
-    assert repo.repro() == {f"prepare@{A}", "figures"} | repo.report | repo.explorer
+    assert repo.repro() == {f"prepare@{A}", "figures"} | repo.report | repo.explorer | repo.reference
     assert (repo.path / f"artifacts/models/{A}.json").read_bytes() == manifest
     assert repo.status() == {}
     for artifact in (f"artifacts/attention/{A}.h5", f"artifacts/eval/{A}.h5", f"artifacts/stats/{A}.h5",
@@ -199,7 +200,7 @@ def test_one_models_extraction_param_reruns_its_branch_only_in_an_experiment(cle
     proc = repo.dvc("exp", "run", "-n", "layers-a", "-S", f"models.{A}.layers=[0,1]")
     # prepare@tiny-a checks the entry (seconds; its manifest does not hold layers, so is the same), not
     # evaluate@tiny-a, nothing of tiny-b
-    assert ran(proc) == {f"prepare@{A}", f"extract@{A}", f"stats@{A}", "figures"} | repo.report | repo.explorer
+    assert ran(proc) == {f"prepare@{A}", f"extract@{A}", f"stats@{A}", "figures"} | repo.report | repo.explorer | repo.reference
     assert repo.status() == {}
     assert params_diff(repo) == {f"models.{A}.layers": {"old": "[0, 1, 2]", "new": "[0, 1]"}}
 
@@ -212,7 +213,7 @@ def test_evaluation_param_reruns_evaluations_and_their_readers_only(clean):
     # accuracy sweep) but, that sweep being off here, writes the same bytes; figures reruns (it reads the per-problem
     # grades for the likelihood's comparison with accuracy)
     accuracy_changed = repo.git("diff", "--quiet", "--", "metrics/accuracy", check=False).returncode != 0
-    assert got == {f"evaluate@{A}", f"evaluate@{B}", f"sweep@{A}", f"sweep@{B}", "figures"} | repo.report
+    assert got == {f"evaluate@{A}", f"evaluate@{B}", f"sweep@{A}", f"sweep@{B}", "figures"} | repo.report | repo.reference
     assert repo.status() == {}
     diff = json.loads(repo.dvc("metrics", "diff", "--json").stdout)
     if accuracy_changed:  # with at most 4 new tokens instead of 8, fewer tokens are generated

@@ -171,18 +171,110 @@ def test_wall_times_inside_the_verdict_are_not_compared(clean):
     assert code == 1 and f"power.likelihood.{A}.mde_nats_per_token" in got["metrics/verdict.json"]["detail"]
 
 
-def test_a_revision_whose_artifacts_are_in_no_cache_is_not_compared(clean, tmp_path):
+def test_a_revision_made_before_the_reference_is_compared_from_the_cache_alone(clean, tmp_path):
+    """A revision whose pipeline had no reference stage: what no cache or remote holds is not compared, as it was."""
     repo = clean
+    branch = repo.git("rev-parse", "--abbrev-ref", "HEAD").stdout.strip()
+    repo.git("checkout", "-q", "-b", "before-reference")
+    try:
+        for name in ("dvc.yaml", "dvc.lock"):
+            data = yaml.safe_load((repo.path / name).read_text())
+            del data["stages"]["reference"]
+            (repo.path / name).write_text(yaml.safe_dump(data, sort_keys=False))
+        repo.git("rm", "-r", "-q", "reference")
+        repo.git("commit", "-q", "-am", "a pipeline without the reference")
+        edit_h5(repo.path / f"artifacts/likelihood/{A}.h5", "none/solution/sum", lambda v: v * (1 + 1e-6))
+        metrics = repo.path / f"metrics/likelihood/{A}.json"
+        metrics.write_text(metrics.read_text())  # unchanged: git holds the revision's copy
+        repo.dvc("cache", "dir", "--local", str(tmp_path / "empty-cache"))  # no cache, and nothing was pushed
+        code, got, line = verify(repo)
+        row = got[f"artifacts/likelihood/{A}.h5"]
+        assert row["status"] == "not compared" and "no cache or remote" in row["detail"]
+        assert "has no reference" in row["detail"] and row["via"] is None
+        assert code == 3 and line.startswith("not verified:") and "1 not compared" in line
+        assert got[f"metrics/likelihood/{A}.json"]["status"] == "identical"  # in git: always comparable
+        assert got[f"artifacts/attention/{A}.h5"]["status"] == "identical"  # dvc.lock's hash suffices
+    finally:
+        repo.git("checkout", "-q", "-f", branch)
+        repo.git("branch", "-q", "-D", "before-reference")
+
+
+def fresh_clone(repo: Repo, tmp_path: Path, rev: str = "HEAD") -> Repo:
+    """A clone of `rev` on a machine that never saw the results: no cache, no DVC index, a default remote that
+    holds nothing, and the workspace's outputs copied in (a rerun on the same kind of machine: the same bytes)."""
+    import shutil
+
+    clone = Repo(tmp_path / "clone", repo.env)
+    repo.git("clone", "-q", str(repo.path), str(clone.path))
+    clone.git("checkout", "-q", rev)
+    for out in lock_outputs(repo):
+        src, dest = repo.path / out, clone.path / out
+        if src.is_dir():
+            shutil.copytree(src, dest, dirs_exist_ok=True)
+        elif not dest.exists():
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest)
+    clone.dvc("cache", "dir", "--local", str(tmp_path / "empty-cache"))
+    remote = clone.dvc("remote", "default").stdout.strip()
+    clone.dvc("remote", "modify", "--local", remote, "url", str(tmp_path / "empty-remote"))
+    return clone
+
+
+def test_with_no_cache_or_remote_every_output_is_compared_from_the_reference(clean, tmp_path):
+    """A fresh clone elsewhere: the revision's cached outputs are nowhere, its reference (in git) stands for them."""
+    repo = fresh_clone(clean, tmp_path)
+    code, got, line = verify(repo)  # the same bytes: dvc.lock's md5s, the figures' listing from the reference
+    assert code == 0 and line.startswith("reproduced:") and "not compared" not in line, line
+    att = f"artifacts/attention/{A}.h5"
+
+    def shifted(factor):
+        def fn(v):  # one prompt's positions of layer 0, head 1, each moved by `factor` times its tolerance
+            v = v.copy()
+            with h5py.File(repo.path / att) as f:
+                start, end = f["mless/offsets"][1:3]
+            v[0, 1, start:end] += factor * TOLERANCES["attention"].atol
+            return v
+        return fn
+
     edit_h5(repo.path / f"artifacts/likelihood/{A}.h5", "none/solution/sum", lambda v: v * (1 + 1e-6))
-    metrics = repo.path / f"metrics/likelihood/{A}.json"
-    metrics.write_text(metrics.read_text())  # unchanged: git holds the revision's copy
-    repo.dvc("cache", "dir", "--local", str(tmp_path / "empty-cache"))  # no cache, and nothing was pushed
+    edit_h5(repo.path / att, "mless/recv_all", shifted(0.3))
+    figure = next((repo.path / "reports/figures").glob("*.png"))
+    figure.write_bytes(figure.read_bytes() + b"\0")  # a figure's bytes, drawn from the same values
     code, got, line = verify(repo)
+    assert code == 0 and line.startswith("reproduced:") and "not compared" not in line, (line, got)
+    for path in (f"artifacts/likelihood/{A}.h5", att):
+        assert got[path]["status"] == "within tolerance" and got[path]["via"] == "reference", got[path]
+    assert got["reports/figures"]["status"] == "within tolerance" and got["reports/figures"]["via"] == "reference"
+    proc = repo.run("python", "-m", "meaningless_tokens.verify", check=False)
+    assert f"{att}" in proc.stdout and "within tolerance (reference)" in proc.stdout
+    edit_h5(repo.path / att, "mless/recv_all", shifted(3 / 0.3))  # now 3x in all
+    code, got, line = verify(repo)
+    assert code == 1 and got[att]["status"] == "differs" and got[att]["via"] == "reference"
+    assert got[att]["detail"].startswith("mless/recv_all[0, 1]: positions ") and "prompt 1's 0.." in got[att]["detail"]
+
+
+def test_a_hand_edited_reference_is_one_line_and_its_rows_are_not_compared(clean, tmp_path):
+    repo = clean
+    branch = repo.git("rev-parse", "--abbrev-ref", "HEAD").stdout.strip()
+    held = repo.path / "reference" / f"artifacts/likelihood/{A}.h5"
+    repo.git("checkout", "-q", "-b", "edited-reference")
+    try:
+        held.write_bytes(held.read_bytes()[:-100])  # truncated, and committed so
+        repo.git("commit", "-q", "-am", "a damaged reference")
+        clone = fresh_clone(repo, tmp_path, "edited-reference")
+    finally:
+        repo.git("checkout", "-q", "-f", branch)
+        repo.git("branch", "-q", "-D", "edited-reference")
+    edit_h5(clone.path / f"artifacts/likelihood/{A}.h5", "none/solution/sum", lambda v: v * (1 + 1e-6))
+    code, got, line = verify(clone)
+    # the likelihood's file, and the figures' listing (a folder: its files' md5s are in the reference alone)
+    assert code == 3 and {p for p, r in got.items() if r["status"] == "not compared"} == {
+        f"artifacts/likelihood/{A}.h5", "reports/figures"}, line
     row = got[f"artifacts/likelihood/{A}.h5"]
-    assert row["status"] == "not compared" and "no cache or remote" in row["detail"]
-    assert code == 3 and line.startswith("not verified:") and "1 not compared" in line
-    assert got[f"metrics/likelihood/{A}.json"]["status"] == "identical"  # in git: always comparable
-    assert got[f"artifacts/attention/{A}.h5"]["status"] == "identical"  # dvc.lock's hash suffices
+    assert "edited, truncated or from another run" in row["detail"]
+    proc = clone.run("python", "-m", "meaningless_tokens.verify", check=False)
+    notes = [x for x in proc.stdout.splitlines() if x.startswith("note: ")]
+    assert len(notes) == 1 and notes[0].startswith("note: reference/ at HEAD: md5 "), proc.stdout
 
 
 def test_an_experiment_reports_exactly_what_its_parameter_changed(clean):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 
 STAGES = ("prepare", "extract", "evaluate", "stats", "activations", "sweep", "likelihood", "arm_tuning", "figures",
-          "report", "explorer", "reference")
+          "report", "explorer")
 
 # kind -> path template: every file a stage writes or reads, named once (`{name}`: the model). dvc.yaml spells
 # the same paths with ${key}/${item} (tests/test_store.py checks that each of its outs and metrics is here).
@@ -40,8 +40,6 @@ PATHS = {
     "verdict": "metrics/verdict.json",
     "results.md": "docs/results.md",
     "results": "docs/results",
-    # what `make verify` compares a rerun with where the cached outputs are out of reach (git-tracked)
-    "reference": "reference",
 }
 
 

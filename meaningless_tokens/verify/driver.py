@@ -4,9 +4,9 @@ DVC compares hashes, and across CPUs of different instruction sets float kernels
 rerun elsewhere shows every float output as modified. This compares every output in dvc.lock with the same
 output at REV (default HEAD; any git revision or `dvc exp` name) by value, file by file
 (meaningless_tokens/verify/compare.py: each float within the tolerance of its kind of quantity). Figures and
-pages (PNG, SVG, HTML, Markdown) are drawn from other outputs: they count as reproduced when their stage's code,
-data and params are unchanged and every output they read is identical or within tolerance (the dependency graph
-of dvc.lock).
+pages (PNG, SVG, HTML, Markdown) are drawn from other outputs, and the reference describes them: they count as
+reproduced when their stage's code, data and params are unchanged and every output they read is identical or within
+tolerance (the dependency graph of dvc.lock).
 
 REV's outputs are read through DVC (`dvc.api.DVCFileSystem`): git-tracked metrics from git, cached outputs from
 the DVC cache or the default remote, and where neither holds them, from the revision's reference (`reference/`, in
@@ -33,7 +33,7 @@ from meaningless_tokens.config import yaml12
 from meaningless_tokens.errors import ArtifactError, ConfigError, Differs, VerifyError
 from meaningless_tokens.progress import bar
 from meaningless_tokens.verify.compare import Largest, changed_keys, compare_file
-from meaningless_tokens.verify.reference import DRAWN, RevisionReference, compare_held
+from meaningless_tokens.verify.reference import DRAWN, FOLDER, RevisionReference, compare_held
 
 # Outputs that record a run (wall times, the machine), not a result: shown, never counted as differing. The
 # folders of the run sidecars (store.PATHS' "timing/<stage>" kinds), so a revision's sidecar of a stage since
@@ -104,7 +104,7 @@ class Verifier:
         """The revision's reference, read the first time an output is in no cache or remote."""
         if self._reference is None:
             self._reference = RevisionReference(
-                self.fetch, lambda folder: self.fs.find(folder), self.old, self.rev, store.path("reference").as_posix())
+                self.fetch, lambda folder: self.fs.find(folder), self.old, self.rev)
         return self._reference
 
     def notes(self) -> list[str]:
@@ -207,7 +207,9 @@ class Verifier:
             out.status = IDENTICAL
             return
         largest = Largest()
-        drawn = [p for p in changed if Path(p).suffix in DRAWN]
+        # the reference describes the other outputs (their md5s, their blocks): reproduced when they are
+        describes = out.path == FOLDER
+        drawn = [p for p in changed if Path(p).suffix in DRAWN or describes]
         try:
             for p in changed:
                 if p in drawn:

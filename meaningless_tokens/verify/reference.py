@@ -31,6 +31,8 @@ from meaningless_tokens import store
 from meaningless_tokens.errors import ArtifactError, Differs
 from meaningless_tokens.verify.compare import TOLERANCES, Largest, compare_file, compare_h5, kind_of
 
+# The folder, relative to the project root. Named here, not in store.PATHS: store is a dependency of every stage.
+FOLDER = "reference"
 FORMAT = 1
 MANIFEST = "manifest.json"
 SMALL = 4096  # a float dataset of at most this many elements is held whole
@@ -313,7 +315,7 @@ class RevisionReference:
     records for that output. `problem` is the one line that says why it is not used (None where it is, or where
     the revision has none: a revision made before it is compared from the cache or remote alone)."""
 
-    def __init__(self, fetch, listing, lock: dict, rev: str, folder: str = "reference"):
+    def __init__(self, fetch, listing, lock: dict, rev: str, folder: str = FOLDER):
         self.folder, self.rev = folder, rev
         self.files: dict[str, dict] = {}
         self.problem: str | None = None
