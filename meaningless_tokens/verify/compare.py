@@ -15,7 +15,8 @@ import csv
 import fnmatch
 import io
 import json
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +33,8 @@ class Tolerance:
 
 
 # One place for every tolerance: the kind of quantity -> numpy.isclose's atol and rtol. Chosen from measured
-# cross-CPU and cross-instruction-set differences with a margin (docs/sharing.md#tolerances-and-their-basis).
+# cross-CPU and cross-instruction-set differences with a margin; a derived statistic's follows from its inputs'
+# (docs/sharing.md#tolerances-and-their-basis).
 TOLERANCES = {
     "exact": Tolerance(0.0, 0.0, "counts, token ids, indices, grades and accuracies, generated text, any non-float"),
     "attention": Tolerance(1e-5, 0.0, "attention weights and what is averaged from them: means, drops, span mass, "
@@ -46,28 +48,89 @@ TOLERANCES = {
                                     "p-values and shares"),
     "residual": Tolerance(1e-3, 0.0, "a numerical check's residual recorded in provenance (the likelihood's "
                                      "`head_check_max_abs_diff`, which the stage requires below 1e-3)"),
+    # the verdict's derived statistics (metrics/verdict.json): each from the tolerance t of the cells it reads
+    "points": Tolerance(2e-3, 0.0, "the difference of two `percent` values in percentage points: the verdict's span "
+                                   "growth (d)"),
+    "pooled-points": Tolerance(5e-3, 0.0, "pooled estimates and intervals of the claims in percent or points (a)-(d)"),
+    "tau2": Tolerance(0.01, 1e-3, "the between-model variance tau^2 of the claims in percent or points (a)-(d), "
+                                  "points^2"),
+    "i2": Tolerance(0.02, 0.0, "I^2, the share of the spread between models that is not sampling error (0..1)"),
+    "p": Tolerance(1e-3, 0.05, "the verdict's p-values, each from its cell's estimate and interval"),
+    "activation-points": Tolerance(0.1, 5e-3, "`activation` shares in percentage points (x 100): the verdict's "
+                                              "near-zero shares (e1), (e2)"),
+    "pooled-activation-points": Tolerance(0.25, 0.0125, "pooled estimates and intervals of (e1), (e2)"),
+    "pooled-activation": Tolerance(2.5e-3, 0.0125, "pooled estimates and intervals of (e3), (e4)"),
+    "pooled-loglik": Tolerance(2e-3, 4e-4, "pooled estimates and intervals of the likelihood claims (f2), "
+                                                "(h1), (h2), nats"),
+    "tau2-activation-points": Tolerance(0.15, 0.0, "tau^2 of (e1), (e2), points^2"),
+    "tau2-activation": Tolerance(5e-5, 0.0, "tau^2 of (e3), (e4)"),
+    "tau2-loglik": Tolerance(5e-5, 0.01, "tau^2 of (f2), (h1), (h2), nats^2"),
+    "mde-loglik": Tolerance(3e-4, 0.0, "the power section's minimum detectable effects in nats per token (3 "
+                                       "significant digits)"),
+    # a string that prints numbers of a result: its text equal, each number within one unit of its last printed digit
+    "printed": Tolerance(0.0, 0.0, "sentences and cells that print a result's numbers (the verdict's `md`, "
+                                   "`detail`): the text equal, each number within one unit of its last digit"),
 }
+PRINTED = "printed"
 
 
-def _glob(kind: str, key: str = "*") -> str:
-    """The pattern of "<file>:<key>" in the files of artifact `kind` (store.PATHS), every model's."""
+def _glob(kind: str) -> str:
+    """The file glob of artifact `kind` (store.PATHS), every model's."""
     named = "{name}" in store.PATHS[kind]
-    return f"{store.path(kind, '*' if named else None).as_posix()}:{key}"
+    return store.path(kind, "*" if named else None).as_posix()
 
 
-# Which kind a float belongs to: the first pattern matching "<output file>:<dataset, key or column>" wins.
-# Non-float values (integers, booleans, strings) are compared exactly, histogram counts excepted.
+VERDICT = _glob("verdict")
+
+
+def _claims(keys: str, cells: str, pooled: str, tau2: str) -> tuple[tuple[str, str, str], ...]:
+    """The verdict's values of the claims `keys` (claims are named by their key: `claims[b]`): the cells' kind (that
+    of the output they are read from), the pooled estimate's and interval's, tau^2's."""
+    return tuple((VERDICT, f"claims[{k}].{part}.{value}", kind) for k in keys.split()
+                 for part, kind in (("cells.*", cells), ("pooled", pooled)) for value in ("estimate", "low", "high")
+                 ) + tuple((VERDICT, f"claims[{k}].pooled.tau2", tau2) for k in keys.split())
+
+
+# Which kind a value belongs to: (file glob, key glob, kind), the first entry whose file glob matches the output
+# file and whose key glob matches the dataset, key or column wins. In a key glob `*` and `?` are wildcards and
+# brackets are literal (list items: `ci95[0]`, `claims[b]`). Floats take their kind's tolerance; strings are exact
+# unless their kind is `printed`; integers and booleans are exact, histogram counts excepted. CATCH_ALL comes last:
+# tests/test_verify_kinds.py fails on a committed metrics key that only it, or another file's entry, matches.
+CATCH_ALL = ("*", "*", "attention")
 KINDS = (
-    ("*head_check_max_abs_diff*", "residual"),
-    (_glob("metrics/accuracy"), "exact"),
-    (_glob("eval"), "exact"),
-    (_glob("accuracy_table"), "exact"),
-    ("*likelihood*", "loglik"),  # artifacts/likelihood, its plot table and metrics, reports/likelihood.json,
-    (_glob("sweep", "*likelihood*"), "loglik"),  # and the sweep's likelihood datasets
-    (_glob("activations", "*/hist_*"), "histogram"),
-    (_glob("activations"), "activation"),
-    ("*_pct*", "percent"),
-    ("*", "attention"),
+    ("*", "*head_check_max_abs_diff*", "residual"),
+    (_glob("metrics/accuracy"), "*", "exact"),
+    (_glob("eval"), "*", "exact"),
+    (_glob("accuracy_table"), "*", "exact"),
+    (_glob("likelihood"), "*", "loglik"),
+    (_glob("plots/likelihood"), "*", "loglik"),
+    (_glob("metrics/likelihood"), "*", "loglik"),
+    (_glob("likelihood_links"), "*", "loglik"),  # correlations and intervals of likelihood gains
+    (_glob("sweep"), "*likelihood*", "loglik"),
+    (_glob("activations"), "*/hist_*", "histogram"),
+    (_glob("activations"), "*", "activation"),
+    # metrics/verdict.json: each key by the quantity it holds
+    (VERDICT, "claims[*].cells.*.p", "p"),
+    (VERDICT, "claims[*].*sesoi", "exact"),  # params.yaml's verdict.sesoi, or the paper's
+    (VERDICT, "claims[*].cells.*.paper", "exact"),  # report/paper.yaml's
+    (VERDICT, "claims[*].pooled.i2", "i2"),
+    (VERDICT, "claims[*].*md", PRINTED),
+    (VERDICT, "claims[*].*detail", PRINTED),
+    *_claims("a b c", "percent", "pooled-points", "tau2"),  # stats' `*_pct` values as they are
+    *_claims("d", "points", "pooled-points", "tau2"),
+    *_claims("e1 e2", "activation-points", "pooled-activation-points", "tau2-activation-points"),
+    *_claims("e3 e4", "activation", "pooled-activation", "tau2-activation"),
+    *_claims("f1 g1 g2", "exact", "exact", "exact"),  # accuracy: from grades
+    *_claims("f2 h1 h2", "loglik", "pooled-loglik", "tau2-loglik"),
+    (VERDICT, "claims[*]*", "exact"),  # the claim, its measure, the paper's words, reasons, commands, settings
+    (VERDICT, "power.likelihood.*.mde*", "mde-loglik"),
+    (VERDICT, "power.accuracy.*", "exact"),  # from grades, 3 significant digits
+    (VERDICT, "power.paper_gain*", "exact"),  # report/paper.yaml's
+    (VERDICT, "*", "exact"),  # the rules, model names, counts, the Holm sentence (counts)
+    (_glob("metrics/sweep"), "*_pct*", "percent"),
+    (_glob("metrics/sweep"), "*", "attention"),  # span mass and lambda (fractions)
+    ("*", "*_pct*", "percent"),
+    CATCH_ALL,
 )
 
 # A text dataset's attributes that say how its elements are escaped (store.put_texts): left out, as the texts are
@@ -76,14 +139,52 @@ TEXT_ATTRS = ("escape", "escaped")
 # Keys of the provenance attribute (and model manifests) that name the code and environment, not the result:
 # left out of the comparison, as h5diff's --exclude-attribute would.
 PROVENANCE_KEYS = frozenset({"code_sha256", "libraries", "environment", "package_version"})
-# Wall times inside a result file ("<file>:<key>"): the verdict's power section says how long the run took and
-# what more problems would cost; left out of the comparison, as the run records (driver.RUN_RECORDS) are.
-RUN_KEYS = (_glob("verdict", "*seconds*"), _glob("verdict", "*hours*"))
+# Wall times inside a result file (file glob, key glob): the verdict's power section says how long the run took
+# and what more problems would cost; left out of the comparison, as the run records (driver.RUN_RECORDS) are.
+RUN_KEYS = ((VERDICT, "*seconds*"), (VERDICT, "*hours*"))
+
+
+def _match(file: str, key: str, file_glob: str, key_glob: str) -> bool:
+    return fnmatch.fnmatchcase(file, file_glob) and fnmatch.fnmatchcase(key, key_glob.replace("[", "[[]"))
+
+
+def kind_entry(file: str, key: str) -> tuple[str, str, str]:
+    """The KINDS entry that gives the value at `key` of output `file` its kind."""
+    return next(e for e in KINDS if _match(file, key, e[0], e[1]))
 
 
 def kind_of(file: str, key: str) -> str:
-    where = f"{file}:{key}"
-    return next(kind for pattern, kind in KINDS if fnmatch.fnmatchcase(where, pattern))
+    return kind_entry(file, key)[2]
+
+
+# ---- strings that print numbers -------------------------------------------------------------------------
+
+# A printed number: a sign (ASCII or U+2212) only where it starts the number, digits, a fraction, an exponent; not
+# part of a word or a name ("gemma3-270m", "Qwen2.5", "verdict.sesoi.g1")
+NUMBER = re.compile(r"(?<![\w.])[+\-\u2212]?\d+(?:\.\d+)?(?:[eE][+\-]?\d+)?(?![\w.])")
+
+
+def _unit(printed: str) -> float:
+    """One unit of the last printed digit: 0.1 for "+4.0", 1 for "100", 1e-06 for "1.2e-05"."""
+    mantissa, _, exponent = printed.lower().partition("e")
+    decimals = len(mantissa.partition(".")[2])
+    return 10.0 ** (int(exponent or 0) - decimals)
+
+
+def _number(printed: str) -> float:
+    return float(printed.replace("\u2212", "-"))
+
+
+def compare_printed(where: str, a: str, b: str) -> None:
+    """Two strings that print numbers: equal once each number is a placeholder, and each pair of numbers within one
+    unit of the coarser last printed digit (a value on a rounding boundary prints either way); raises Differs."""
+    na, nb = NUMBER.findall(a), NUMBER.findall(b)
+    if NUMBER.sub("#", a) != NUMBER.sub("#", b) or len(na) != len(nb):
+        raise Differs(f"{where}: {a!r} here, {b!r} in the revision (text)")
+    for x, y in zip(na, nb):
+        if abs(_number(x) - _number(y)) > max(_unit(x), _unit(y)) * (1 + 1e-9):
+            raise Differs(f"{where}: {a!r} here, {b!r} in the revision ({x} vs {y}: more than one unit of the "
+                          "last printed digit)")
 
 
 # ---- comparing values ---------------------------------------------------------------------------------
@@ -91,23 +192,31 @@ def kind_of(file: str, key: str) -> str:
 
 @dataclass
 class Largest:
-    """The largest within-tolerance difference seen so far, measured as a share of its tolerance."""
+    """The largest within-tolerance difference seen so far, measured as a share of its tolerance: of all, and per
+    kind (`by_kind`: kind -> (share, text); for comparing machines kind by kind)."""
     share: float = -1.0
     text: str = ""
+    by_kind: dict[str, tuple[float, str]] = field(default_factory=dict)
 
     def offer(self, where: str, a: float, b: float, kind: str) -> None:
         tol = TOLERANCES[kind]
         diff = abs(a - b)
         allowed = tol.atol + tol.rtol * abs(b)
         share = diff / allowed if allowed else 0.0
-        if diff > 0 and share > self.share:
+        if diff > 0 and (share > self.share or share > self.by_kind.get(kind, (-1.0, ""))[0]):
             rel = f", relative {diff / abs(b):.1e}" if b else ""
-            self.share, self.text = share, f"{where}: {a!r} here, {b!r} in the revision (|diff| {diff:.1e}{rel}; {kind})"
+            text = f"{where}: {a!r} here, {b!r} in the revision (|diff| {diff:.1e}{rel}; {kind})"
+            if share > self.share:
+                self.share, self.text = share, text
+            if share > self.by_kind.get(kind, (-1.0, ""))[0]:
+                self.by_kind[kind] = (share, text)
 
     def offer_share(self, share: float, kind: str, text: str) -> None:
         """A difference already measured as a share of what its tolerance allows (the reference's blocks)."""
         if share > 0 and share > self.share:
             self.share, self.text = share, text
+        if share > 0 and share > self.by_kind.get(kind, (-1.0, ""))[0]:
+            self.by_kind[kind] = (share, text)
 
 
 def _index(idx) -> str:
@@ -157,9 +266,10 @@ def _item(x: np.ndarray, i: tuple):
 
 
 def compare_json(file: str, a, b, largest: Largest, path: str = "") -> None:
-    """Two parsed JSON values, key by key; numbers within their kind's tolerance; raises Differs."""
+    """Two parsed JSON values, key by key; numbers within their kind's tolerance, strings of kind `printed` by
+    compare_printed; raises Differs."""
     where = path or "(top level)"
-    if path and any(fnmatch.fnmatchcase(f"{file}:{path}", p) for p in RUN_KEYS):
+    if path and any(_match(file, path, f, k) for f, k in RUN_KEYS):
         return
     if isinstance(a, dict) and isinstance(b, dict):
         keys_a, keys_b = set(a) - PROVENANCE_KEYS, set(b) - PROVENANCE_KEYS
@@ -173,12 +283,22 @@ def compare_json(file: str, a, b, largest: Largest, path: str = "") -> None:
         if len(a) != len(b):
             raise Differs(f"{file}: {where}: {len(a)} items here, {len(b)} in the revision")
         for i, (x, y) in enumerate(zip(a, b)):
-            compare_json(file, x, y, largest, f"{path}[{i}]")
+            compare_json(file, x, y, largest, f"{path}[{_item_name(x, y, i)}]")
     elif _is_float(a) and _is_float(b) and (isinstance(a, float) or isinstance(b, float)):
         kind = kind_of(file, path)
         compare_arrays(f"{file}: {where}", np.float64(a), np.float64(b), kind, largest)
+    elif isinstance(a, str) and isinstance(b, str) and a != b and kind_of(file, path) == PRINTED:
+        compare_printed(f"{file}: {where}", a, b)
     elif a != b or type(a) is not type(b):
         raise Differs(f"{file}: {where}: {a!r} here, {b!r} in the revision (exact)")
+
+
+def _item_name(x, y, i: int):
+    """A list item's name in a key: its `key` where both sides' item is an object with the same one (the verdict's
+    claims: `claims[b]`, so a kind follows the claim, not its place), else its index."""
+    if isinstance(x, dict) and isinstance(y, dict) and isinstance(x.get("key"), str) and x.get("key") == y.get("key"):
+        return x["key"]
+    return i
 
 
 def _is_float(x) -> bool:
@@ -288,7 +408,7 @@ def _compare_attrs(file: str, name: str, oa, ob, largest: Largest, skip: tuple[s
         where = f"{name} attribute {key}" if name != "/" else f"attribute {key}"
         ja, jb = _as_json(a), _as_json(b)
         if ja is not None and jb is not None:
-            compare_json(f"{file}: {where}", ja, jb, largest)
+            compare_json(file, ja, jb, largest, where)
         else:
             compare_arrays(f"{file}: {where}", np.asarray(a), np.asarray(b), kind_of(file, f"{name}@{key}"), largest)
 

@@ -364,7 +364,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps({"rev": args.rev, "commit": v.sha, "verdict": line, "notes": notes,
                           "outputs": [{"path": r.path, "status": r.status, "via": r.via or None, "detail": r.detail,
-                                       "largest_share_of_tolerance": r.largest.share if r.largest else None}
+                                       "largest_share_of_tolerance": r.largest.share if r.largest else None,
+                                       "largest_by_kind": ({k: share for k, (share, _) in sorted(r.largest.by_kind.items())}
+                                                           if r.largest else {})}
                                       for r in rows]}, indent=2))
         return code
     for note in notes:
