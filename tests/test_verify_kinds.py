@@ -40,7 +40,8 @@ def load(file: str):
 
 
 def test_the_tolerances_that_existed_keep_their_values():
-    before = {"exact": (0.0, 0.0), "attention": (1e-5, 0.0), "percent": (1e-3, 0.0), "activation": (1e-3, 5e-3),
+    # attention gained rtol 5e-5 on a measurement (docs/sharing.md): 9.3e-06 on a weight of 0.486, AVX2 vs AVX-512
+    before = {"exact": (0.0, 0.0), "attention": (1e-5, 5e-5), "percent": (1e-3, 0.0), "activation": (1e-3, 5e-3),
               "histogram": (20.0, 1e-3), "loglik": (5e-4, 1e-4), "residual": (1e-3, 0.0)}
     assert {k: (TOLERANCES[k].atol, TOLERANCES[k].rtol) for k in before} == before
 

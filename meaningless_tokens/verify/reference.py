@@ -110,18 +110,20 @@ def grids(kind: str) -> tuple[float, float]:
     return block * atol / GRID[0], block * block * atol / GRID[1]
 
 
-def guarantees(kind: str) -> dict[str, float]:
-    """The smallest changes a block comparison is sure to catch, for a kind without rtol (with rtol, add rtol times
-    the block's absolute sum to `block_tolerance`): whatever the other elements do within their tolerance,
+def guarantees(kind: str, abs_sum: float = 0.0) -> dict[str, float]:
+    """The smallest changes a block comparison is sure to catch in a block whose elements' absolute values sum to
+    `abs_sum` (it matters only with rtol), whatever the block's other elements do within their tolerance:
     - `row`: a whole row moved by this many times its elements' tolerances, all one way;
     - `element`: one element moved by more than this;
     - `moved`: this much mass moved from one position of a row to another (the row's sum kept)."""
     b, (gs, gm) = block_of(kind), grids(kind)
-    atol = TOLERANCES[kind].atol
-    t_sum = b * atol
-    t_moment = atol * sum(abs(k - (b - 1) / 2) for k in range(b))
+    tol = TOLERANCES[kind]
+    scaled = tol.rtol * (abs_sum + b * tol.atol) / (1 - tol.rtol)  # as block_tolerance bounds the revision's values
+    t_sum = b * tol.atol + scaled
+    t_moment = tol.atol * sum(abs(k - (b - 1) / 2) for k in range(b)) + scaled * (b - 1) / 2
     # in one block, a move of m from k1 to k2 changes the moment by m * |k2 - k1| >= m; across blocks, both sums by m
-    return {"row": 1 + gs / 2 / t_sum, "element": 2 * t_sum + gs, "moved": max(2 * t_sum + gs, 2 * t_moment + gm)}
+    return {"row": 1 + gs / 2 / (b * tol.atol), "element": 2 * t_sum + gs,
+            "moved": max(2 * t_sum + gs, 2 * t_moment + gm)}
 
 
 # ---- writing --------------------------------------------------------------------------------------------
