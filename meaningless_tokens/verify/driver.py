@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
-import hashlib
 import json
 import sys
 import tempfile
@@ -33,7 +32,7 @@ from meaningless_tokens.config import yaml12
 from meaningless_tokens.errors import ArtifactError, ConfigError, Differs, VerifyError
 from meaningless_tokens.progress import bar
 from meaningless_tokens.verify.compare import Largest, changed_keys, compare_file
-from meaningless_tokens.verify.reference import DRAWN, FOLDER, RevisionReference, compare_held
+from meaningless_tokens.verify.reference import DRAWN, FOLDER, RevisionReference, compare_held, md5_file
 
 # Outputs that record a run (wall times, the machine), not a result: shown, never counted as differing. The
 # folders of the run sidecars (store.PATHS' "timing/<stage>" kinds), so a revision's sidecar of a stage since
@@ -65,14 +64,6 @@ def read_lock(text: str, source: str) -> dict:
         return lock["stages"]
     except (yaml12.YAMLError, ConfigError, KeyError, TypeError) as e:
         raise VerifyError(f"{source}: stages: not a dvc.lock ({type(e).__name__}: {e})") from None
-
-
-def md5_file(path: Path) -> str:
-    h = hashlib.md5()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _covers(dep: str, out: str) -> bool:
