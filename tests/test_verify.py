@@ -274,7 +274,7 @@ def test_a_hand_edited_reference_is_one_line_and_its_rows_are_not_compared(clean
     assert "edited, truncated or from another run" in row["detail"]
     proc = clone.run("python", "-m", "meaningless_tokens.verify", check=False)
     notes = [x for x in proc.stdout.splitlines() if x.startswith("note: ")]
-    assert len(notes) == 1 and notes[0].startswith("note: reference/ at HEAD: md5 "), proc.stdout
+    assert len(notes) == 1 and notes[0].startswith(f"note: reference/artifacts/likelihood/{A}.h5 at HEAD: md5 "), proc.stdout
 
 
 def test_an_experiment_reports_exactly_what_its_parameter_changed(clean):

@@ -335,14 +335,14 @@ class RevisionReference:
             self.problem = f"{folder}/ at {rev}: not an output of its dvc.lock (not made by the pipeline): not used"
             return
         try:
-            actual = dir_md5({p: md5_file(fetch(p)) for p in present}, folder) if present else None
+            md5s = {p: md5_file(fetch(p)) for p in present}
         except Exception as e:  # noqa: BLE001 - a file git lists but cannot give
-            actual, why = None, f"{type(e).__name__}: {e}"
+            md5s, why = None, f"{type(e).__name__}: {e}"
         else:
-            why = "missing" if actual is None else f"md5 {actual}"
-        if actual != recorded:
-            self.problem = (f"{folder}/ at {rev}: {why}, its dvc.lock records {recorded} (edited, truncated or from "
-                            f"another run): not used")
+            why = "missing" if not md5s else f"md5 {dir_md5(md5s, folder)}"
+        if md5s is None or not md5s or dir_md5(md5s, folder) != recorded:
+            self.problem = (f"{self._culprit(fetch, md5s or {}) or folder + '/'} at {rev}: {why}, its dvc.lock "
+                            f"records {recorded} for the folder (edited, truncated or from another run): not used")
             return
         try:
             manifest = json.loads(fetch(f"{folder}/{MANIFEST}").read_text(encoding="utf-8"))
@@ -352,6 +352,19 @@ class RevisionReference:
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
             self.problem = f"{where}: not a reference manifest ({type(e).__name__}: {e}): not used"
             self.files = {}
+
+    def _culprit(self, fetch, md5s: dict[str, str]) -> str | None:
+        """The file of a reference its dvc.lock does not vouch for that is not what its manifest records, if one can
+        be named: the manifest itself where it is unreadable, else the first held file of another md5 or missing."""
+        try:
+            files = json.loads(fetch(f"{self.folder}/{MANIFEST}").read_text(encoding="utf-8"))["files"]
+            held = {f"{self.folder}/{p}": e["held_md5"] for p, e in files.items() if e.get("held") != "md5"}
+        except Exception:  # noqa: BLE001 - missing, not JSON, not a manifest
+            return f"{self.folder}/{MANIFEST}" if md5s else None
+        for path, md5 in sorted(held.items()):
+            if md5s.get(path) != md5:
+                return path
+        return None
 
     def _agrees(self, out_path: str, md5: str, files: dict[str, dict]) -> bool:
         got = (dir_md5({p: e["md5"] for p, e in files.items()}, out_path) if md5.endswith(".dir")
