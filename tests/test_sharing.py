@@ -171,12 +171,12 @@ def test_run_cache_restores_extraction_and_evaluation_without_loading_a_model(al
         assert f"Stage '{stage}' is cached - skipping run, checking out outputs" in out, out
         assert f"Running stage '{stage}'" not in out
     assert "python -m stages.extract" not in out and "python -m stages.evaluate" not in out
-    # not only the model stages: every stage but the report is restored. The report writes docs/results.md and
-    # docs/results/ into git (`cache: false`), which keeps DVC from recording a run-cache entry for it: it reruns,
-    # in seconds, from the restored artifacts and loads no model (the models are hidden)
+    # not only the model stages: every stage but the report and the reference is restored. They write into git
+    # (`cache: false`: docs/results.md and docs/results/, reference/), which keeps DVC from recording a run-cache
+    # entry for them: they rerun, in seconds, from the restored artifacts and load no model (the models are hidden)
     restored = set(re.findall(r"Stage '([^']+)' is cached - skipping run", out))
     assert restored >= GPU_STAGES | {f"stats@{M}", f"activations@{M}", "figures", "explorer"}, out
-    assert set(re.findall(r"Running stage '([^']+)'", out)) <= {"report"}, out
+    assert set(re.findall(r"Running stage '([^']+)'", out)) <= {"report", "reference"}, out
     assert (carol.path / f"artifacts/sweep/{M}.h5").read_bytes() == alice.exp_files[f"artifacts/sweep/{M}.h5"]
     # the restored timing sidecars are alice's, byte for byte: these stages did not run here
     for f in (f"metrics/timing/extract-{M}.json", f"metrics/timing/evaluate-{M}.json"):
