@@ -154,7 +154,8 @@ def test_the_gpu_wheels_of_the_makefile_form_a_closed_set():
 
 # What the GPU machine never imports: the DVC-side commands (run cache, verify), GGUF conversion (the GPU profile's
 # models come from the hub as safetensors) and the vLLM engine (its own environment).
-NOT_ON_THE_GPU = {"dvc": "runcache and verify, not run there", "gguf": "GGUF conversion; the GPU models are safetensors",
+NOT_ON_THE_GPU = {"dvc": "runcache and verify, not run there", "dvc_data": "DVC's data layer, for verify's reference",
+                  "gguf": "GGUF conversion; the GPU models are safetensors",
                   "vllm": "the vLLM engine, its own environment"}
 
 

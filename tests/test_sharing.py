@@ -93,7 +93,7 @@ def alice(tiny_dirs, tmp_path_factory):
 def test_code_change_reran_evaluation_only(alice):
     assert GPU_STAGES <= alice.first
     # the sweep shares the library's engines (meaningless_tokens/engines/), not the evaluate stage's module
-    assert alice.second == {f"evaluate@{M}", "report"} | ({"figures"} & alice.second)
+    assert alice.second == {f"evaluate@{M}", "report"} | ({"figures", "reference"} & alice.second)
     assert f"extract@{M}" not in alice.second
 
 

@@ -84,7 +84,7 @@ def test_verify_against_itself_is_identical_with_a_row_per_output(clean):
 def test_hdf5_values_within_and_beyond_tolerance(clean):
     repo = clean
     lik, att = repo.path / f"artifacts/likelihood/{A}.h5", repo.path / f"artifacts/attention/{A}.h5"
-    rtol, atol = TOLERANCES["loglik"].rtol, TOLERANCES["attention"].atol
+    rtol, atol = TOLERANCES["loglik"].rtol, TOLERANCES["attention-received"].atol  # recv_*: attention received
 
     def scale(factor):
         def fn(v):
@@ -232,7 +232,7 @@ def test_with_no_cache_or_remote_every_output_is_compared_from_the_reference(cle
             v = v.copy()
             with h5py.File(repo.path / att) as f:
                 start, end = f["mless/offsets"][1:3]
-            v[0, 1, start:end] += factor * TOLERANCES["attention"].atol
+            v[0, 1, start:end] += factor * TOLERANCES["attention-received"].atol
             return v
         return fn
 
