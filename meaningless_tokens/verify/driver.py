@@ -201,6 +201,7 @@ class Verifier:
         # the reference describes the other outputs (their md5s, their blocks): reproduced when they are
         describes = out.path == FOLDER
         drawn = [p for p in changed if Path(p).suffix in DRAWN or describes]
+        listed = None  # the output as the revision's reference records it, looked up once
         try:
             for p in changed:
                 if p in drawn:
@@ -208,7 +209,8 @@ class Verifier:
                 try:
                     theirs_path = self.fetch(p)
                 except Exception as e:  # noqa: BLE001 - not in the cache, not on the remote, remote unreachable
-                    listed, why = self.reference.listing(out.path, out.md5)
+                    if listed is None:
+                        listed, why = self.reference.listing(out.path, out.md5)
                     held, why = (self.reference.held(p, self.fetch) if listed and listed.get(p) == theirs[p]
                                  else (None, why or f"{self.rev}'s reference records another md5 for it"))
                     if held is None:

@@ -322,6 +322,7 @@ class RevisionReference:
         self.files: dict[str, dict] = {}
         self.problem: str | None = None
         self.mismatched: list[str] = []
+        self._md5s: dict[str, str] = {}  # each file of the folder at the revision, hashed once
         where = f"{folder}/{MANIFEST} at {rev}"
         try:
             present = listing(folder)
@@ -335,7 +336,7 @@ class RevisionReference:
             self.problem = f"{folder}/ at {rev}: not an output of its dvc.lock (not made by the pipeline): not used"
             return
         try:
-            md5s = {p: md5_file(fetch(p)) for p in present}
+            md5s = self._md5s = {p: md5_file(fetch(p)) for p in present}
         except Exception as e:  # noqa: BLE001 - a file git lists but cannot give
             md5s, why = None, f"{type(e).__name__}: {e}"
         else:
@@ -395,6 +396,6 @@ class RevisionReference:
             path = fetch(f"{self.folder}/{file}")
         except Exception as e:  # noqa: BLE001
             return None, f"{self.folder}/{file} at {self.rev}: cannot be read ({type(e).__name__})"
-        if md5_file(path) != entry.get("held_md5"):
+        if self._md5s.get(f"{self.folder}/{file}", md5_file(path)) != entry.get("held_md5"):
             return None, f"{self.folder}/{file} at {self.rev}: not the file its manifest records (edited or truncated)"
         return path, ""
