@@ -3,7 +3,7 @@
     python benchmarks/bench_arm_packing.py --model qwen2_5-coder-0_5b --n 20 --reps 2
 
 Builds the stage's `arm` sequences (the none prompt with the solution and with the answer continuation:
-teacher_forced.build_sequences) for the first `--n` problems of the `likelihood.n_samples` subset and scores
+likelihood.build_sequences) for the first `--n` problems of the `likelihood.n_samples` subset and scores
 them with the stage's ARM hook (scoring.TeacherForcedArm, the model's own setting) through the scoring engine's
 `loglikelihood` two ways, alternated over `--reps` repetitions in one process: `packed` (scoring.score_packed: the
 prompt once per problem, edited as step 0, each later node as the decode step of its depth: what the stage runs) and
@@ -23,7 +23,8 @@ def main() -> None:
     import numpy as np
     import torch
 
-    from meaningless_tokens import arm, hooks, models, scoring, store, teacher_forced
+    from meaningless_tokens import arm, hooks, models, scoring, store
+    from meaningless_tokens.measures import likelihood
     from meaningless_tokens.engines import open_scorer
     from meaningless_tokens.prompts import builder_for, dataset_spec, load_problems, select_problems
 
@@ -40,8 +41,8 @@ def main() -> None:
     setup = models.setup_for(full, args.model)
     engine = open_scorer(setup)
     model = engine.model
-    builder = builder_for(teacher_forced.scoring_prompt(params), setup, engine.tokenizer)
-    seqs = [s for s in teacher_forced.build_sequences(params, args.model, builder, chosen, None) if s.condition == "arm"]
+    builder = builder_for(likelihood.scoring_prompt(params), setup, engine.tokenizer)
+    seqs = [s for s in likelihood.build_sequences(params, args.model, builder, chosen, None) if s.condition == "arm"]
     hook = hooks.Hooks().arm(scoring.TeacherForcedArm(arm.layer0_mlp(model, setup, "likelihood.conditions"),
                                                       arm.settings_for(params.arm, params.dataset.benchmark, setup)))
     print(common.machine(torch.get_num_threads()))

@@ -2,7 +2,7 @@
 
     python benchmarks/bench_batch_tokens.py --model qwen2_5-coder-0_5b --every 6 --sizes 4096,1024,2048,8192
 
-Builds the stage's sequences (teacher_forced.build_sequences) for every `--every`-th problem of the
+Builds the stage's sequences (likelihood.build_sequences) for every `--every`-th problem of the
 `likelihood.n_samples` subset, then scores them with the scoring engine's `loglikelihood(method="packed")`
 (scoring.score_packed) at each budget, the budgets alternated over `--reps` repetitions in one process (same model,
 threads and trees). Prints seconds per budget (the median of the repetitions), the max abs difference of the
@@ -23,7 +23,8 @@ def main() -> None:
     import numpy as np
     import torch
 
-    from meaningless_tokens import arm, hooks, models, scoring, store, teacher_forced
+    from meaningless_tokens import arm, hooks, models, scoring, store
+    from meaningless_tokens.measures import likelihood
     from meaningless_tokens.engines import open_scorer
     from meaningless_tokens.prompts import builder_for, dataset_spec, load_problems, select_problems
 
@@ -41,8 +42,8 @@ def main() -> None:
     setup = models.setup_for(full, args.model)
     engine = open_scorer(setup)
     model = engine.model
-    builder = builder_for(teacher_forced.scoring_prompt(params), setup, engine.tokenizer)
-    seqs = teacher_forced.build_sequences(params, args.model, builder, chosen, setup.prepared.facts["max_position_embeddings"])
+    builder = builder_for(likelihood.scoring_prompt(params), setup, engine.tokenizer)
+    seqs = likelihood.build_sequences(params, args.model, builder, chosen, setup.prepared.facts["max_position_embeddings"])
     hook = None  # likelihood.conditions' arm rows are scored with the stage's hook, as the stage does
     if "arm" in params.likelihood.conditions:
         settings = arm.settings_for(params.arm, params.dataset.benchmark, setup)

@@ -67,14 +67,14 @@ def showcase_attention(params, name: str, n_tokens: int | None = None):
 
 
 def entry(name: str, disp: str, prompts, tok, layers, heads, blobs: list[str]) -> dict:
-    """A model's entry of the page, as meaningless_tokens.showcase.collect builds it (without the activation strip)."""
-    from meaningless_tokens import showcase
+    """A model's entry of the page, as meaningless_tokens.report.explorer.collect builds it (without the activation strip)."""
+    from meaningless_tokens.report import explorer
 
     items = []
     for p, per in prompts:
         conds = {}
         for c, (built, probs) in per.items():
-            blobs.append(base64.b64encode(showcase.encode(probs)).decode("ascii"))
+            blobs.append(base64.b64encode(explorer.encode(probs)).decode("ascii"))
             conds[c] = {"tokens": [tok.decode([i]) for i in built.input_ids], "span": list(built.span),
                         "original": list(built.original_pos), "blob": len(blobs) - 1}
         items.append({"key": "000", "index": p.index, "level": p.level, "subject": p.subject,

@@ -66,7 +66,8 @@ def tiny_gemma(vocab: int, out: Path) -> Path:
 
 def setup(args):
     """(params, model, tokenizer, sequences, pad id, description)."""
-    from meaningless_tokens import models, scoring, teacher_forced
+    from meaningless_tokens import models, scoring
+    from meaningless_tokens.measures import likelihood
     from meaningless_tokens.config import load_params
     from meaningless_tokens.prompts import builder_for, dataset_spec, load_math500, select_problems
 
@@ -88,8 +89,8 @@ def setup(args):
     model, tok, attn = scoring.load(model_setup)
     problems, _ = load_math500(dataset_spec(params.dataset, params.file))
     chosen = select_problems(problems, args.n, params.likelihood.seed)
-    builder = builder_for(teacher_forced.scoring_prompt(params), model_setup, tok)
-    seqs = teacher_forced.build_sequences(params, name, builder, chosen, None)
+    builder = builder_for(likelihood.scoring_prompt(params), model_setup, tok)
+    seqs = likelihood.build_sequences(params, name, builder, chosen, None)
     vocab = model.get_output_embeddings().weight.shape[0]
     what = (f"{name} ({'generated, ' if args.tiny_vocab else ''}vocabulary {vocab}, {attn}), {len(chosen)} problems x "
             f"2 conditions x 2 continuations = {len(seqs)} sequences, {sum(len(s.input_ids) for s in seqs)} tokens, "

@@ -7,11 +7,14 @@ LAYERS lists its modules lowest first; a module imports only from its own layer 
 from pathlib import Path
 
 LAYERS = (
-    ("errors", "config", "progress", "intervals", "grading", "attention", "attention_drops", "paired"),  # exceptions, params schema, plain helpers
+    ("errors", "config", "progress", "intervals", "grading", "paired", "draws"),  # exceptions, params schema, plain helpers, counter-based draws
     ("store", "cli", "envlock", "runcache", "verify", "forkserver"),  # artifacts on disk, command line, environment, warm start
-    ("capture", "hooks", "prompts", "sampling", "models", "arm", "stage", "mlp_activations", "generations"),  # attention capture, hooks, prompts, model sources, stage prelude, kept generations
-    ("engines", "vllm_engine", "scoring", "teacher_forced", "span_sweep", "evaluation", "arm_selection"),  # generation, scoring, accuracy, ARM tuning
-    ("charts", "report", "showcase", "add_model"),  # chart kinds; what the report says; the explorer's data; `mless add-model`
+    ("capture", "hooks", "prompts", "sampling", "models", "arm", "stage", "generations"),  # attention capture, hooks, prompts, model sources, ARM, stage prelude, kept generations
+    ("engines", "vllm_engine", "scoring"),  # generation and scoring
+    ("measures",),  # what each model stage measures, one module per stage
+    ("results",),  # what charts and report both read: loaded artifacts, traced numbers, phrases
+    ("charts",),  # chart kinds: draw and explain
+    ("report", "add_model"),  # the verdict, the report's pages and the explorer's data; `mless add-model`
 )
 
 TEMPLATES = Path(__file__).parent / "templates"  # the report's and the explorer's Jinja templates

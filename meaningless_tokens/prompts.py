@@ -316,7 +316,7 @@ class PromptBuilder:
         none_ids = self.prefix + self.instruction + question + self.suffix
         out = {}
         for cond in self.prompt.conditions:
-            # arm is the none prompt: ARM edits layer 0's MLP activations instead (meaningless_tokens/arm.py)
+            # arm is the none prompt: ARM edits layer 0's MLP activations instead (meaningless_tokens/arm/)
             span = self.mless if cond == "mless" else self.mful_ids(problem) if cond == "mful" else []
             head = self.prefix if self.before else self.prefix + self.instruction
             tail = (self.instruction if self.before else []) + question + self.suffix

@@ -2,7 +2,7 @@
 
 Each sample of (problem, condition) draws one uniform per decode step t, a pure function of
 (evaluate.sampling.seed, problem index, condition, sample index, t): the splitmix64 hash that ARM's draws use
-(meaningless_tokens/arm.py), computed in integer arithmetic on the device that holds the logits, so every device
+(meaningless_tokens/arm/), computed in integer arithmetic on the device that holds the logits, so every device
 draws the same uniforms. The uniform becomes a token by the inverse CDF of the warped distribution (temperature,
 then top-k, then top-p, as transformers orders its warpers), batched over the rows on the logits' device with no
 copy to the host. A row's tokens therefore depend on its own logits and its own key only, never on the other rows
@@ -25,7 +25,7 @@ from math import comb
 
 import numpy as np
 
-from meaningless_tokens import arm
+from meaningless_tokens import draws
 from meaningless_tokens.config import CONDITIONS, Evaluate
 from meaningless_tokens.intervals import bootstrap_mean_ci
 
@@ -88,17 +88,17 @@ def sample_token(logits: np.ndarray, u: float, temperature: float, top_p: float,
 
 def row_state(key: list[int]) -> int:
     """The hash state of one sample's draws from its `sample_seed` [seed, problem index, condition, sample index]:
-    arm.key_state of the seed and one key of three words (ARM's keys have one or two, so the streams differ)."""
-    return arm.key_state(key[0], [tuple(key[1:])])
+    draws.key_state of the seed and one key of three words (ARM's keys have one or two, so the streams differ)."""
+    return draws.key_state(key[0], [tuple(key[1:])])
 
 
 def step_uniforms(states, step: int):
     """The uniforms (float64 on [0, 1), 53 bits) of decode step `step` (0: the first new token) for rows whose
-    `row_state`s are lanes [rows, 2] (arm.lanes): the top 53 bits of the state after absorbing `step`, computed on
+    `row_state`s are lanes [rows, 2] (draws.lanes): the top 53 bits of the state after absorbing `step`, computed on
     the lanes' device."""
     import torch
 
-    h = arm.step_states(states, step)
+    h = draws.step_states(states, step)
     # hi < 2**32, so hi * 2**21 + (lo >> 11) < 2**53: exact in int64 and in float64
     return ((h[:, 0] << 21) + (h[:, 1] >> 11)).to(torch.float64) * (1.0 / (1 << 53))
 
@@ -161,7 +161,7 @@ class RowSampler:
     def __init__(self, seeds: list[list[int] | None], temperature: float, top_p: float, top_k: int):
         self.temperature, self.top_p, self.top_k = temperature, top_p, top_k
         self.rows = [r for r, s in enumerate(seeds) if s is not None]
-        self.host = arm.lanes([row_state(seeds[r]) for r in self.rows])
+        self.host = draws.lanes([row_state(seeds[r]) for r in self.rows])
         run = self.rows == list(range(self.rows[0], self.rows[-1] + 1)) if self.rows else True
         self.run = slice(self.rows[0], self.rows[-1] + 1) if self.rows and run else None
         self.step, self.prepared = 0, None

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from meaningless_tokens import arm, models, progress
+from meaningless_tokens import arm, draws, models, progress
 from meaningless_tokens.config import ANSWER_MARK, Likelihood
 from meaningless_tokens.errors import DatasetError, UnsupportedModel
 from meaningless_tokens.prompts import Problem
@@ -126,13 +126,13 @@ class TeacherForcedArm:
             if row is None:
                 continue
             index, p, steps = row
-            base = arm.key_state(s.seed, [arm.row_key(index)])
-            out[r, :p] = arm.edit(a[r, :p], s, arm.absorb(base, 0))
+            base = draws.key_state(s.seed, [draws.row_key(index)])
+            out[r, :p] = arm.edit(a[r, :p], s, draws.absorb(base, 0))
             if s.apply == "all" and len(steps):
                 later.append((r, p, len(steps)))
-                states += [arm.absorb(base, step) for step in steps]
+                states += [draws.absorb(base, step) for step in steps]
         if later:  # every row's step states in one copy to the device
-            edited = arm.edit_rows(torch.cat([a[r, p:p + k] for r, p, k in later]), s, arm.lanes(states).to(a.device))
+            edited = arm.edit_rows(torch.cat([a[r, p:p + k] for r, p, k in later]), s, draws.lanes(states).to(a.device))
             at = 0
             for r, p, k in later:
                 out[r, p:p + k] = edited[at:at + k]

@@ -11,7 +11,7 @@ import numpy as np
 
 from meaningless_tokens import arm, cli, store
 from meaningless_tokens.config import Params
-from meaningless_tokens.mlp_activations import MEASURES, SETS, Measured, measure
+from meaningless_tokens.measures.activations import MEASURES, SETS, Measured, measure
 from meaningless_tokens.prompts import dataset_spec, extraction_problems, put_problems
 from meaningless_tokens.stage import INDEXING, header, stage_context
 from meaningless_tokens.store import put, put_json_attr, write_h5, write_prompt_timing
@@ -44,7 +44,7 @@ Token sets (SETS): `original`, every token of the none prompt at its place in ea
 before it see the same context in every condition, so their activations cannot change.
 Full a and z ([layer, token, channel], float16) for the first `activations.showcase` samples.
 
-`arm` (when configured): the none prompt with the ARM hook (meaningless_tokens/arm.py, the one evaluate uses, seeded by
+`arm` (when configured): the none prompt with the ARM hook (meaningless_tokens/arm/, the one evaluate uses, seeded by
 the problem index at step 0) on layer 0's act_fn, registered before the capturing hook, so `a` is the
 ARM-transformed tensor the MLP goes on with; z = gate_proj(x) is none's.
 """

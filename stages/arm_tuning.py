@@ -38,8 +38,9 @@ from pathlib import Path
 
 import numpy as np
 
-from meaningless_tokens import arm, arm_selection, cli, store
-from meaningless_tokens.arm_selection import Tuning
+from meaningless_tokens import arm, cli, store
+from meaningless_tokens.measures import arm_tuning
+from meaningless_tokens.measures.arm_tuning import Tuning
 from meaningless_tokens.config import Params
 from meaningless_tokens.errors import ConfigError
 from meaningless_tokens.prompts import put_problems
@@ -56,9 +57,9 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
     if name not in cfg.models:
         raise ConfigError(f"{params.file}: arm_tuning.models: model '{name}' is not among the models tuned "
                           f"{list(cfg.models)}; add it there to tune it")
-    tuning, tested, data_sha = arm_selection.problem_sets(params)  # refused before the model is resolved
+    tuning, tested, data_sha = arm_tuning.problem_sets(params)  # refused before the model is resolved
     setup = ctx.setup()
-    t = arm_selection.tune(params, setup, (tuning, tested))
+    t = arm_tuning.tune(params, setup, (tuning, tested))
     write_artifact(where["out"], params, name, setup, t, data_sha)
     write_json_atomic(where["metrics"], t.summary)
     write_timing(where["timing"], {"seconds": ctx.seconds(),

@@ -2,7 +2,7 @@
 prompts, and `arm`; with `evaluate.sampling.n` > 0 also n sampled outputs per problem and condition (pass@k, maj@n,
 distinct-n: meaningless_tokens/sampling.py).
 
-`arm` is the none prompt with the paper's activation redistribution on layer 0's MLP (meaningless_tokens/arm.py):
+`arm` is the none prompt with the paper's activation redistribution on layer 0's MLP (meaningless_tokens/arm/):
 a forward hook edits only the arm rows of a batch (`arm.pool: row` keeps each row's statistics to its own
 tokens), so arm rows share batches, static cache and journal with the other conditions.
 
@@ -37,11 +37,12 @@ from pathlib import Path
 import numpy as np
 from pydantic import ValidationError
 
-from meaningless_tokens import arm, cli, evaluation, generations, grading, store
+from meaningless_tokens import arm, cli, generations, grading, store
+from meaningless_tokens.measures import evaluate
 from meaningless_tokens.config import Params, Shard
 from meaningless_tokens.engines import Item, check_engine
 from meaningless_tokens.errors import ConfigError
-from meaningless_tokens.evaluation import Evaluation, Plan
+from meaningless_tokens.measures.evaluate import Evaluation, Plan
 from meaningless_tokens.prompts import dataset_spec, load_problems, put_problems, select_problems
 from meaningless_tokens.stage import header, stage_context
 from meaningless_tokens.store import put, put_json_attr, put_texts, write_h5, write_json_atomic, write_timing
@@ -65,12 +66,12 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
     if name not in params.evaluated:
         raise ConfigError(f"{params.file}: evaluate.models: model '{name}' is not among the models evaluated "
                           f"{params.evaluated}; add it there to evaluate it")
-    plan = evaluation.make_plan(params, ctx.setup(), chosen)
+    plan = evaluate.make_plan(params, ctx.setup(), chosen)
     try:
         if cfg.shard is not None:
-            return evaluation.run_shard(plan, where["journal"], {p.index: p.answer for p in chosen}, cfg.shard,
+            return evaluate.run_shard(plan, where["journal"], {p.index: p.answer for p in chosen}, cfg.shard,
                                         conditions)
-        e = evaluation.evaluate(params, plan, chosen, where["journal"])
+        e = evaluate.evaluate(params, plan, chosen, where["journal"])
         write_artifact(where["out"], params, plan, chosen, e, data_sha)
         generations.write(where["kept"], plan.engine.row_key(), getattr(plan.engine, "shape", None),
                           [(Item(p.index, c, plan.built[p.index][c].input_ids), r.output, r.n_tokens, r.stop)

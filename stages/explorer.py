@@ -26,7 +26,8 @@ import json
 import sys
 from pathlib import Path
 
-from meaningless_tokens import TEMPLATES, cli, showcase, store
+from meaningless_tokens import TEMPLATES, cli, store
+from meaningless_tokens.report import explorer
 from meaningless_tokens.config import Params
 from meaningless_tokens.store import atomic_path
 
@@ -46,7 +47,7 @@ def render(entries: list[dict], blobs: list[str]) -> str:
 
     env = Environment(loader=FileSystemLoader(str(TEMPLATES)), autoescape=True, undefined=StrictUndefined,
                       keep_trailing_newline=True)
-    data = {"models": entries, "levels": showcase.LEVELS}
+    data = {"models": entries, "levels": explorer.LEVELS}
     # script_json leaves no '<', '>' or '&': the JSON goes into its <script> as it is (HTML escaping would break it)
     return env.get_template("explorer.html.j2").render(data=Markup(script_json(data)), blobs=blobs)
 
@@ -58,7 +59,7 @@ def run(params: Params, root: Path | None = None) -> Path:
     params = store.params_view(params, "explorer")  # the keys dvc.yaml lists for it, no other
     started = time.perf_counter()
     out = store.outputs(params, None, root, **OUTPUTS)["out"]
-    entries, blobs = showcase.explore(params)
+    entries, blobs = explorer.explore(params)
     page = render(entries, blobs)
     with atomic_path(out) as tmp:
         tmp.write_text(page, encoding="utf-8")

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from meaningless_tokens import cli, models, progress, store
-from meaningless_tokens.attention import PROMPT_CONDITIONS, QUERY_SETS, VECTORS, reduce
+from meaningless_tokens.measures.extract import PROMPT_CONDITIONS, QUERY_SETS, VECTORS, reduce
 from meaningless_tokens.capture import attention, compare
 from meaningless_tokens.config import Params
 from meaningless_tokens.errors import CaptureError, UnsupportedModel

@@ -39,7 +39,7 @@ from pathlib import Path
 
 from meaningless_tokens import charts, cli, store
 from meaningless_tokens.charts import likelihood
-from meaningless_tokens.charts.context import Context, load_context
+from meaningless_tokens.results.context import Context, load_context
 from meaningless_tokens.config import CONDITIONS, Params
 from meaningless_tokens.store import atomic_path, write_csv_atomic, write_json_atomic
 

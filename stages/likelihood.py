@@ -15,7 +15,7 @@ from meaningless_tokens.errors import ConfigError
 from meaningless_tokens.prompts import Problem, dataset_spec, load_problems, put_problems, require_field, select_problems
 from meaningless_tokens.stage import header, stage_context
 from meaningless_tokens.store import put, put_json_attr, write_csv_atomic, write_h5, write_json_atomic, write_timing
-from meaningless_tokens.teacher_forced import (CONTINUATIONS, OUTCOMES, UNITS, Scored, measure, metrics_summary,
+from meaningless_tokens.measures.likelihood import (CONTINUATIONS, OUTCOMES, UNITS, Scored, measure, metrics_summary,
                                                summarize, table)
 
 # what the artifact's `definitions` attribute says, and `--help`: a constant, not the docstring, so that an edit of the
@@ -37,7 +37,7 @@ assistant turn separates by itself) plus, for `answer`, the frame's head. Every 
 separate segment, as the prompt's parts are, so the scored token ids are the same in every condition
 (asserted: `check_alignment`).
 
-`arm` is the none prompt with the paper's ARM on layer 0's act_fn (meaningless_tokens/arm.py's edit), in the same forward
+`arm` is the none prompt with the paper's ARM on layer 0's act_fn (meaningless_tokens/arm/'s edit), in the same forward
 pass. Teacher forcing is a prefill of prompt + continuation; ARM is applied as generation would have applied
 it, had the model generated exactly these tokens: the prompt's positions are edited together as step 0 (one
 pool, the draws seeded by (arm.seed, problem index, 0)), and with arm.apply: all each continuation position j

@@ -26,7 +26,7 @@ from markupsafe import Markup
 from meaningless_tokens import TEMPLATES, cli, store
 from meaningless_tokens.config import Params
 from meaningless_tokens.report.content import VERDICT, content as report_content, duration_unit
-from meaningless_tokens.report.trace import md_escape
+from meaningless_tokens.results.trace import md_escape
 from meaningless_tokens.store import FIGURES_DIR, atomic_path
 
 # the stage's outputs beside the verdict and docs/results.md (write_results): role -> artifact kind (store.PATHS)

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 
 from meaningless_tokens import cli, store
-from meaningless_tokens.attention import PROMPT_CONDITIONS
-from meaningless_tokens.attention_drops import REQUIRED, Attention, averages, read
+from meaningless_tokens.measures.extract import PROMPT_CONDITIONS
+from meaningless_tokens.measures.stats import REQUIRED, Attention, averages, read
 from meaningless_tokens.config import Params
 from meaningless_tokens.stage import INDEXING, StageContext, header, stage_context
 from meaningless_tokens.store import provenance, put, put_json_attr, write_csv_atomic, write_h5, write_timing

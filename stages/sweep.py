@@ -12,7 +12,7 @@ import numpy as np
 from meaningless_tokens import cli, store
 from meaningless_tokens.config import Params
 from meaningless_tokens.prompts import dataset_spec, load_problems, put_problems
-from meaningless_tokens.span_sweep import (AccuracySweep, AttentionSweep, LikelihoodSweep, measure, metrics_summary,
+from meaningless_tokens.measures.sweep import (AccuracySweep, AttentionSweep, LikelihoodSweep, measure, metrics_summary,
                                           table)
 from meaningless_tokens.stage import INDEXING, header, stage_context
 from meaningless_tokens.store import (put, put_json_attr, write_csv_atomic, write_h5, write_json_atomic,
@@ -26,7 +26,7 @@ For every span token of `sweep.tokens` and count of `sweep.counts` (the paper's 
 the `mless` prompt is rebuilt with that span (meaningless_tokens/prompts.py; count 0 is the `none` prompt) and,
 on `sweep.attention_samples` problems, layer `sweep.layer`'s attention is captured and reduced exactly
 as extraction does (meaningless_tokens/capture.py: `attention`; attention.py: `reduce`) and summarized exactly as
-the statistics do (meaningless_tokens/attention.py: `sample_stats`), so the value at count 55 is the main pipeline's number:
+the statistics do (meaningless_tokens/measures/extract.py: `sample_stats`), so the value at count 55 is the main pipeline's number:
 
   drop[k, h]           mean over samples of orig_mean[none] - orig_mean[count k], head h (attention
                        an original token receives, mean over original tokens; stats.query_set and

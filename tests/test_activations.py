@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from meaningless_tokens import mlp_activations, models
+from meaningless_tokens import measures, models
 from stages import activations
 from meaningless_tokens.config import load_params
 from meaningless_tokens.errors import ConfigError
@@ -136,25 +136,25 @@ def test_a_model_without_a_gated_mlp_is_refused(write_params, tiny_dirs, tmp_pat
     phi = AutoModelForCausalLM.from_config(PhiConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
                                                      num_hidden_layers=2, num_attention_heads=4))
     with pytest.raises(ConfigError, match=r"models.tiny: layer 0's MLP \(PhiMLP, model_type 'phi'\) is not a gated MLP"):
-        mlp_activations.gated_mlps(phi, models.setup_for(params, "tiny"), [0])
+        measures.activations.gated_mlps(phi, models.setup_for(params, "tiny"), [0])
 
 
 def test_the_measurement_runs_without_the_stage(tiny_dirs, write_params, cache_dir, tmp_path):
-    """mlp_activations.measure on the full params and models.setup_for (a notebook's call, no stage prelude) gives
+    """measures.activations.measure on the full params and models.setup_for (a notebook's call, no stage prelude) gives
     the per-sample measures, histograms and lambda the stage stores."""
     from meaningless_tokens.prompts import extraction_problems
 
     params = act_params(write_params, tiny_dirs, "llama", layers=[0], showcase=0)
     out = activations.run(params, "tiny", root=tmp_path)
     chosen, _ = extraction_problems(dataset_spec(params.dataset, params.file), params.extract)
-    m = mlp_activations.measure(params, models.setup_for(params, "tiny", layers=[0]), chosen)
+    m = measures.activations.measure(params, models.setup_for(params, "tiny", layers=[0]), chosen)
     assert [p.index for p in m.problems] == [p.index for p in chosen] and m.layers == [0]
     with read_h5(out, "activations") as f:
         np.testing.assert_array_equal(f["problems/index"][()], [p.index for p in chosen])
         for c in params.prompt.conditions:
             np.testing.assert_array_equal(f[f"{c}/lambda"][()], np.stack(m.lam[c]))
-            for s in mlp_activations.SETS:
+            for s in measures.activations.SETS:
                 np.testing.assert_array_equal(f[f"{c}/hist_{s}"][()], m.hist[c][s])
-                for meas in mlp_activations.MEASURES:
+                for meas in measures.activations.MEASURES:
                     np.testing.assert_array_equal(f[f"{c}/{s}/{meas}"][()], m.per[c][s][meas])
                     np.testing.assert_array_equal(f[f"{c}/{s}/{meas}_mean"][()], m.summary[(c, s, f"{meas}_mean")])

@@ -1,4 +1,4 @@
-"""ARM (meaningless_tokens/arm.py): the edit against the paper's pseudo-code, its draws against a NumPy reference,
+"""ARM (meaningless_tokens/arm/): the edit against the paper's pseudo-code, its draws against a NumPy reference,
 the hook's row isolation, seeding and padding invariance, no host-device synchronisation at a decode step, an
 identity hook that changes nothing, and bad input refused before any work."""
 
@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from meaningless_tokens import arm, engines, hooks, mlp_activations, models, scoring
+from meaningless_tokens import arm, draws, engines, hooks, measures, models, scoring
+from meaningless_tokens.arm import redistribution
 from stages import activations, evaluate
 from meaningless_tokens.config import load_params
 from meaningless_tokens.errors import ConfigError
@@ -55,21 +56,21 @@ def test_draws_equal_a_numpy_reference(seed):
     for keys in ([(0,)], [(17,)], [(3, 2)], [(499, 4)], [(17,), (4,)], [(5,), (6, 1), (7,)]):
         for step in (0, 1, 2, 2047, 2**40):
             want = ref_uniforms(seed, keys, step, index)
-            state = arm.stream(seed, keys, step)
-            np.testing.assert_array_equal(arm.uniforms(state, t).numpy(), want)
-            np.testing.assert_array_equal(arm.uniforms(arm.lanes([state])[0], t).numpy(), want)
-            base = arm.lanes([arm.key_state(seed, keys)] * 2)
-            stepped = arm.step_states(base, step)
-            assert torch.equal(stepped, arm.lanes([state] * 2))
-            np.testing.assert_array_equal(arm.uniforms(stepped, t[None, :].expand(2, -1)).numpy(), [want, want])
+            state = draws.stream(seed, keys, step)
+            np.testing.assert_array_equal(draws.uniforms(state, t).numpy(), want)
+            np.testing.assert_array_equal(draws.uniforms(draws.lanes([state])[0], t).numpy(), want)
+            base = draws.lanes([draws.key_state(seed, keys)] * 2)
+            stepped = draws.step_states(base, step)
+            assert torch.equal(stepped, draws.lanes([state] * 2))
+            np.testing.assert_array_equal(draws.uniforms(stepped, t[None, :].expand(2, -1)).numpy(), [want, want])
 
 
 def test_draws_are_uniform_and_distinct_per_key_step_and_seed():
-    u = arm.uniforms(arm.stream(SEED, [(0,)], 0), torch.arange(1 << 20)).numpy()
+    u = draws.uniforms(draws.stream(SEED, [(0,)], 0), torch.arange(1 << 20)).numpy()
     assert u.dtype == np.float32 and u.min() >= 0 and u.max() < 1
     counts = np.histogram(u, bins=16, range=(0, 1))[0]
     assert np.abs(counts - len(u) / 16).max() < 6 * np.sqrt(len(u) / 16)  # 6 sigma of a binomial count
-    first = [arm.uniforms(arm.stream(seed, keys, step), torch.arange(64)).numpy()
+    first = [draws.uniforms(draws.stream(seed, keys, step), torch.arange(64)).numpy()
              for seed, keys, step in ((SEED, [(0,)], 0), (SEED + 1, [(0,)], 0), (SEED, [(1,)], 0), (SEED, [(0,)], 1),
                                       (SEED, [(0, 0)], 0), (SEED, [(0,), (0,)], 0))]
     assert all(not np.array_equal(a, b) for i, a in enumerate(first) for b in first[i + 1:])
@@ -142,10 +143,10 @@ def path(request, monkeypatch):
 def test_edit_equals_the_papers_pseudo_code(name, variant, c, percentage, pmin, pmax, path):
     a = fixed_tensors()[name]
     s = settings(variant, c, percentage, pmin=pmin, pmax=pmax)
-    got = arm.edit(torch.from_numpy(a), s, arm.stream(SEED, [(5,)], 3)).numpy()
-    draws = lambda idx: ref_uniforms(SEED, [(5,)], 3, idx)  # noqa: E731
-    want, idx = (paper_llama(a, c, percentage, 1.0, pmin, pmax, draws) if variant == "llama"
-                 else paper_gemma(a, c, percentage, draws))
+    got = arm.edit(torch.from_numpy(a), s, draws.stream(SEED, [(5,)], 3)).numpy()
+    reference = lambda idx: ref_uniforms(SEED, [(5,)], 3, idx)  # noqa: E731
+    want, idx = (paper_llama(a, c, percentage, 1.0, pmin, pmax, reference) if variant == "llama"
+                 else paper_gemma(a, c, percentage, reference))
     moved = np.zeros(a.size, bool)
     moved[idx] = True
     assert moved.sum() >= 1
@@ -164,10 +165,10 @@ def test_batched_rows_equal_the_edit_row_by_row(variant, c, percentage, path):
     t = fixed_tensors()
     v = torch.from_numpy(np.concatenate([t["smooth"], t["ties"], t["positive"], t["silu"]])[:, None, :])
     s = settings(variant, c, percentage, pmax=0.9 if c == 2.0 else 0.25)
-    states = [arm.stream(SEED, [(k,)], 1 + k % 3) for k in range(len(v))]
-    rows = arm.edit_rows(v, s, arm.lanes(states))
+    states = [draws.stream(SEED, [(k,)], 1 + k % 3) for k in range(len(v))]
+    rows = arm.edit_rows(v, s, draws.lanes(states))
     assert torch.equal(rows, torch.stack([arm.edit(v[r], s, st) for r, st in enumerate(states)]))
-    assert torch.equal(arm.edit_rows(v, s, arm.lanes(states), identity=True), v)
+    assert torch.equal(arm.edit_rows(v, s, draws.lanes(states), identity=True), v)
 
 
 @pytest.mark.parametrize("variant,c,percentage", [("llama", 0.13, 99.5), ("llama", 2.0, 50.0), ("gemma", 0.25, 0.85)])
@@ -179,11 +180,11 @@ def test_the_host_path_equals_the_device_path(variant, c, percentage, dtype, mon
     prompt = torch.from_numpy(rng.standard_normal((37, 96)).astype(np.float32)).to(dtype)
     rows = torch.from_numpy(np.concatenate([v for v in fixed_tensors().values()])[:, None, :]).to(dtype)
     s = settings(variant, c, percentage, pmax=0.9 if c == 2.0 else 0.25)
-    states = arm.lanes([arm.stream(SEED, [(k, 2)], 4) for k in range(len(rows))])
+    states = draws.lanes([draws.stream(SEED, [(k, 2)], 4) for k in range(len(rows))])
     got = {}
     for on_host in (("cpu",), ()):
         monkeypatch.setattr(arm, "ON_HOST", on_host)
-        got[on_host] = (arm.edit(prompt, s, arm.stream(SEED, [(9,)], 0)), arm.edit_rows(rows, s, states))
+        got[on_host] = (arm.edit(prompt, s, draws.stream(SEED, [(9,)], 0)), arm.edit_rows(rows, s, states))
     for host, device in zip(got[("cpu",)], got[()]):
         assert host.dtype == dtype and torch.equal(host, device)
 
@@ -193,7 +194,7 @@ def test_count_rounds_as_python_does():
     fracs = np.array([0.25, 0.125, 0.375, 0.2, 0.02, 1e-9, 0.1, 0.3, 0.7], dtype=np.float32)
     for n_all in (1, 2, 3, 4, 10, 12, 40, 401, 1536, 8960 * 37, 18944 * 2048 + 1):
         want = [max(1, int(round(float(f) * n_all))) for f in fracs]
-        assert arm._count(torch.from_numpy(fracs), n_all).tolist() == want
+        assert redistribution._count(torch.from_numpy(fracs), n_all).tolist() == want
 
 
 @pytest.mark.parametrize("variant,c,percentage", [("llama", 0.13, 99.5), ("gemma", 0.25, 0.85)])
@@ -204,7 +205,7 @@ def test_a_swap_at_the_cut_changes_the_two_swapped_elements_only(variant, c, per
     own draw, not the next one in position order."""
     s = settings(variant, c, percentage, pmin=0.2, pmax=0.2)  # llama: n = 80 whatever the share near zero
     x = np.random.default_rng(11).standard_normal(401).astype(np.float32)
-    state = arm.stream(SEED, [(2,)], 0)
+    state = draws.stream(SEED, [(2,)], 0)
     moved = (arm.edit(torch.from_numpy(x), s, state).numpy() != x)
     cut = np.flatnonzero(moved)[np.argmax(np.abs(x[moved]))]
     partner = np.flatnonzero(~moved)[np.argmin(np.abs(x[~moved]))]
@@ -233,7 +234,7 @@ def test_hook_edits_only_arm_rows_over_their_valid_positions(path):
     hook.begin([17, None, 4], valid)
     out = hook(None, (), a)
     for r, problem in ((0, 17), (2, 4)):
-        assert torch.equal(out[r, valid[r]], arm.edit(a[r, valid[r]], s, arm.stream(SEED, [(problem,)], 0)))
+        assert torch.equal(out[r, valid[r]], arm.edit(a[r, valid[r]], s, draws.stream(SEED, [(problem,)], 0)))
         assert torch.equal(out[r, ~valid[r]], a[r, ~valid[r]])
         assert not torch.equal(out[r], a[r])
     assert torch.equal(out[1], a[1])
@@ -245,8 +246,8 @@ def test_hook_edits_only_arm_rows_over_their_valid_positions(path):
     hook(None, (), a)
     # a decode step (step 1): every position is real; prefill-only leaves it alone
     step1 = hook(None, (), a[:, :1])
-    assert torch.equal(step1[0], arm.edit(a[0, :1], s, arm.stream(SEED, [(17,)], 1)))
-    assert torch.equal(step1[2], arm.edit(a[2, :1], s, arm.stream(SEED, [(4,)], 1)))
+    assert torch.equal(step1[0], arm.edit(a[0, :1], s, draws.stream(SEED, [(17,)], 1)))
+    assert torch.equal(step1[2], arm.edit(a[2, :1], s, draws.stream(SEED, [(4,)], 1)))
     assert torch.equal(step1[1], a[1, :1])
     hook.settings = settings("llama", 0.13, 99.5, apply="prefill")
     assert hook(None, (), a[:, :1]) is None
@@ -255,14 +256,14 @@ def test_hook_edits_only_arm_rows_over_their_valid_positions(path):
     hook.settings = settings("llama", 0.13, 99.5, pool="batch")
     hook.begin([17, None, 4], valid)
     pooled = hook(None, (), a)
-    want = arm.edit(a[[0, 2]], hook.settings, arm.stream(SEED, [(17,), (4,)], 0))
+    want = arm.edit(a[[0, 2]], hook.settings, draws.stream(SEED, [(17,), (4,)], 0))
     assert torch.equal(pooled[[0, 2]], want) and torch.equal(pooled[1], a[1])
     pooled1 = hook(None, (), a[:, :1])
-    assert torch.equal(pooled1[[0, 2]], arm.edit(a[[0, 2], :1], hook.settings, arm.stream(SEED, [(17,), (4,)], 1)))
+    assert torch.equal(pooled1[[0, 2]], arm.edit(a[[0, 2], :1], hook.settings, draws.stream(SEED, [(17,), (4,)], 1)))
     # a sampled row's key is (problem index, sample index)
     hook.settings = s
     hook.begin([(17, 2), None, None], valid)
-    assert torch.equal(hook(None, (), a)[0, 2:], arm.edit(a[0, 2:], s, arm.stream(SEED, [(17, 2)], 0)))
+    assert torch.equal(hook(None, (), a)[0, 2:], arm.edit(a[0, 2:], s, draws.stream(SEED, [(17, 2)], 0)))
 
 
 def test_a_left_padded_arm_row_edits_as_the_same_prompt_alone(path):
@@ -474,9 +475,9 @@ def test_activations_store_the_arm_transformed_histogram_from_the_same_hook(tiny
     install_capture(model)
     problem = next(p for p in load_math500(dataset_spec(params.dataset, params.file))[0] if p.index == index)
     ids = builder_for(params.prompt, setup, tokenizer).build(problem)["none"].input_ids
-    none_a = torch.from_numpy(mlp_activations.forward(model, mlp_activations.gated_mlps(model, setup, [0]), [0], ids)[1][0])
+    none_a = torch.from_numpy(measures.activations.forward(model, measures.activations.gated_mlps(model, setup, [0]), [0], ids)[1][0])
     s = arm.settings_for(params.arm, params.dataset.benchmark, setup)  # the tiny qwen2
-    want = arm.edit(none_a, s, arm.stream(s.seed, [(index,)], 0)).numpy()
+    want = arm.edit(none_a, s, draws.stream(s.seed, [(index,)], 0)).numpy()
     np.testing.assert_allclose(arm_a, want, rtol=1e-3, atol=1e-4)  # stored as float16
 
 

@@ -1,4 +1,4 @@
-"""ARM's hook traced by torch.compile at decode steps (meaningless_tokens/arm.py, ArmHook.traced): its edits equal the
+"""ARM's hook traced by torch.compile at decode steps (meaningless_tokens/arm/, ArmHook.traced): its edits equal the
 eager hook's exactly, and transformers' compiled decode step with the hook inside is one graph without a break for
 every step and every batch of one shape, generating the tokens of the uncompiled run. On the CPU with dynamo's
 `eager` backend (no inductor, no C++ compiler), on a tiny llama (both ARM variants: the edit is the same code on any
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from meaningless_tokens import arm, engines, hooks, models
+from meaningless_tokens import arm, draws, engines, hooks, models
 from meaningless_tokens.config import load_params
 from meaningless_tokens.prompts import builder_for, dataset_spec, load_math500
 from tests.test_arm import SEED, settings
@@ -36,12 +36,12 @@ def test_edit_pooled_equals_edit_of_the_kept_rows(variant, c, percentage, keep):
               torch.from_numpy(rng.standard_normal((6, 1, 48)).astype(np.float32)).to(torch.bfloat16)):
         for pmin, pmax in ((0.02, 0.25), (0.2, 0.2)):
             s = settings(variant, c, percentage, pmin=pmin, pmax=pmax, pool="batch")
-            state = arm.stream(SEED, [(3,), (9, 1)], 5)
-            out = arm.edit_pooled(v, keep, s, arm.lanes([state])[0])
+            state = draws.stream(SEED, [(3,), (9, 1)], 5)
+            out = arm.edit_pooled(v, keep, s, draws.lanes([state])[0])
             assert torch.equal(out[keep], arm.edit(v[keep], s, state))
             assert torch.equal(out[~keep], v[~keep])
             assert not torch.equal(out[keep], v[keep])
-            assert torch.equal(arm.edit_pooled(v, torch.zeros(6, dtype=torch.bool), s, arm.lanes([state])[0]), v)
+            assert torch.equal(arm.edit_pooled(v, torch.zeros(6, dtype=torch.bool), s, draws.lanes([state])[0]), v)
 
 
 @pytest.mark.parametrize("variant, c, percentage", VARIANTS)

@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from meaningless_tokens import arm_selection, store
+from meaningless_tokens import measures, store
 from meaningless_tokens.config import load_params
 from meaningless_tokens.errors import ConfigError
 from meaningless_tokens.store import read_h5
@@ -28,7 +28,7 @@ def test_choice_and_selection_effect_on_constructed_gains():
     # setting 1 is best on the tuning problems, setting 0 on the tested ones: the in-sample pick gains 0.3 more
     tuning = np.array([[0.0, 0.1, 0.2], [0.5, 0.4, 0.6]])
     tested = np.array([[0.5, 0.4, 0.6, 0.5], [0.2, 0.2, 0.2, 0.2]])
-    r = arm_selection.selection(tuning, tested, seed=0, n_boot=500)
+    r = measures.arm_tuning.selection(tuning, tested, seed=0, n_boot=500)
     assert (r["chosen"], r["best_in_sample"]) == (1, 0)
     assert r["out_of_sample"]["mean"] == pytest.approx(0.2)
     assert r["in_sample"]["mean"] == pytest.approx(0.5)
@@ -36,10 +36,10 @@ def test_choice_and_selection_effect_on_constructed_gains():
     lo, hi = r["selection_effect"]["ci"]
     assert 0.1 < lo <= 0.3 <= hi < 0.5
     # one setting: nothing to choose, no selection effect in any resample
-    one = arm_selection.selection(tuning[:1], tested[:1], seed=0, n_boot=200)
+    one = measures.arm_tuning.selection(tuning[:1], tested[:1], seed=0, n_boot=200)
     assert one["selection_effect"] == {"mean": 0.0, "ci": (0.0, 0.0)}
     # equals: the first one in grid order
-    assert arm_selection.choose(np.array([[0.1, 0.3], [0.3, 0.1]])) == 0
+    assert measures.arm_tuning.choose(np.array([[0.1, 0.3], [0.3, 0.1]])) == 0
 
 
 def test_stage_gains_equal_the_likelihood_stage_at_the_chosen_setting(tiny_dirs, write_params, cache_dir, tmp_path):

@@ -32,7 +32,8 @@ import numpy as np
 import pytest
 import torch
 
-from meaningless_tokens import engines
+from meaningless_tokens import draws, engines
+from meaningless_tokens.arm import redistribution
 from meaningless_tokens import models
 from stages import activations, evaluate, extract, likelihood
 from meaningless_tokens.config import load_params
@@ -391,19 +392,19 @@ def test_the_draws_uniforms_on_cuda_are_the_cpus_bit_for_bit():
     """ARM's element uniforms and sampling's step uniforms are integer hashes on the tensors' device: CUDA's equal the
     CPU's bit for bit (the CPU's equal a NumPy reference: tests/test_arm.py); so do the sampled tokens of random
     logits (the draw's float64 cumsum may round apart only where top_p equals a partial sum)."""
-    from meaningless_tokens import arm, sampling
+    from meaningless_tokens import sampling
 
     index = torch.tensor([0, 1, 2, 1000, 2**24 + 3, 2**31, 2**32 - 1, 2**32, 2**40 + 12345, 2**63 - 1])
     index = torch.cat([index, torch.arange(100_000)])
     for seed, keys in ((0, [(0,)]), (2**64 - 1, [(499, 4)]), (12345, [(5,), (6, 1), (7,)])):
         for step in (0, 1, 2047, 2**40):
-            state = arm.stream(seed, keys, step)
-            assert torch.equal(arm.uniforms(state, index.cuda()).cpu(), arm.uniforms(state, index))
-            base = arm.lanes([arm.key_state(seed, keys), arm.key_state(seed + 1, keys)])
+            state = draws.stream(seed, keys, step)
+            assert torch.equal(draws.uniforms(state, index.cuda()).cpu(), draws.uniforms(state, index))
+            base = draws.lanes([draws.key_state(seed, keys), draws.key_state(seed + 1, keys)])
             rows = index[None, :].expand(2, -1)
-            assert torch.equal(arm.uniforms(arm.step_states(base.cuda(), step), rows.cuda()).cpu(),
-                               arm.uniforms(arm.step_states(base, step), rows))
-    states = arm.lanes([sampling.row_state(sampling.sample_seed(0, i, c, j))
+            assert torch.equal(draws.uniforms(draws.step_states(base.cuda(), step), rows.cuda()).cpu(),
+                               draws.uniforms(draws.step_states(base, step), rows))
+    states = draws.lanes([sampling.row_state(sampling.sample_seed(0, i, c, j))
                         for i in range(40) for c in ("none", "mless") for j in range(3)])
     gen = torch.Generator().manual_seed(0)
     for step in (0, 1, 511, 2047):
@@ -438,15 +439,14 @@ def _arm_thresholds(x, s) -> torch.Tensor:
     """The float32 thresholds the edit compares |a| with to choose the moved elements of the pooled values `x` (1-D,
     float32), as arm.edit computes them: llama's eps (1.4826 x MAD x c: the share below it sets the count moved),
     gemma's c-quantile of |a|. (llama's cut is an element, selected exactly; `top` moves values, not which.)"""
-    from meaningless_tokens import arm
 
     absx = x.abs()
     if s.variant == "llama":
         half = (x.numel() - 1) // 2
-        med = arm._kth(absx, half)
-        mad = arm._kth((absx - med).abs(), half).clamp_min(1e-12)
+        med = redistribution._kth(absx, half)
+        mad = redistribution._kth((absx - med).abs(), half).clamp_min(1e-12)
         return (1.4826 * mad * s.c).reshape(1)
-    return arm._quantile(absx, min(max(s.c, 0.0), 1.0)).reshape(1)
+    return redistribution._quantile(absx, min(max(s.c, 0.0), 1.0)).reshape(1)
 
 
 def compiled_arm_against_the_cpu(device: str, dtype: str, variant: str, c: float, percentage: float, pool: str,

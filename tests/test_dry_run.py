@@ -17,7 +17,7 @@ import yaml
 
 from meaningless_tokens import charts
 from stages import extract, figures
-from meaningless_tokens.charts.context import load_context
+from meaningless_tokens.results.context import load_context
 from meaningless_tokens.config import check_model_facts, load_params
 from meaningless_tokens.errors import ConfigError
 from tests import dry_run, tiny

@@ -6,7 +6,8 @@ import typing
 import numpy as np
 import pytest
 
-from meaningless_tokens import arm, engines, hooks, models, scoring, teacher_forced
+from meaningless_tokens import arm, engines, hooks, models, scoring
+from meaningless_tokens.measures import likelihood
 from meaningless_tokens.config import load_params
 from meaningless_tokens.errors import ConfigError
 from meaningless_tokens.prompts import builder_for, dataset_spec, load_math500, select_problems
@@ -62,8 +63,8 @@ def scored(tiny_dirs, write_params, cache_dir):
     model, tok, attn = scoring.load(setup)
     assert (attn, str(scorer.model.dtype), scorer.pad) == (scorer.attn, str(model.dtype), scoring.pad_id(tok))
     chosen = select_problems(load_math500(dataset_spec(params.dataset, params.file))[0], 2, 0)
-    builder = builder_for(teacher_forced.scoring_prompt(params), setup, tok)
-    seqs = teacher_forced.build_sequences(params, "tiny", builder, chosen, None)
+    builder = builder_for(likelihood.scoring_prompt(params), setup, tok)
+    seqs = likelihood.build_sequences(params, "tiny", builder, chosen, None)
     return params, setup, scorer, model, scoring.pad_id(tok), seqs
 
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from meaningless_tokens import arm, engines, evaluation, models
+from meaningless_tokens import arm, engines, measures, models
 from meaningless_tokens.config import load_params
 from meaningless_tokens.errors import ConfigError
 from meaningless_tokens.prompts import builder_for, dataset_spec, load_math500
@@ -138,16 +138,16 @@ def test_a_journal_of_another_auto_size_says_so(tiny_dirs, write_params, cache_d
     params = shape_params(write_params, tiny_dirs, n_samples=2)
     setup = models.setup_for(params, "tiny")
     chosen = load_math500(dataset_spec(params.dataset, params.file))[0][:2]
-    plan = evaluation.make_plan(params, setup, chosen)
+    plan = measures.evaluate.make_plan(params, setup, chosen)
     journal = tmp_path / "j.jsonl"
-    old = evaluation.plan_key(setup, {**plan.settings, "batch_size": 8}, plan.items, plan.n_sampled)
+    old = measures.evaluate.plan_key(setup, {**plan.settings, "batch_size": 8}, plan.items, plan.n_sampled)
     journal.write_text(json.dumps({"version": engines.JOURNAL_VERSION, "key": old}) + "\n")
-    evaluation.say_resized(journal, plan)
+    measures.evaluate.say_resized(journal, plan)
     assert capsys.readouterr().err.strip() == (
         f"{journal}: made at batch size 8; evaluate.batch_size auto resolves 5 now (free CUDA memory differs): its "
         f"generations are redone at 5")
     journal.write_text(json.dumps({"version": engines.JOURNAL_VERSION, "key": plan.key}) + "\n")
-    evaluation.say_resized(journal, plan)  # the same plan: nothing to say
+    measures.evaluate.say_resized(journal, plan)  # the same plan: nothing to say
     assert capsys.readouterr().err == ""
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import yaml
 
-from meaningless_tokens import showcase
+from meaningless_tokens.report import explorer as explorer_data
 from stages import activations, explorer, extract, prepare, stats
 from meaningless_tokens.config import load_params
 from tests.conftest import ROOT, default_params
@@ -59,9 +59,9 @@ def test_encoding_round_trips_within_the_documented_bound():
     logits[..., np.triu_indices(T, 1)[0], np.triu_indices(T, 1)[1]] = -np.inf
     probs = np.exp(logits - logits.max(-1, keepdims=True))
     probs /= probs.sum(-1, keepdims=True)
-    shown = showcase.decode(showcase.encode(probs), 2, 3, T)
+    shown = explorer_data.decode(explorer_data.encode(probs), 2, 3, T)
     s = probs.max(-1, keepdims=True)
-    assert np.all(np.abs(shown - probs) <= showcase.quant_bound(probs, s) + 1e-9)
+    assert np.all(np.abs(shown - probs) <= explorer_data.quant_bound(probs, s) + 1e-9)
     assert np.all(shown[..., np.triu_indices(T, 1)[0], np.triu_indices(T, 1)[1]] == 0)
     small = (probs > 0) & (probs < 0.01 * s)  # small weights keep a relative precision a linear code would lose
     assert np.median(np.abs(shown[small] - probs[small]) / probs[small]) < 0.15
@@ -187,7 +187,7 @@ def test_page_in_headless_chromium(project):
             assert f"query {i} " in tip and f"key {j} " in tip
             shown = float(re.search(r"weight ([\d.]+)", tip)[1])
             w, s = probs[1, 1, i, j], probs[1, 1, i].max()
-            assert abs(shown - w) <= showcase.quant_bound(w, s) + 5e-6, (i, j, shown, w)  # + the 5 decimals shown
+            assert abs(shown - w) <= explorer_data.quant_bound(w, s) + 5e-6, (i, j, shown, w)  # + the 5 decimals shown
         # clicking a cell: its row and column as bars; the cell's text names the same weight
         c = _center(page, T - 1, 3)
         page.mouse.click(c["x"], c["y"])
@@ -258,7 +258,7 @@ def test_explorer_converts_nothing_on_a_cache_with_only_a_layer_only_conversion(
     monkeypatch.setenv("MLESS_CACHE", str(cache))
     converted = cache / "converted"
 
-    with_gguf_only = showcase.Tokens(params, name, 49152)  # nothing converted yet: the GGUF's metadata
+    with_gguf_only = explorer_data.Tokens(params, name, 49152)  # nothing converted yet: the GGUF's metadata
     assert not converted.exists()
     prepare.run(params, name)
     extract.run(params, name)
@@ -272,4 +272,4 @@ def test_explorer_converts_nothing_on_a_cache_with_only_a_layer_only_conversion(
     assert "Please reason step by step" in text and text.count('<script type="application/octet-stream"') == 3
     with h5py.File(tmp_path / "artifacts/attention" / f"{name}.h5", "r") as f:
         ids = f["mless"]["input_ids"][()]
-    assert with_gguf_only.strings(ids) == showcase.Tokens(params, name, 49152).strings(ids)
+    assert with_gguf_only.strings(ids) == explorer_data.Tokens(params, name, 49152).strings(ids)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from meaningless_tokens import scoring
-from meaningless_tokens import prompts, arm, hooks, models, paired, store, teacher_forced
+from meaningless_tokens import arm, hooks, measures, models, paired, prompts, store
 from stages import likelihood
 from meaningless_tokens.config import load_params
 from meaningless_tokens.errors import ConfigError, DatasetError
@@ -51,7 +51,7 @@ def test_stored_logprobs_equal_a_plain_forward_with_log_softmax(arch, tiny_dirs,
     model, tok = models.load(setup)  # eager attention, the whole model
     problems, _ = load_math500(dataset_spec(params.dataset, params.file))
     chosen = select_problems(problems, 3, 0)
-    builder = builder_for(teacher_forced.scoring_prompt(params), setup, tok)
+    builder = builder_for(measures.likelihood.scoring_prompt(params), setup, tok)
     frame_head, tail = params.likelihood.answer_frame.split("<answer>")
     sep = builder.encode(params.likelihood.separator)
     with read_h5(out, "likelihood") as f:
@@ -83,7 +83,7 @@ def test_stored_logprobs_equal_a_plain_forward_with_log_softmax(arch, tiny_dirs,
 
 
 def arm_decoding_logprobs(model, setup, settings, index: int, ids: list[int], prompt_len: int, start: int) -> np.ndarray:
-    """The evaluation's ARM hook (meaningless_tokens/arm.py) in step-by-step decoding with a KV cache: the prompt as step 0,
+    """The evaluation's ARM hook (meaningless_tokens/arm/) in step-by-step decoding with a KV cache: the prompt as step 0,
     then one token per step, as generation feeds them; log-probs of the scored tokens."""
     lps = []
     with hooks.Hooks() as h:
@@ -110,7 +110,7 @@ def test_arm_in_teacher_forcing_equals_decoding_with_the_evaluation_hook(apply, 
     setup = models.setup_for(params, "tiny")
     model, tok = models.load(setup)
     settings = arm.settings_for(params.arm, params.dataset.benchmark, setup)
-    builder = builder_for(teacher_forced.scoring_prompt(params), setup, tok)
+    builder = builder_for(measures.likelihood.scoring_prompt(params), setup, tok)
     sep = builder.encode(params.likelihood.separator)
     problems, _ = load_math500(dataset_spec(params.dataset, params.file))
     with read_h5(out, "likelihood") as f:
@@ -219,8 +219,8 @@ def test_packed_problems_give_the_per_sequence_sums(family, family_dirs, write_p
     model, tok, _ = scoring.load(setup)
     problems, _ = load_math500(dataset_spec(params.dataset, params.file))
     chosen = select_problems(problems, 4, 0)
-    builder = builder_for(teacher_forced.scoring_prompt(params), setup, tok)
-    seqs = teacher_forced.build_sequences(params, "tiny", builder, chosen, None)
+    builder = builder_for(measures.likelihood.scoring_prompt(params), setup, tok)
+    seqs = measures.likelihood.build_sequences(params, "tiny", builder, chosen, None)
     assert max(s.prompt_len for s in seqs) > 2 * tiny.WINDOW and len({s.prompt_len for s in seqs}) > 3
     pad = scoring.pad_id(tok)
     whole = scoring.score(model, seqs, 900, pad)
@@ -245,8 +245,8 @@ def family_sequences(write_params, path, conditions: list[str], **lik):
     setup = models.setup_for(params, "tiny")
     model, tok, _ = scoring.load(setup)
     chosen = select_problems(load_math500(dataset_spec(params.dataset, params.file))[0], 3, 0)
-    builder = builder_for(teacher_forced.scoring_prompt(params), setup, tok)
-    seqs = teacher_forced.build_sequences(params, "tiny", builder, chosen, None)
+    builder = builder_for(measures.likelihood.scoring_prompt(params), setup, tok)
+    seqs = measures.likelihood.build_sequences(params, "tiny", builder, chosen, None)
     return params, setup, model, seqs, scoring.pad_id(tok)
 
 

@@ -301,7 +301,7 @@ def test_a_model_of_a_paper_models_shape_is_described_with_traced_numbers(projec
     """The "at a glance" note for a model shaped exactly like one of the paper's (its manifest's facts): the
     Layer 1 drop, λ and the activation shift, each number read back from its file."""
     from meaningless_tokens.report import paper
-    from meaningless_tokens.charts.context import load_context
+    from meaningless_tokens.results.context import load_context
 
     root, params, _ = project
     facts = json.loads((root / "artifacts/models/tiny-llama.json").read_text())["facts"]
@@ -488,7 +488,7 @@ def test_arm_rows_state_their_setting_and_never_vanish(project, tmp_path):
     variant's fallback for tiny-gemma); the ARM section sets the tuning beside the in-sample choice; where ARM did
     not run, the (f) rows stay, their cells naming the command that runs it."""
     from meaningless_tokens.report import verdict
-    from meaningless_tokens.charts.context import load_context
+    from meaningless_tokens.results.context import load_context
 
     root, params, (_, md_path) = project
     v = json.loads((root / "metrics/verdict.json").read_text())
@@ -689,7 +689,7 @@ def test_verdict_above_the_fold_the_first_figure_under_it_and_the_page_half_as_t
 
 def test_lookups_name_their_axes_and_write_the_same_keys():
     """A traced number's element is named by its axes; the key a reader sees is the index text it always was."""
-    from meaningless_tokens.report.trace import ALL, index_text
+    from meaningless_tokens.results.trace import ALL, index_text
 
     cases = [("stats", "mless/orig_mean", dict(sample=ALL, layer=1, head=2), ":,1,2"),
              ("stats", "mless/drop_pct_ci", dict(bound="high", layer=0, head=3), "1,0,3"),
@@ -716,7 +716,7 @@ def test_lookups_name_their_axes_and_write_the_same_keys():
 
 
 def test_a_lookup_refuses_an_index_in_its_key(project):
-    from meaningless_tokens.report.trace import Sources
+    from meaningless_tokens.results.trace import Sources
 
     root, _, _ = project
     src = Sources(root)
@@ -734,7 +734,7 @@ def test_prose_macros_keep_their_values_and_wrap_freely(tmp_path, monkeypatch):
     from markupsafe import Markup
 
     from meaningless_tokens.report import prose
-    from meaningless_tokens.report.trace import Num
+    from meaningless_tokens.results.trace import Num
 
     (tmp_path / "t.j2").write_text('{% macro s(name, x, xs) -%}\n{{ name }} has\n   {{ x }} [{{ xs | join(", ") }}]'
                                    '{{ " " }}\n{%- endmacro %}\n', encoding="utf-8")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from meaningless_tokens import engines
+from meaningless_tokens import draws, engines
 from meaningless_tokens import models, sampling
 from stages import evaluate
 from tests.test_syncs import syncs  # noqa: F401  (the fixture counting host-device syncs)
@@ -65,7 +65,7 @@ _M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
 def _splitmix_np(h: np.ndarray) -> np.ndarray:
-    """splitmix64 in numpy uint64 (wrapping), written from its definition (Steele et al. 2014), not from arm.py."""
+    """splitmix64 in numpy uint64 (wrapping), written from its definition (Steele et al. 2014), not from draws.py."""
     z = h + np.uint64(0x9E3779B97F4A7C15)
     z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
@@ -87,9 +87,8 @@ def reference_uniforms(seed: int, index: int, condition: str, sample: int, steps
 def test_the_uniforms_equal_an_independent_numpy_hash():
     keys = [(0, 0, "none", 0), (0, 499, "arm", 4), (12345, 7, "mless", 2), (2**63 - 1, 2**40 + 3, "mful", 99),
             (-1, 3, "none", 1)]
-    from meaningless_tokens import arm
 
-    states = arm.lanes([sampling.row_state(sampling.sample_seed(*k)) for k in keys])
+    states = draws.lanes([sampling.row_state(sampling.sample_seed(*k)) for k in keys])
     steps = 600
     got = np.stack([sampling.step_uniforms(states, t).numpy() for t in range(steps)], axis=1)
     want = np.stack([reference_uniforms(*k, steps) for k in keys])

@@ -9,7 +9,7 @@ from meaningless_tokens import charts
 from stages import activations, extract, figures, likelihood, stats, sweep
 from meaningless_tokens.charts import span_accuracy, style
 from meaningless_tokens.report import paper
-from meaningless_tokens.charts.context import load_context
+from meaningless_tokens.results.context import load_context
 from meaningless_tokens.config import load_params
 from meaningless_tokens.errors import ArtifactError, ConfigError
 from meaningless_tokens.store import read_h5
@@ -131,14 +131,14 @@ def test_stats_are_deterministic(tiny_stats, tmp_path):
 
 
 def test_stats_averages_run_without_the_stage(tiny_stats):
-    """attention_drops.read and averages on the attention artifact (a notebook's call, no stage prelude) give the
+    """stats.read and averages on the attention artifact (a notebook's call, no stage prelude) give the
     datasets the stage stores."""
-    from meaningless_tokens import attention_drops
+    from meaningless_tokens.measures import stats
 
     params, src, out = tiny_stats
-    with read_h5(src, "attention", attention_drops.REQUIRED) as f:
-        att = attention_drops.read(f, params.stats.query_set)
-    results = attention_drops.averages(att, params.stats)
+    with read_h5(src, "attention", stats.REQUIRED) as f:
+        att = stats.read(f, params.stats.query_set)
+    results = stats.averages(att, params.stats)
     with read_h5(out, "stats") as f:
         assert set(results) == set(att.conditions) == {str(c) for c in f.attrs["conditions"]}
         for c, values in results.items():
@@ -150,7 +150,7 @@ def test_stats_averages_run_without_the_stage(tiny_stats):
 def metrics_from_records(root, name="tiny"):
     """metrics/<name>.json as the evaluation stage summarizes hand-made graded records."""
     from meaningless_tokens.engines import Record
-    from meaningless_tokens.evaluation import summarize
+    from meaningless_tokens.measures.evaluate import summarize
 
     recs = {c: [Record(i, c, "", 1, "eos", "", ok, None, False, 0.0) for i, ok in enumerate(pattern)]
             for c, pattern in {"none": [1, 0, 0, 1], "mless": [1, 1, 0, 1], "mful": [0, 0, 0, 1]}.items()}

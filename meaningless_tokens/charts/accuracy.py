@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from meaningless_tokens.charts.context import Chart, Context
-from meaningless_tokens.charts.style import COLORS, colour_key
+from meaningless_tokens.results.context import Chart, Context
+from meaningless_tokens.charts.style import COLORS, Labels, colour_key
 from meaningless_tokens.config import CONDITIONS
-from meaningless_tokens.report.prose import say
-from meaningless_tokens.report.trace import artifact
+from meaningless_tokens.results.prose import say
+from meaningless_tokens.results.trace import artifact
 
 KIND = "accuracy"
 TEXT = "charts/accuracy.j2"
@@ -20,7 +20,7 @@ def draw(plt, ctx: Context, name: None = None):
     # the models figures.charts.accuracy names (else figures.models), in its order
     metrics = {n: ctx.metrics[n] for n in ctx.chart_models(KIND) if n in ctx.metrics}
     names = list(metrics)
-    lab = ctx.labels(KIND)
+    lab = Labels(ctx.params.figures.labels, KIND)
     conds = [c for c in CONDITIONS if all(c in m["accuracy"] for m in metrics.values())]
     width = 0.8 / len(conds)
     fig, ax = plt.subplots(figsize=(2.2 + 1.6 * len(names), 3.6))

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from meaningless_tokens.charts.activations import NAMES, views
-from meaningless_tokens.charts.context import Chart, Context
+from meaningless_tokens.results.activations import NAMES, views
+from meaningless_tokens.results.context import Chart, Context
 from meaningless_tokens.charts.style import COLORS, LABELS
-from meaningless_tokens.report.phrases import label
-from meaningless_tokens.report.prose import say
-from meaningless_tokens.report.trace import ALL, excludes_zero
+from meaningless_tokens.results.phrases import label
+from meaningless_tokens.results.prose import say
+from meaningless_tokens.results.trace import ALL, excludes_zero
 
 KIND = "activation-shift"
 TEXT = "charts/activation_shift.j2"

@@ -4,10 +4,10 @@ Head 14" chart."""
 
 from __future__ import annotations
 
-from meaningless_tokens.charts.context import Chart, Context
-from meaningless_tokens.charts.style import attention_axes, curve, shade_span
-from meaningless_tokens.report.phrases import label
-from meaningless_tokens.report.prose import say, shared
+from meaningless_tokens.results.context import Chart, Context
+from meaningless_tokens.charts.style import Labels, attention_axes, curve, shade_span
+from meaningless_tokens.results.phrases import label
+from meaningless_tokens.results.prose import say, shared
 
 KIND = "conditions"
 TEXT = "charts/conditions.j2"
@@ -15,7 +15,7 @@ PER_MODEL = True
 
 
 def draw(plt, ctx: Context, name: str):
-    st, cfg, lab = ctx.stats[name], ctx.params.figures, ctx.labels(KIND)
+    st, cfg, lab = ctx.stats[name], ctx.params.figures, Labels(ctx.params.figures.labels, KIND)
     v = ctx.view(name, KIND)
     disp, li, head = v.disp, v.li, v.heads[0]
     P, F = cfg.original_positions, cfg.full_positions

@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
-from meaningless_tokens.charts.context import Chart, Context
-from meaningless_tokens.charts.style import attention_axes, curve, shade_span
-from meaningless_tokens.report.phrases import change, label
-from meaningless_tokens.report.prose import say, shared
-from meaningless_tokens.report.trace import ALL
+from meaningless_tokens.results.context import Chart, Context
+from meaningless_tokens.charts.style import Labels, attention_axes, curve, shade_span
+from meaningless_tokens.results.phrases import change, label
+from meaningless_tokens.results.prose import say, shared
+from meaningless_tokens.results.trace import ALL
 
 KIND = "cross-model"
 TEXT = "charts/cross_model.j2"
@@ -15,7 +15,7 @@ PER_MODEL = False
 
 
 def draw(plt, ctx: Context, name: None = None):
-    cfg, lab, names = ctx.params.figures, ctx.labels(KIND), ctx.chart_models(KIND)
+    cfg, lab, names = ctx.params.figures, Labels(ctx.params.figures.labels, KIND), ctx.chart_models(KIND)
     fig, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 3.4), squeeze=False)
     for ax, n in zip(axes[0], names):
         st, v = ctx.stats[n], ctx.view(n, KIND)

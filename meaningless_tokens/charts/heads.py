@@ -3,11 +3,11 @@ vs mless over original positions (top) and the full mless prompt with the span s
 
 from __future__ import annotations
 
-from meaningless_tokens.charts.context import Chart, Context
-from meaningless_tokens.charts.style import attention_axes, curve, shade_span
-from meaningless_tokens.report.phrases import change, head_list, label
-from meaningless_tokens.report.prose import say, shared
-from meaningless_tokens.report.trace import excludes_zero
+from meaningless_tokens.results.context import Chart, Context
+from meaningless_tokens.charts.style import Labels, attention_axes, curve, shade_span
+from meaningless_tokens.results.phrases import change, head_list, label
+from meaningless_tokens.results.prose import say, shared
+from meaningless_tokens.results.trace import excludes_zero
 
 KIND = "heads"
 TEXT = "charts/heads.j2"
@@ -15,7 +15,7 @@ PER_MODEL = True
 
 
 def draw(plt, ctx: Context, name: str):
-    st, cfg, lab = ctx.stats[name], ctx.params.figures, ctx.labels(KIND)
+    st, cfg, lab = ctx.stats[name], ctx.params.figures, Labels(ctx.params.figures.labels, KIND)
     v = ctx.view(name, KIND)
     disp, heads, li = v.disp, v.heads, v.li
     P, F = cfg.original_positions, cfg.full_positions

@@ -3,11 +3,11 @@ head of figures.heads), none vs mless over original positions."""
 
 from __future__ import annotations
 
-from meaningless_tokens.charts.context import Chart, Context, chart_layers, layer_index
-from meaningless_tokens.charts.style import attention_axes, curve
-from meaningless_tokens.report.phrases import change, label
-from meaningless_tokens.report.prose import say, shared, verdict_drop
-from meaningless_tokens.report.trace import excludes_zero
+from meaningless_tokens.results.context import Chart, Context, chart_layers, layer_index
+from meaningless_tokens.charts.style import Labels, attention_axes, curve
+from meaningless_tokens.results.phrases import change, label
+from meaningless_tokens.results.prose import say, shared, verdict_drop
+from meaningless_tokens.results.trace import excludes_zero
 
 KIND = "layer-sweep"
 TEXT = "charts/layer_sweep.j2"
@@ -15,7 +15,7 @@ PER_MODEL = True
 
 
 def draw(plt, ctx: Context, name: str):
-    params, st, lab = ctx.params, ctx.stats[name], ctx.labels(KIND)
+    params, st, lab = ctx.params, ctx.stats[name], Labels(ctx.params.figures.labels, KIND)
     P = params.figures.original_positions
     head = ctx.view(name, KIND).heads[0]
     h0 = st["heads"].index(head)

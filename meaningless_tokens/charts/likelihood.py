@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 
 from meaningless_tokens import store
-from meaningless_tokens.charts.context import Chart, Context
+from meaningless_tokens.results.context import Chart, Context
 from meaningless_tokens.charts.style import COLORS
-from meaningless_tokens.report.phrases import label
-from meaningless_tokens.report.prose import say
-from meaningless_tokens.report.trace import artifact, excludes_zero
+from meaningless_tokens.results.phrases import label
+from meaningless_tokens.results.prose import say
+from meaningless_tokens.results.trace import artifact, excludes_zero
 from meaningless_tokens.store import read_h5
 
 KIND = "likelihood"

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from meaningless_tokens.charts.context import Chart, Context
+from meaningless_tokens.results.context import Chart, Context
 from meaningless_tokens.charts.style import COLORS, LABELS, colour_key
 from meaningless_tokens.config import CONDITIONS
-from meaningless_tokens.report.prose import plain, say
-from meaningless_tokens.report.trace import Text, artifact
+from meaningless_tokens.results.prose import plain, say
+from meaningless_tokens.results.trace import Text, artifact
 
 KIND = "pass-at-k"
 TEXT = "charts/pass_at_k.j2"

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from meaningless_tokens.charts.context import Chart, Context
+from meaningless_tokens.results.context import Chart, Context
 from meaningless_tokens.charts.span_sweep import MARKERS, model_colors, token_label
-from meaningless_tokens.report.prose import plain, say
-from meaningless_tokens.report.trace import Text, artifact
+from meaningless_tokens.results.prose import plain, say
+from meaningless_tokens.results.trace import Text, artifact
 
 KIND = "span-accuracy"
 TEXT = "charts/span_accuracy.j2"

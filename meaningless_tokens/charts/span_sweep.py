@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from meaningless_tokens.charts.context import Chart, Context
-from meaningless_tokens.report.phrases import label
-from meaningless_tokens.report.prose import say, shared
-from meaningless_tokens.report.trace import Num, artifact
+from meaningless_tokens.results.context import Chart, Context
+from meaningless_tokens.results.phrases import label
+from meaningless_tokens.results.prose import say, shared
+from meaningless_tokens.results.trace import Num, artifact
 
 KIND = "span-sweep"
 TEXT = "charts/span_sweep.j2"

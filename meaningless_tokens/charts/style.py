@@ -1,5 +1,5 @@
 """How the charts look: colours per condition, the attention curves and axes, and every text a chart draws,
-one table per `figures.labels` mode, looked up in one place (`Labels`; `Context.labels(kind)`).
+one table per `figures.labels` mode, looked up in one place (`Labels(mode, kind)`).
 
 descriptive: labels that say what is plotted. paper: the seed charts' own titles, legends, axis title and x range
 (0..N); a mode's table lists only what differs from the descriptive one.

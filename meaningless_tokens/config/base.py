@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]  # the project: meaningless_tokens/co
 PARAMS_FILE = Path("params.yaml")  # relative: DVC and the CLI run from the project root
 PROFILES_DIR = ROOT / "profiles"
 
-# arm: the `none` prompt with the paper's activation redistribution on layer 0's MLP (meaningless_tokens/arm.py)
+# arm: the `none` prompt with the paper's activation redistribution on layer 0's MLP (meaningless_tokens/arm/)
 CONDITIONS = ("none", "mless", "mful", "arm")
 Condition = Literal[CONDITIONS]
 # A family is a model_type of transformers (`models.<name>.family`; null: the model's own). Some

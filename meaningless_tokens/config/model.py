@@ -49,7 +49,7 @@ Source = Annotated[
 
 
 class ModelArm(Strict):
-    """This model's ARM values; null: the paper's value for this model, else the variant's fallback (meaningless_tokens/arm.py)."""
+    """This model's ARM values; null: the paper's value for this model, else the variant's fallback (meaningless_tokens/arm/)."""
 
     c: float | None = Field(default=None, gt=0, description="llama variant: near-zero radius factor; gemma: share moved")
     percentage: float | None = Field(default=None, ge=0, description="llama: percentile 0..100; gemma: quantile 0..1")

@@ -295,7 +295,7 @@ class ChartSelection(Strict):
 
 
 class Arm(Strict):
-    """The `arm` condition (meaningless_tokens/arm.py); per-model values are models.<name>.arm."""
+    """The `arm` condition (meaningless_tokens/arm/); per-model values are models.<name>.arm."""
 
     variant: Literal["auto", "llama", "gemma"] = Field(
         description="auto: gemma for gemma model_types, llama (the Qwen2/Llama code) otherwise")
@@ -321,7 +321,7 @@ class ArmTuning(Strict):
     @field_validator("grid")
     @classmethod
     def _grid(cls, v):
-        # the pairs' ranges and the fallback are checked by the stage (stages/arm_tuning.py: meaningless_tokens/arm.py
+        # the pairs' ranges and the fallback are checked by the stage (stages/arm_tuning.py: meaningless_tokens/arm/
         # knows the variants), before any model loads
         for variant in ("llama", "gemma"):
             if not v.get(variant):

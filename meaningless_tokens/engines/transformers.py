@@ -4,7 +4,7 @@ Generation: greedy (`do_sample=False`, set explicitly: instruct checkpoints woul
 otherwise sample by their generation_config), batched with left padding, SDPA attention and a static cache
 sized per batch (a dynamic cache re-concatenates every layer's keys and values at each step: half of the CPU
 time at batch 12; outputs were identical), optionally stopping a row once it has written a complete
-\\boxed{...}; `arm` rows are edited by the ARM hook (meaningless_tokens/arm.py). With evaluate.compile on (CUDA by
+\\boxed{...}; `arm` rows are edited by the ARM hook (meaningless_tokens/arm/). With evaluate.compile on (CUDA by
 default) the decode step is compiled and sees the plan's shapes alone: one prompt width and cache length per stage,
 short batches filled to the batch size (`TransformersEngine.fit`); at that shape a row's tokens are its own, and
 greedy unedited rows are kept across stages (meaningless_tokens/generations.py). Sampled rows draw each token with

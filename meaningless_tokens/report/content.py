@@ -15,12 +15,12 @@ from pathlib import Path
 import numpy as np
 
 from meaningless_tokens import arm, charts, grading, store
-from meaningless_tokens.charts.context import load_context
+from meaningless_tokens.results.context import load_context
 from meaningless_tokens.config import Params
 from meaningless_tokens.errors import ArtifactError
 from meaningless_tokens.report import paper, verdict
-from meaningless_tokens.report.phrases import label
-from meaningless_tokens.report.trace import Num, Sources, Text, artifact
+from meaningless_tokens.results.phrases import label
+from meaningless_tokens.results.trace import Num, Sources, Text, artifact
 from meaningless_tokens.store import FIGURES_DIR, read_h5, read_texts
 
 VERDICT = store.path("verdict")  # git-tracked (cache: false): docs/results.md is rendered from it alone

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from meaningless_tokens.charts.context import Context
+from meaningless_tokens.results.context import Context
 from meaningless_tokens.config import yaml12
-from meaningless_tokens.report.phrases import label
-from meaningless_tokens.report.trace import ALL, Num, Text, artifact, excludes_zero, interval
+from meaningless_tokens.results.phrases import label
+from meaningless_tokens.results.trace import ALL, Num, Text, artifact, excludes_zero, interval
 
 # params model name (profiles/gpu.yaml) -> the paper's name for that model
 PAPER_MODELS = {"qwen2_5-math-1_5b": "Qwen2.5-Math-1.5B", "qwen2_5-math-7b": "Qwen2.5-Math-7B",
@@ -184,7 +184,7 @@ SHAPE_KEYS = ("num_layers", "num_heads", "num_kv_heads", "hidden_size", "vocab_s
 def shape_notes(ctx: Context) -> list[Text]:
     """For each model of exactly a paper model's shape (its manifest's facts): what it shows at Layer 1 under
     mless, the paper's measures: the drop of attention on original tokens, λ, the activation shift."""
-    from meaningless_tokens.charts.activations import ActivationView
+    from meaningless_tokens.results.activations import ActivationView
 
     notes = []
     for n in ctx.names:

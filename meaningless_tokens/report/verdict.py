@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from meaningless_tokens import store
-from meaningless_tokens.charts.context import Context
+from meaningless_tokens.results.context import Context
 from meaningless_tokens.report import paper, pooling
-from meaningless_tokens.report.prose import plain, say
-from meaningless_tokens.report.trace import Num, Text, artifact, interval
+from meaningless_tokens.results.prose import plain, say
+from meaningless_tokens.results.trace import Num, Text, artifact, interval
 from meaningless_tokens.store import read_h5
 
 WORDS = ("reproduced", "contradicted", "ruled out", "inconclusive", "not run")
@@ -153,7 +153,7 @@ def span_growth(ctx: Context, name: str) -> Cell:
 
 def activation(measure: str):
     def cell(ctx: Context, name: str) -> Cell:
-        from meaningless_tokens.charts.activations import ActivationView
+        from meaningless_tokens.results.activations import ActivationView
 
         if name not in ctx.activations or "mless" not in ctx.activations[name]["conditions"]:
             return _not_run("not measured", "mless")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from meaningless_tokens.config import Params
 from meaningless_tokens.errors import ArtifactError
-from meaningless_tokens.report.trace import artifact
+from meaningless_tokens.results.trace import artifact
 from meaningless_tokens.store import read_h5
 
 

@@ -16,7 +16,7 @@ from typing import Callable
 import numpy as np
 
 from meaningless_tokens import arm, generations, models, progress, scoring
-from meaningless_tokens.attention import QUERY_VECTOR, reduce, sample_stats
+from meaningless_tokens.measures.extract import QUERY_VECTOR, reduce, sample_stats
 from meaningless_tokens.capture import attention, compare
 from meaningless_tokens.config import Params, Prompt
 from meaningless_tokens.engines import (Item, Journal, check_engine, journal_key, make_batches, open_engine, open_scorer,

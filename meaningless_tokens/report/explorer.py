@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from meaningless_tokens import models, store
-from meaningless_tokens.charts.context import Context
-from meaningless_tokens.charts.load import load_stats
+from meaningless_tokens.results.context import Context
+from meaningless_tokens.results.load import load_stats
 from meaningless_tokens.config import ONE_LAYER_KINDS, Params, figure_models
 from meaningless_tokens.errors import ArtifactError
 from meaningless_tokens.store import read_h5, read_texts

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from meaningless_tokens.attention import QUERY_VECTOR, VECTORS, sample_stats
+from meaningless_tokens.measures.extract import QUERY_VECTOR, VECTORS, sample_stats
 from meaningless_tokens.errors import ArtifactError
 from meaningless_tokens.intervals import bootstrap_mean_ci, bootstrap_ratio_ci
 

@@ -13,8 +13,8 @@ import re
 from functools import cache
 
 from meaningless_tokens import TEMPLATES
-from meaningless_tokens.report.phrases import change, count_of, label
-from meaningless_tokens.report.trace import Num, Text, excludes_zero
+from meaningless_tokens.results.phrases import change, count_of, label
+from meaningless_tokens.results.trace import Num, Text, excludes_zero
 
 _SLOT = re.compile("\x00([0-9]+)\x00")  # where a value sits in a rendered macro
 _BREAK = re.compile(r"[ \t]*\n\s*")

@@ -12,11 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from meaningless_tokens.charts.load import load_activations, load_arm_tuning, load_likelihood, load_metrics, load_stats, load_sweep
-from meaningless_tokens.charts.style import Labels
+from meaningless_tokens.results.load import load_activations, load_arm_tuning, load_likelihood, load_metrics, load_stats, load_sweep
 from meaningless_tokens.config import Params, chart_selection, figure_models
 from meaningless_tokens.errors import ConfigError
-from meaningless_tokens.report.trace import ALL, Num, Sources, artifact
+from meaningless_tokens.results.trace import ALL, Num, Sources, artifact
 
 
 def selected_models(params: Params) -> list[str]:
@@ -90,10 +89,6 @@ class Context:
     def benchmark(self) -> str:
         """The evaluated benchmark's name (metrics/accuracy/<model>.json: dataset), MATH-500 for older metrics."""
         return next((m["dataset"] for m in self.metrics.values() if m.get("dataset")), "MATH-500")
-
-    def labels(self, kind: str) -> Labels:
-        """The texts chart `kind` draws, in the `figures.labels` mode."""
-        return Labels(self.params.figures.labels, kind)
 
     def chart_models(self, kind: str) -> list[str]:
         """The models chart `kind` shows (figures.charts.<kind>.models, else figures.models), loaded ones only."""

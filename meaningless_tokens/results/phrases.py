@@ -3,7 +3,7 @@ stock sentences of the hypothesis and the axes are written in templates/charts/p
 
 from __future__ import annotations
 
-from meaningless_tokens.report.trace import Num, Text
+from meaningless_tokens.results.trace import Num, Text
 
 
 def label(layer: int, head: int | None = None) -> str:
