@@ -44,7 +44,7 @@ Token sets (SETS): `original`, every token of the none prompt at its place in ea
 before it see the same context in every condition, so their activations cannot change.
 Full a and z ([layer, token, channel], float16) for the first `activations.showcase` samples.
 
-`arm` (when configured): the none prompt with the ARM hook (meaningless_tokens/arm/, the one evaluate uses, seeded by
+`arm` (when configured): the none prompt with the ARM hook (meaningless_tokens/arm/hook.py, the one evaluate uses, seeded by
 the problem index at step 0) on layer 0's act_fn, registered before the capturing hook, so `a` is the
 ARM-transformed tensor the MLP goes on with; z = gate_proj(x) is none's.
 """
