@@ -132,7 +132,7 @@ def settings(variant, c, percentage, k=1.0, pmin=0.02, pmax=0.25, pool="row", ap
 def path(request, monkeypatch):
     """The edit's two paths, both run on the CPU: `host` (the CPU's: kthvalue at a count read on the host, draws
     at the moved elements only) and `device` (any other device's: no value read back, every element hashed)."""
-    monkeypatch.setattr(arm, "ON_HOST", ("cpu",) if request.param == "host" else ())
+    monkeypatch.setattr(redistribution, "ON_HOST", ("cpu",) if request.param == "host" else ())
     return request.param
 
 
@@ -183,7 +183,7 @@ def test_the_host_path_equals_the_device_path(variant, c, percentage, dtype, mon
     states = draws.lanes([draws.stream(SEED, [(k, 2)], 4) for k in range(len(rows))])
     got = {}
     for on_host in (("cpu",), ()):
-        monkeypatch.setattr(arm, "ON_HOST", on_host)
+        monkeypatch.setattr(redistribution, "ON_HOST", on_host)
         got[on_host] = (arm.edit(prompt, s, draws.stream(SEED, [(9,)], 0)), arm.edit_rows(rows, s, states))
     for host, device in zip(got[("cpu",)], got[()]):
         assert host.dtype == dtype and torch.equal(host, device)
@@ -340,7 +340,7 @@ class Syncs:
 @pytest.mark.parametrize("variant", ["llama", "gemma"])
 @pytest.mark.parametrize("pool", ["row", "batch"])
 def test_no_host_sync_at_a_decode_step_and_a_constant_at_the_prompt(variant, pool, monkeypatch):
-    monkeypatch.setattr(arm, "ON_HOST", ())  # the device path, on the CPU
+    monkeypatch.setattr(redistribution, "ON_HOST", ())  # the device path, on the CPU
     s = settings(variant, 0.13 if variant == "llama" else 0.25, 99.5 if variant == "llama" else 0.85, pool=pool)
     mlp = torch.nn.Module()
     mlp.act_fn = torch.nn.SiLU()
@@ -362,7 +362,7 @@ def test_no_host_sync_at_a_decode_step_and_a_constant_at_the_prompt(variant, poo
 
 
 def test_teacher_forcing_copies_once_per_call(monkeypatch):
-    monkeypatch.setattr(arm, "ON_HOST", ())
+    monkeypatch.setattr(redistribution, "ON_HOST", ())
     mlp = torch.nn.Module()
     mlp.act_fn = torch.nn.SiLU()
     hook = scoring.TeacherForcedArm(mlp, settings("llama", 0.13, 99.5))
