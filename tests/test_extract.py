@@ -17,18 +17,16 @@ from meaningless_tokens.errors import ArtifactError, ConfigError, DatasetError
 from meaningless_tokens.prompts import PromptBuilder, dataset_spec, load_math500
 from meaningless_tokens.store import read_h5
 from tests import tiny
-from tests.conftest import ROOT, spelled_out
+from tests.conftest import ROOT
+from tests.params import spelled_out, tiny_model
 
 ARCHS = ["llama", "qwen2", "gemma3"]
 
 
 def tiny_params(write_params, tiny_dirs, arch, n_samples=4, showcase=1, **spec):
-    raw = load_params(write_params()).model_dump()
-    raw["extract"].update(n_samples=n_samples, showcase=showcase)
-    raw["models"] = {"tiny": spelled_out({"display_name": f"Tiny {arch}", "family": arch,
-                                          "source": {"kind": "local_dir", "path": str(tiny_dirs[arch])},
-                                          "layers": [0, 1, 2], "heads": "all", **spec})}
-    return load_params(write_params(raw))
+    """The default params with one tiny model `tiny` of `arch` (`spec` added to its entry)."""
+    return load_params(write_params(over={"extract": {"n_samples": n_samples, "showcase": showcase}},
+                                    models={"tiny": spelled_out(tiny_model(arch, tiny_dirs[arch], **spec))}))
 
 
 def recompute_layer0(model, ids):
