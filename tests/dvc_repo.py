@@ -20,6 +20,7 @@ import yaml
 
 from tests import params
 from tests.params import PROFILE, ROOT
+
 BIN = Path(sys.executable).parent
 # outputs and files the pipeline does not need; the copy starts with no outputs at all
 SKIP = ("artifacts/", "metrics/", "reports/", "reference/", "tests/", "benchmarks/", ".ci/", "dvc.lock")

@@ -59,7 +59,7 @@ def _all_stages() -> dict:
 
 
 def stage_names() -> tuple[str, ...]:
-    """dvc.yaml's stages in its order: each after the stages whose outputs it reads."""
+    """dvc.yaml's stages in its order (it lists each after the stages whose outputs it reads)."""
     return tuple(_all_stages())
 
 
