@@ -1,15 +1,13 @@
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 
 import pytest
-import yaml
 
-from meaningless_tokens.config import yaml12
-from tests import tiny
+from tests import params, tiny
 
 ROOT = tiny.ROOT
+spelled_out = params.spelled_out  # what the tests import from here
 
 
 @pytest.fixture(scope="session")
@@ -27,29 +25,17 @@ def cache_dir(tmp_path, monkeypatch) -> Path:
 
 
 def default_params() -> dict:
-    return yaml12.load((ROOT / "params.yaml").read_text())  # as the stages and DVC read it (`on` a string)
+    return params.read()  # as the stages and DVC read it (`on` a string)
 
 
 @pytest.fixture
 def write_params(tmp_path):
-    """Write a params file (default values updated by `changes`) and return its path.
+    """Write a params file and return its path: `raw` (default: params.yaml) with `over` laid over it and `sections`
+    replaced (tests/params.py, build), relative paths made absolute so that the file can live in tmp_path."""
 
-    Relative paths in the default params are made absolute, so the file can live in tmp_path."""
-
-    def write(raw: dict | None = None, **sections) -> Path:
-        raw = copy.deepcopy(raw if raw is not None else default_params())
-        if raw["dataset"].get("path"):
-            raw["dataset"]["path"] = str(ROOT / raw["dataset"]["path"])
-        if "mful" in raw.get("prompt", {}):
-            raw["prompt"]["mful"]["text_file"] = str(ROOT / raw["prompt"]["mful"]["text_file"])
-        raw.update(sections)
-        for stage in ("evaluate", "likelihood"):
-            chosen = raw.get(stage, {}).get("models")
-            if chosen and not set(chosen) <= set(raw.get("models", {})):  # tiny models replaced the listed ones
-                raw[stage]["models"] = list(raw.get("models", {}))  # every model
-        path = tmp_path / "params.yaml"
-        path.write_text(yaml.safe_dump(raw, sort_keys=False))
-        return path
+    def write(raw: dict | None = None, over: dict | None = None, **sections) -> Path:
+        return params.write(tmp_path / "params.yaml",
+                            params.build(raw if raw is not None else "params.yaml", over, absolute=True, **sections))
 
     return write
 
@@ -57,12 +43,7 @@ def write_params(tmp_path):
 @pytest.fixture
 def tiny_models_params(write_params, tiny_dirs):
     """A params file whose models are the three tiny local models."""
-    models = {
-        f"tiny-{arch}": {"display_name": f"Tiny {arch}", "family": arch,
-                         "source": {"kind": "local_dir", "path": str(path)}, "layers": [0, 1, 2], "heads": "all"}
-        for arch, path in tiny_dirs.items()
-    }
-    return write_params(models=models)
+    return write_params(models={f"tiny-{arch}": params.tiny_model(arch, path) for arch, path in tiny_dirs.items()})
 
 
 def pytest_collection_modifyitems(session, config, items):
@@ -81,14 +62,6 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section("engine comparison")
         for line in SUMMARY:
             terminalreporter.write_line(line)
-
-
-def spelled_out(spec: dict) -> dict:
-    """A model entry with every key dvc.yaml lists, the schema's defaults where `spec` has none: as DVC (and so
-    every stage's command) needs it."""
-    from meaningless_tokens.config import dvc_model_defaults
-
-    return {**dvc_model_defaults(), **spec}
 
 
 @pytest.fixture(autouse=True)

@@ -23,10 +23,9 @@ import time
 from pathlib import Path
 
 from meaningless_tokens.config import yaml12
-from tests import tiny
+from tests import params, tiny
 
-ROOT = tiny.ROOT
-# what the CPU run shrinks; everything else is the GPU profile's
+# what the CPU run shrinks (laid over the profile key by key); everything else is the GPU profile's
 # (a coarser activation histogram too: its chart takes most of the drawing time, and its bins are no figure param;
 # and the CPU's likelihood batch budget: the GPU's 16384 padded tokens per pass made the stand-ins' scoring 1.3x slower)
 SMALL = {"extract": {"n_samples": 2, "showcase": 1}, "evaluate": {"n_samples": 2, "max_new_tokens": 2, "batch_size": 6,
@@ -34,6 +33,7 @@ SMALL = {"extract": {"n_samples": 2, "showcase": 1}, "evaluate": {"n_samples": 2
          "stats": {"n_boot": 50}, "activations": {"n_boot": 50, "showcase": 0, "bins": 60},
          "sweep": {"attention_samples": 2, "accuracy_samples": 2, "likelihood_samples": 2, "n_boot": 50},
          "likelihood": {"n_samples": 3, "solution_tokens": 16, "n_boot": 50, "batch_tokens": 1024}}
+CPU = {"runtime": {"device": "cpu", "dtype": "float32", "offline": True, "threads": 1}}
 
 
 def build_models(folder: Path) -> dict[str, Path]:
@@ -49,20 +49,11 @@ def build_models(folder: Path) -> dict[str, Path]:
 
 def dry_run_params(model_dirs: dict[str, Path], absolute_paths: bool = False) -> dict:
     """profiles/gpu.yaml with tiny local models on the CPU and a few problems (see the module doc)."""
-    raw = yaml12.load((ROOT / "profiles" / "gpu.yaml").read_text())
-    raw["profile"] = "gpu-dry-run"
-    raw["runtime"].update(device="cpu", dtype="float32", offline=True, threads=1)
-    for section, values in SMALL.items():
-        for key, value in values.items():  # a nested block (evaluate.sampling) keeps the profile's other keys
-            raw[section][key] = {**raw[section][key], **value} if isinstance(value, dict) else value
+    raw = params.build("profiles/gpu.yaml", {"profile": "gpu-dry-run", **CPU, **SMALL}, absolute=absolute_paths)
     if set(raw["models"]) != set(model_dirs):
         raise SystemExit(f"profiles/gpu.yaml models {sorted(raw['models'])} != tiny stand-ins {sorted(model_dirs)}")
     for name, spec in raw["models"].items():
         spec["source"] = {"kind": "local_dir", "path": str(model_dirs[name])}
-    if absolute_paths:  # a params file outside the project
-        if raw["dataset"].get("path"):
-            raw["dataset"]["path"] = str(ROOT / raw["dataset"]["path"])
-        raw["prompt"]["mful"]["text_file"] = str(ROOT / raw["prompt"]["mful"]["text_file"])
     return raw
 
 

@@ -18,7 +18,9 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests import params
+from tests.params import PROFILE, ROOT
+
 BIN = Path(sys.executable).parent
 # outputs and files the pipeline does not need; the copy starts with no outputs at all
 SKIP = ("artifacts/", "metrics/", "reports/", "reference/", "tests/", "benchmarks/", ".ci/", "dvc.lock")
@@ -42,30 +44,11 @@ def output_folders() -> list[str]:
     return sorted(str(Path(f).parent) for f in out if f.endswith("/.gitignore") and not f.startswith("artifacts/plots/"))
 
 
-PROFILE = ROOT / "tests" / "profile.yaml"
-
-
-def overlay(base: dict, over: dict) -> dict:
-    """`base` with `over`'s keys laid over it, section by section (a mapping merges, anything else replaces)."""
-    out = dict(base)
-    for k, v in over.items():
-        out[k] = overlay(base[k], v) if isinstance(v, dict) and isinstance(base.get(k), dict) else v
-    return out
-
-
 def tiny_params(models: dict[str, tuple[str, Path]]) -> dict:
-    """The CPU profile with the tests' own profile (tests/profile.yaml) laid over it, and tiny local models."""
-    raw = overlay(yaml.safe_load((ROOT / "profiles" / "cpu.yaml").read_text()), yaml.safe_load(PROFILE.read_text()))
-    raw["models"] = {
-        name: {"display_name": f"Tiny {family}", "template": None, "family": family,
-               "source": {"kind": "local_dir", "path": str(path)}, "layers": [0, 1, 2], "heads": "all",
-               "trust_remote_code": False,
-               "arm": {"c": None, "percentage": None, "k": None, "pmin": None, "pmax": None}}
-        for name, (family, path) in models.items()
-    }
-    raw["evaluate"]["models"] = list(raw["models"])  # dvc.yaml's evaluate and likelihood stages: one per name listed
-    raw["likelihood"]["models"] = list(raw["models"])
-    return raw
+    """The CPU profile with the tests' own profile (tests/profile.yaml) laid over it, and tiny local models (every
+    key dvc.yaml lists spelled out: `dvc exp run -S` sets them), each evaluated and scored."""
+    return params.build("profiles/cpu.yaml", params.read(PROFILE), models={
+        name: params.spelled_out(params.tiny_model(family, path)) for name, (family, path) in models.items()})
 
 
 class Repo:
@@ -81,7 +64,7 @@ class Repo:
         for folder in output_folders():  # as in a fresh clone, without the entries of the project's own models
             (path / folder).mkdir(parents=True, exist_ok=True)
             (path / folder / ".gitignore").touch()
-        (path / "params.yaml").write_text(yaml.safe_dump(tiny_params(models), sort_keys=False))
+        params.write(path / "params.yaml", tiny_params(models))
         home.mkdir(parents=True, exist_ok=True)
         repo = cls(path, make_env(home, model_cache))
         repo.git("init", "-q", "-b", "main")

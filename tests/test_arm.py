@@ -513,14 +513,13 @@ def test_arm_on_a_model_without_a_gated_mlp_is_refused(write_params, tiny_dirs):
 def test_paper_defaults_by_repo_and_family():
     """The paper's (c, percentage) for its models, its files' pmin/pmax per family, fallbacks otherwise."""
     from meaningless_tokens.config import Params
+    from tests.params import build
 
-    raw = load_params(tiny_params_path()).model_dump()
-    raw["models"] = {
+    raw = build(models={  # every model evaluated and scored
         "q": {"display_name": "q", "source": {"kind": "hf", "repo_id": "Qwen/Qwen2.5-Math-7B"}},
         "l": {"display_name": "l", "source": {"kind": "hf", "repo_id": "meta-llama/Llama-3.1-8B-Instruct"}},
         "g": {"display_name": "g", "source": {"kind": "hf", "repo_id": "google/gemma-3-4b-it"}},
-        "o": {"display_name": "o", "source": {"kind": "local_dir", "path": "x"}, "arm": {"c": 0.2}}}
-    raw["evaluate"]["models"] = raw["likelihood"]["models"] = list(raw["models"])  # every model
+        "o": {"display_name": "o", "source": {"kind": "local_dir", "path": "x"}, "arm": {"c": 0.2}}})
     params = Params.model_validate(raw)
     q, l, g, o = (arm_settings(params, n, t) for n, t in (("q", "qwen2"), ("l", "llama"), ("g", "gemma3_text"),
                                                            ("o", "mistral")))
@@ -547,9 +546,3 @@ def arm_settings(params, name: str, model_type: str) -> arm.ArmSettings:
                                     facts={"model_type": model_type}, probe={})
     setup = models.ModelSetup(models.ModelEntry.of(params, name), prepared, "cpu", "float32", None)
     return arm.settings_for(params.arm, params.dataset.benchmark, setup)
-
-
-def tiny_params_path():
-    from tests.conftest import ROOT
-
-    return ROOT / "params.yaml"

@@ -1,5 +1,4 @@
 import hashlib
-import importlib
 import json
 import subprocess
 import sys
@@ -17,47 +16,17 @@ from meaningless_tokens.errors import ArtifactError, ConfigError, DatasetError
 from meaningless_tokens.prompts import PromptBuilder, dataset_spec, load_math500
 from meaningless_tokens.store import read_h5
 from tests import tiny
-from tests.conftest import ROOT, spelled_out
+from tests.conftest import ROOT
+from tests.layer0 import own_mask, recompute_layer0
+from tests.params import spelled_out, tiny_model
 
 ARCHS = ["llama", "qwen2", "gemma3"]
 
 
 def tiny_params(write_params, tiny_dirs, arch, n_samples=4, showcase=1, **spec):
-    raw = load_params(write_params()).model_dump()
-    raw["extract"].update(n_samples=n_samples, showcase=showcase)
-    raw["models"] = {"tiny": spelled_out({"display_name": f"Tiny {arch}", "family": arch,
-                                          "source": {"kind": "local_dir", "path": str(tiny_dirs[arch])},
-                                          "layers": [0, 1, 2], "heads": "all", **spec})}
-    return load_params(write_params(raw))
-
-
-def recompute_layer0(model, ids):
-    """Softmax of scaled q·k with an own causal mask (and Gemma's band), from layer 0's own projections."""
-    decoder = model.get_decoder()
-    attn = decoder.layers[0].self_attn
-    fam = importlib.import_module(type(attn).__module__)
-    x = torch.tensor([ids])
-    T = x.shape[1]
-    h = decoder.layers[0].input_layernorm(decoder.embed_tokens(x))
-    q = attn.q_proj(h).view(1, T, -1, attn.head_dim).transpose(1, 2)
-    k = attn.k_proj(h).view(1, T, -1, attn.head_dim).transpose(1, 2)
-    if hasattr(attn, "q_norm"):
-        q, k = attn.q_norm(q), attn.k_norm(k)
-    pos = torch.arange(T)[None]
-    gemma = model.config.model_type.startswith("gemma3")
-    layer_type = model.config.layer_types if gemma else None
-    if gemma:  # Gemma 3 keeps one rotary table per layer type (local / global)
-        cos, sin = decoder.rotary_emb(h, pos, layer_type[0])
-    else:
-        cos, sin = decoder.rotary_emb(h, pos)
-    q, k = fam.apply_rotary_pos_emb(q, k, cos, sin)
-    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
-    scores = (q @ k.transpose(2, 3)) * attn.scaling
-    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
-    allowed = j <= i
-    if layer_type and layer_type[0] == "sliding_attention":
-        allowed &= (i - j) < model.config.sliding_window
-    return torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)[0].detach().numpy()
+    """The default params with one tiny model `tiny` of `arch` (`spec` added to its entry)."""
+    return load_params(write_params(over={"extract": {"n_samples": n_samples, "showcase": showcase}},
+                                    models={"tiny": spelled_out(tiny_model(arch, tiny_dirs[arch], **spec))}))
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -72,7 +41,8 @@ def test_stored_layer0_equals_independent_recomputation(arch, tiny_dirs, write_p
             off = g["offsets"][:]
             for k in range(3):
                 ids = g["input_ids"][off[k]:off[k + 1]].tolist()
-                expected = recompute_layer0(model, ids)  # [H, T, T]
+                expected, allowed = recompute_layer0(model, ids)  # [H, T, T], [T, T]
+                assert np.array_equal(allowed, own_mask(model, len(ids)))  # causal, and Gemma's band
                 stored = f["showcase"][f"{k:03d}"][c][0]
                 np.testing.assert_allclose(stored, expected, atol=1e-5, rtol=0)
                 np.testing.assert_allclose(stored.sum(-1), 1.0, atol=1e-5)

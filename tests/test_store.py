@@ -212,6 +212,17 @@ def test_every_output_dvc_yaml_declares_has_its_path_in_the_table():
     assert not missing, f"dvc.yaml outputs not in store.PATHS: {missing}"
 
 
+def test_the_stage_order_and_the_run_sidecars_are_dvc_yaml_s():
+    """store.STAGES is dvc.yaml's stages in its order, and PATHS' `timing/<stage>` kinds are exactly its model stages
+    (each a foreach): each declares its sidecar in `metrics:`, which the path table reads from there."""
+    from meaningless_tokens.store import PATHS, STAGES
+
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    assert STAGES == tuple(stages)
+    timing = [kind.removeprefix("timing/") for kind in PATHS if kind.startswith("timing/")]
+    assert timing == [s for s in STAGES if "foreach" in stages[s]] and "prepare" in timing and "figures" not in timing
+
+
 def test_a_stage_reading_a_params_key_dvc_yaml_does_not_list_for_it_fails():
     """Every stage reads params through store.params_view (the stage tests run each stage so): a key its dvc.yaml
     entry does not list raises, naming the stage and the key."""

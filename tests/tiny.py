@@ -126,31 +126,40 @@ def build_paper(name: str, out: Path) -> Path:
 
 
 def run_pipeline(params, root: Path) -> tuple[list[Path], list[Path]]:
-    """Every stage in-process, in dvc.yaml's order, for a project folder `root` with its params file and a
-    model cache of its own (MLESS_CACHE); (figure files, report files)."""
+    """dvc.yaml's stages up to the report in-process, in its order, for a project folder `root` with its params file
+    and a model cache of its own (MLESS_CACHE): model by model each model stage whose `foreach` lists the model, then
+    the others (figures, report); (figure files, report files)."""
+    import importlib
     import os
 
-    from stages import activations, arm_tuning, evaluate, extract, figures, likelihood, prepare, report, stats, sweep
+    from meaningless_tokens import store
 
+    names = store.STAGES[:store.STAGES.index("report") + 1]
+    specs = {stage: store.dvc_stage(stage) for stage in names}
+    module = {stage: importlib.import_module(spec["cmd"].split()[2]) for stage, spec in specs.items()}
+    each = {stage: foreach_models(params, spec["foreach"]) for stage, spec in specs.items() if spec["foreach"]}
     before = os.environ.get("MLESS_CACHE")
     os.environ["MLESS_CACHE"] = str(root / "cache")
     try:
         for name in params.models:
-            prepare.run(params, name)
-            extract.run(params, name)
-            evaluate.run(params, name, root=root)
-            stats.run(params, name)
-            activations.run(params, name)
-            sweep.run(params, name)
-            likelihood.run(params, name)
-            if name in params.arm_tuning.models:
-                arm_tuning.run(params, name)
-        return figures.run(params), report.run(params)
+            for stage, models in each.items():
+                if name in models:
+                    module[stage].run(params, name, root=root)
+        figures, report = (module[stage].run(params, root=root) for stage in names if stage not in each)
+        return figures, report
     finally:
         if before is None:
             os.environ.pop("MLESS_CACHE", None)
         else:
             os.environ["MLESS_CACHE"] = before
+
+
+def foreach_models(params, foreach: str) -> list[str]:
+    """The models a dvc.yaml `foreach: ${<dotted key>}` runs its stage for, read from `params`."""
+    value = params
+    for key in foreach.removeprefix("${").removesuffix("}").split("."):
+        value = getattr(value, key)
+    return list(value)
 
 
 def hub_snapshot(cache_dir: Path, repo_id: str, commit: str, model_dir: Path) -> Path:

@@ -3,7 +3,7 @@
   files       atomic writes (temporary file, then rename) and filesystem faults as one line
   hdf5        HDF5 artifacts: deterministic writing, reading that checks kind, stage, model and params, texts that
               round-trip every character (`put_texts`, `read_texts`)
-  stages      dvc.yaml as the stages' definition: deps, the code hashes a stage records
+  stages      dvc.yaml as the stages' definition: their order, outputs, deps, the code hashes a stage records
   view        the params a stage reads: exactly dvc.yaml's list (`params_view`, `stage_params`)
   provenance  what an artifact records of the code and environment; the run's timing sidecar
   paths       where every artifact lives (`PATHS`, `path`, `outputs`)

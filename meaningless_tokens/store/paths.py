@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from meaningless_tokens.store.stages import declared_outputs, stage_names
 
-STAGES = ("prepare", "extract", "evaluate", "stats", "activations", "sweep", "likelihood", "arm_tuning", "figures",
-          "report", "explorer")
+STAGES = stage_names()  # dvc.yaml's stages, in its order
+TIMING = "metrics/timing/{stage}-{{name}}.json"  # a run's sidecar
 
 # kind -> path template: every file a stage writes or reads, named once (`{name}`: the model). dvc.yaml spells
 # the same paths with ${key}/${item} (tests/test_store.py checks that each of its outs and metrics is here).
@@ -26,8 +27,9 @@ PATHS = {
     "metrics/sweep": "metrics/sweep/{name}.json",
     "metrics/likelihood": "metrics/likelihood/{name}.json",
     "metrics/arm_tuning": "metrics/arm_tuning/{name}.json",
-    # a run's sidecar (never deterministic: timings, the commit that ran); figures and report write none
-    **{f"timing/{s}": f"metrics/timing/{s}-{{name}}.json" for s in STAGES[:8]},
+    # a run's sidecar (never deterministic: timings, the commit that ran), for each stage whose dvc.yaml metrics
+    # declare one (figures, report, explorer and reference write none)
+    **{f"timing/{s}": TIMING.format(stage=s) for s in STAGES if TIMING.format(stage=s) in declared_outputs(s)},
     # resumable generations (not DVC outputs: kept across runs so an interrupted stage resumes)
     "journal/eval": "artifacts/eval/.journal/{name}.jsonl",
     "journal/sweep": "artifacts/sweep/.journal/{name}.jsonl",

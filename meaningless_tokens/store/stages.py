@@ -1,5 +1,6 @@
-"""dvc.yaml read as the stages' own definition: a stage's deps (whose code files it hashes into its provenance) and
-its params list, as DVC resolves them (YAML anchors and aliases, `params.yaml: [...]` entries)."""
+"""dvc.yaml read as the stages' own definition: the stages and their order, what each declares it writes, a stage's
+deps (whose code files it hashes into its provenance) and its params list, as DVC resolves them (YAML anchors and
+aliases, `params.yaml: [...]` entries)."""
 
 from __future__ import annotations
 
@@ -45,6 +46,31 @@ def code_hashes(stage: str) -> dict[str, str]:
 def _stages(text: str) -> dict:
     """The file's `stages`, aliases resolved (a stage reads dvc.yaml several times: parsed once per content)."""
     return yaml12.load(text)["stages"]
+
+
+def _all_stages() -> dict:
+    try:
+        stages = _stages(DVC_YAML.read_text())
+        if not isinstance(stages, dict):
+            raise TypeError(f"a {type(stages).__name__}, not a mapping")
+        return stages
+    except (OSError, yaml12.YAMLError, ConfigError, KeyError, TypeError) as e:
+        raise StageError(f"{DVC_YAML}: stages: cannot read them ({type(e).__name__}: {e})") from None
+
+
+def stage_names() -> tuple[str, ...]:
+    """dvc.yaml's stages in its order (it lists each after the stages whose outputs it reads)."""
+    return tuple(_all_stages())
+
+
+def declared_outputs(stage: str) -> list[str]:
+    """The files `stage` declares in dvc.yaml (its `outs` and `metrics`), a model's `${key}` / `${item}` as `{name}`:
+    the form of store.PATHS' templates."""
+    spec = _all_stages()[stage]
+    body = spec.get("do") or spec
+    entries = (body.get("outs") or []) + (body.get("metrics") or [])
+    return [(next(iter(e)) if isinstance(e, dict) else e).replace("${key}", "{name}").replace("${item}", "{name}")
+            for e in entries]
 
 
 def dvc_stage(stage: str) -> dict:
