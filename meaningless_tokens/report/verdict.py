@@ -26,6 +26,38 @@ if not all(RULES.values()):
     raise ValueError(f"{VERDICT}: a word's rule is missing")
 
 
+def _claims(keys: str, cells: str, pooled: str, tau2: str) -> tuple[tuple[str, str, str], ...]:
+    """metrics/verdict.json's values of the claims `keys` (claims are named by their key: `claims[b]`): the cells'
+    kind of quantity (that of the output they are read from), the pooled estimate's and interval's, tau^2's."""
+    return tuple(("verdict", f"claims[{k}].{part}.{value}", kind) for k in keys.split()
+                 for part, kind in (("cells.*", cells), ("pooled", pooled)) for value in ("estimate", "low", "high")
+                 ) + tuple(("verdict", f"claims[{k}].pooled.tau2", tau2) for k in keys.split())
+
+
+# How `make verify` compares metrics/verdict.json (meaningless_tokens/verify/compare.py assembles KINDS from these
+# and every measure's): (artifact kind of store.PATHS, key glob, kind of quantity), each key by the quantity it
+# holds, first match wins; the derived statistics' kinds follow from those of the cells they read
+QUANTITIES = (
+    ("verdict", "claims[*].cells.*.p", "p"),
+    ("verdict", "claims[*].*sesoi", "exact"),  # params.yaml's verdict.sesoi, or the paper's
+    ("verdict", "claims[*].cells.*.paper", "exact"),  # report/paper.yaml's
+    ("verdict", "claims[*].pooled.i2", "i2"),
+    ("verdict", "claims[*].*md", "printed"),
+    ("verdict", "claims[*].*detail", "printed"),
+    *_claims("a b c", "percent", "pooled-points", "tau2"),  # stats' `*_pct` values as they are
+    *_claims("d", "points", "pooled-points", "tau2"),
+    *_claims("e1 e2", "activation-points", "pooled-activation-points", "tau2-activation-points"),
+    *_claims("e3 e4", "activation", "pooled-activation", "tau2-activation"),
+    *_claims("f1 g1 g2", "exact", "exact", "exact"),  # accuracy: from grades
+    *_claims("f2 h1 h2", "loglik", "pooled-loglik", "tau2-loglik"),
+    ("verdict", "claims[*]*", "exact"),  # the claim, its measure, the paper's words, reasons, commands, settings
+    ("verdict", "power.likelihood.*.mde*", "mde-loglik"),
+    ("verdict", "power.accuracy.*", "exact"),  # from grades, 3 significant digits
+    ("verdict", "power.paper_gain*", "exact"),  # report/paper.yaml's
+    ("verdict", "*", "exact"),  # the rules, model names, counts, the Holm sentence (counts)
+)
+
+
 def word(low: float, high: float, direction: int = +1, sesoi: float | None = None) -> str:
     """The verdict on one 95 % interval [low, high] of a quantity the paper predicts to be positive (direction +1)
     or negative (-1), with the claim's smallest effect of interest `sesoi` (> 0, on the predicted side) or None."""
