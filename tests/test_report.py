@@ -733,7 +733,7 @@ def test_prose_macros_keep_their_values_and_wrap_freely(tmp_path, monkeypatch):
     each format and keeps its own line breaks, the template's line breaks are one space, a constant is kept."""
     from markupsafe import Markup
 
-    from meaningless_tokens.report import prose
+    from meaningless_tokens.results import prose
     from meaningless_tokens.results.trace import Num
 
     (tmp_path / "t.j2").write_text('{% macro s(name, x, xs) -%}\n{{ name }} has\n   {{ x }} [{{ xs | join(", ") }}]'
@@ -754,9 +754,9 @@ def test_prose_macros_keep_their_values_and_wrap_freely(tmp_path, monkeypatch):
 
 
 def test_plain_sentences_join_values_unescaped(tmp_path, monkeypatch):
-    """A stored sentence (report/prose.py, plain: metrics/verdict.json's) is the text as written: its values joined
+    """A stored sentence (results/prose.py, plain: metrics/verdict.json's) is the text as written: its values joined
     unescaped (the format that shows it escapes it), the template's line breaks one space."""
-    from meaningless_tokens.report import prose
+    from meaningless_tokens.results import prose
 
     (tmp_path / "t.j2").write_text('{% macro s(name, n) -%}\n({{ name }}) reproduced\n   for {{ n }} of_2'
                                    '{% if n > 1 %} models{% endif %}.\n{%- endmacro %}\n', encoding="utf-8")
