@@ -8,13 +8,14 @@ from pathlib import Path
 
 LAYERS = (
     ("errors", "config", "progress", "intervals", "grading", "paired", "draws"),  # exceptions, params schema, plain helpers, counter-based draws
-    ("store", "cli", "envlock", "runcache", "verify", "forkserver"),  # artifacts on disk, command line, environment, warm start
+    ("store", "cli", "envlock", "runcache", "forkserver"),  # artifacts on disk, command line, environment, warm start
     ("capture", "hooks", "prompts", "sampling", "models", "arm", "stage", "generations"),  # attention capture, hooks, prompts, model sources, ARM, stage prelude, kept generations
     ("engines", "vllm_engine", "scoring"),  # generation and scoring
     ("measures",),  # what each model stage measures, one module per stage
     ("results",),  # what charts and report both read: loaded artifacts, traced numbers, phrases
     ("charts",),  # chart kinds: draw and explain
     ("report", "add_model"),  # the verdict, the report's pages and the explorer's data; `mless add-model`
+    ("verify",),  # `make verify`: each output against the reference, by the kinds of quantity the measures declare
 )
 
 TEMPLATES = Path(__file__).parent / "templates"  # the report's and the explorer's Jinja templates

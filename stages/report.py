@@ -23,7 +23,7 @@ from pathlib import Path
 
 from markupsafe import Markup
 
-from meaningless_tokens import TEMPLATES, cli, store
+from meaningless_tokens import TEMPLATES, charts, cli, store
 from meaningless_tokens.config import Params
 from meaningless_tokens.report.content import VERDICT, content as report_content, duration_unit
 from meaningless_tokens.results.trace import md_escape
@@ -69,7 +69,9 @@ def results_md(summary: dict, root: Path) -> str:
     env.filters["duration"] = duration
     figures = [k for k in KEY_CHARTS if (root / RESULT_FIGURES / f"{k}.png").is_file()]
     pooled = len(summary["models"]) > 1
-    return env.get_template("results.md.j2").render(v=summary, figures=figures, fig_dir=RESULT_FIGURES.name, pooled=pooled)
+    section_of = {k.KIND: charts.section(k) for k in charts.KINDS}  # where the report explains each chart
+    return env.get_template("results.md.j2").render(v=summary, figures=figures, fig_dir=RESULT_FIGURES.name, pooled=pooled,
+                                                    section_of=section_of)
 
 
 def duration(hours: float) -> str:

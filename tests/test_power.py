@@ -8,7 +8,7 @@ import pytest
 from scipy import stats
 from statsmodels.stats.power import TTestPower
 
-from meaningless_tokens.report import pooling, verdict
+from meaningless_tokens.report import pooling, power, verdict
 
 
 def _solve(n: int) -> float:
@@ -25,13 +25,13 @@ def _spread(n: int, sd: float = 1.0, seed: int = 0) -> np.ndarray:
 @pytest.mark.parametrize("n", [5, 20, 100])
 def test_mde_is_the_paired_t_tests(n):
     # the normal approximation's (1.96 + 0.84) / sqrt(n) is 25 %, 5 % and 1 % smaller: outside rel 1e-4 at each n
-    assert verdict.mde(_spread(n, 2.5)) == pytest.approx(2.5 * _solve(n), rel=1e-4)
+    assert power.mde(_spread(n, 2.5)) == pytest.approx(2.5 * _solve(n), rel=1e-4)
     # a 500-problem design at this run's spread: its own t, not the run's MDE scaled by sqrt(n / 500)
-    assert verdict.mde(_spread(n, 2.5), at=500) == pytest.approx(2.5 * _solve(500), rel=1e-4)
+    assert power.mde(_spread(n, 2.5), at=500) == pytest.approx(2.5 * _solve(500), rel=1e-4)
 
 
 def test_mde_at_five_problems_has_eighty_percent_power_by_simulation():
-    m = verdict.mde(_spread(5))
+    m = power.mde(_spread(5))
     assert m == pytest.approx(1.682, abs=1e-3)  # the approximation said 1.25
     reps = 20_000
     x = np.random.default_rng(1).normal(m, 1.0, size=(reps, 5))
@@ -42,13 +42,13 @@ def test_mde_at_five_problems_has_eighty_percent_power_by_simulation():
 @pytest.mark.parametrize("d", [1.0, 0.5, 0.2, 0.05])
 def test_needed_is_the_fewest_problems_with_eighty_percent_power(d):
     diff = _spread(12, 3.0)
-    n = verdict.needed(diff, d * 3.0)
+    n = power.needed(diff, d * 3.0)
     assert n == math.ceil(TTestPower().solve_power(effect_size=d, alpha=0.05, power=0.8, alternative="two-sided"))
-    power = TTestPower().power
-    assert power(d, n, 0.05) >= 0.8 > power(d, n - 1, 0.05)
-    assert verdict.needed(np.ones(5), 1.0) is None  # no spread: nothing to scale
+    exact = TTestPower().power
+    assert exact(d, n, 0.05) >= 0.8 > exact(d, n - 1, 0.05)
+    assert power.needed(np.ones(5), 1.0) is None  # no spread: nothing to scale
     with pytest.raises(ValueError):
-        verdict.needed(diff, 0.0)
+        power.needed(diff, 0.0)
 
 
 def test_interval_mde_takes_the_cells_degrees_of_freedom():

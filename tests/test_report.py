@@ -487,7 +487,7 @@ def test_arm_rows_state_their_setting_and_never_vanish(project, tmp_path):
     """(f2) says which setting it judged and how it was chosen (tuned on other problems for tiny-llama, the
     variant's fallback for tiny-gemma); the ARM section sets the tuning beside the in-sample choice; where ARM did
     not run, the (f) rows stay, their cells naming the command that runs it."""
-    from meaningless_tokens.report import verdict
+    from meaningless_tokens.report import claims
     from meaningless_tokens.results.context import load_context
 
     root, params, (_, md_path) = project
@@ -513,7 +513,7 @@ def test_arm_rows_state_their_setting_and_never_vanish(project, tmp_path):
         likelihood.run(changed, "tiny-gemma")
     finally:
         os.environ.pop("MLESS_CACHE") if before is None else os.environ.__setitem__("MLESS_CACHE", before)
-    rows = {r.key: r for r in verdict.claims(load_context(changed))}
+    rows = {r.key: r for r in claims.claims(load_context(changed))}
     assert {"f1", "f2"} <= set(rows)
     cell = rows["f2"].cells["tiny-gemma"]
     assert (cell.word, cell.why, cell.run) == ("not run", "arm not scored",
@@ -754,7 +754,7 @@ def test_prose_macros_keep_their_values_and_wrap_freely(tmp_path, monkeypatch):
 
 
 def test_plain_sentences_join_values_unescaped(tmp_path, monkeypatch):
-    """A stored sentence (report/prose.py, plain: metrics/verdict.json's) is the text as written: its values joined
+    """A stored sentence (results/prose.py, plain: metrics/verdict.json's) is the text as written: its values joined
     unescaped (the format that shows it escapes it), the template's line breaks one space."""
     from meaningless_tokens.results import prose
 

@@ -14,6 +14,7 @@ from meaningless_tokens.results.trace import artifact
 KIND = "accuracy"
 TEXT = "charts/accuracy.j2"
 PER_MODEL = False
+SECTION = "Accuracy"  # the report section it sits in (its anchor: charts.anchor)
 
 
 def draw(plt, ctx: Context, name: None = None):

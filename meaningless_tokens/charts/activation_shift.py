@@ -16,6 +16,7 @@ from meaningless_tokens.results.trace import ALL, excludes_zero
 KIND = "activation-shift"
 TEXT = "charts/activation_shift.j2"
 PER_MODEL = False
+SECTION = "Activation shift"  # the report section it sits in (its anchor: charts.anchor)
 MEASURES = ("near_zero_robust", "near_zero_fixed", "l1", "l2", "gini", "z_var")
 
 

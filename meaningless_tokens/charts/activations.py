@@ -17,6 +17,7 @@ from meaningless_tokens.results.activations import CLAIM, NAMES, views
 KIND = "activations"
 TEXT = "charts/activations.j2"
 PER_MODEL = False
+SECTION = "Activation shift"  # the report section it sits in (its anchor: charts.anchor)
 INSETS = (("near_zero_robust", "Sparsity"), ("l1", "L1 norm"), ("l2", "L2 norm"), ("gini", "Gini"))
 
 

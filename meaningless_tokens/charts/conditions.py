@@ -12,6 +12,7 @@ from meaningless_tokens.results.prose import say, shared
 KIND = "conditions"
 TEXT = "charts/conditions.j2"
 PER_MODEL = True
+SECTION = "Meaningless vs meaningful span"  # the report section it sits in (its anchor: charts.anchor)
 
 
 def draw(plt, ctx: Context, name: str):

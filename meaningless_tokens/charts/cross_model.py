@@ -12,6 +12,7 @@ from meaningless_tokens.results.trace import ALL
 KIND = "cross-model"
 TEXT = "charts/cross_model.j2"
 PER_MODEL = False
+SECTION = "Meaningless vs meaningful span"  # the report section it sits in (its anchor: charts.anchor)
 
 
 def draw(plt, ctx: Context, name: None = None):

@@ -12,6 +12,7 @@ from meaningless_tokens.results.trace import excludes_zero
 KIND = "heads"
 TEXT = "charts/heads.j2"
 PER_MODEL = True
+SECTION = "Attention"  # the report section it sits in (its anchor: charts.anchor)
 
 
 def draw(plt, ctx: Context, name: str):

@@ -15,6 +15,7 @@ from meaningless_tokens.results.trace import Text, artifact
 KIND = "pass-at-k"
 TEXT = "charts/pass_at_k.j2"
 PER_MODEL = False
+SECTION = "Accuracy"  # the report section it sits in (its anchor: charts.anchor)
 ENABLE = "dvc exp run -S evaluate.sampling.n=3"
 
 

@@ -13,6 +13,7 @@ from meaningless_tokens.results.trace import Text, artifact
 KIND = "span-accuracy"
 TEXT = "charts/span_accuracy.j2"
 PER_MODEL = False
+SECTION = "Span length"  # the report section it sits in (its anchor: charts.anchor)
 ENABLE = "dvc exp run -S sweep.accuracy_samples=10"
 
 

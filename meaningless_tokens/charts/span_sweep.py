@@ -15,6 +15,7 @@ from meaningless_tokens.results.trace import Num, artifact
 KIND = "span-sweep"
 TEXT = "charts/span_sweep.j2"
 PER_MODEL = False
+SECTION = "Span length"  # the report section it sits in (its anchor: charts.anchor)
 MARKERS = "osD^vP*X"
 
 

@@ -20,6 +20,13 @@ from meaningless_tokens.errors import ConfigError, StopForward
 from meaningless_tokens.intervals import bootstrap_mean_ci, wilcoxon_p
 from meaningless_tokens.prompts import PromptBuilder, builder_for
 
+# How `make verify` compares this measure's outputs (meaningless_tokens/verify/compare.py assembles KINDS from every
+# measure's): (artifact kind of store.PATHS, key glob, kind of quantity of verify's TOLERANCES), first match wins
+QUANTITIES = (
+    ("activations", "*/hist_*", "histogram"),
+    ("activations", "*", "activation"),
+)
+
 SETS = {
     "original": "every original (none) token, at its position in the condition's prompt",
     "after_span": "original tokens from the span's insertion point on (the tokens before it see the same "

@@ -9,6 +9,12 @@ from __future__ import annotations
 
 import numpy as np
 
+# How `make verify` compares this measure's outputs (meaningless_tokens/verify/compare.py assembles KINDS from every
+# measure's): (artifact kind of store.PATHS, key glob, kind of quantity of verify's TOLERANCES), first match wins
+QUANTITIES = (
+    ("attention", "*/recv_*", "attention-received"),
+)
+
 # the conditions that differ in their prompt; `arm` (the none prompt, edited in layer 0's MLP) is skipped
 PROMPT_CONDITIONS = ("none", "mless", "mful")
 

@@ -21,6 +21,17 @@ from meaningless_tokens.paired import groups, paired_stats
 from meaningless_tokens.prompts import Problem, builder_for, dataset_spec
 from meaningless_tokens.scoring import Seq, TeacherForcedArm, check_head
 
+# How `make verify` compares this measure's outputs (meaningless_tokens/verify/compare.py assembles KINDS from every
+# measure's): (artifact kind of store.PATHS, key glob, kind of quantity of verify's TOLERANCES), first match wins
+QUANTITIES = (
+    ("likelihood", "arm/*", "loglik-arm"),
+    ("likelihood", "contrasts/arm-*", "loglik-arm"),
+    ("likelihood", "*", "loglik"),
+    ("plots/likelihood", "*", "loglik"),
+    ("metrics/likelihood", "*", "loglik"),
+    ("likelihood_links", "*", "loglik"),  # correlations and intervals of likelihood gains
+)
+
 CONTINUATIONS = ("solution", "answer")
 # what each continuation's contrasts compare: the solution's mean log-prob per token (nats/token), the
 # answer's summed log-prob (nats: log P(the whole answer))

@@ -25,6 +25,14 @@ from meaningless_tokens.errors import CaptureError, ConfigError, PromptError, Un
 from meaningless_tokens.intervals import bootstrap_mean_ci, bootstrap_ratio_ci, paired, wilcoxon_p
 from meaningless_tokens.prompts import PromptBuilder, check_context, dataset_spec, select_problems
 
+# How `make verify` compares this measure's outputs (meaningless_tokens/verify/compare.py assembles KINDS from every
+# measure's): (artifact kind of store.PATHS, key glob, kind of quantity of verify's TOLERANCES), first match wins
+QUANTITIES = (
+    ("sweep", "*likelihood*", "loglik"),
+    ("metrics/sweep", "*_pct*", "percent"),
+    ("metrics/sweep", "*", "attention"),  # span mass and lambda (fractions)
+)
+
 JOURNAL_VERSION = 1
 
 

@@ -18,12 +18,28 @@ from meaningless_tokens import arm, charts, grading, store
 from meaningless_tokens.results.context import load_context
 from meaningless_tokens.config import Params
 from meaningless_tokens.errors import ArtifactError
-from meaningless_tokens.report import paper, verdict
+from meaningless_tokens.report import claims, paper, power, verdict
 from meaningless_tokens.results.phrases import label
 from meaningless_tokens.results.trace import Num, Sources, Text, artifact
 from meaningless_tokens.store import FIGURES_DIR, read_h5, read_texts
 
 VERDICT = store.path("verdict")  # git-tracked (cache: false): docs/results.md is rendered from it alone
+# the report's own sections, which no chart kind declares (charts/<kind>.py's SECTION does the others): each
+# placed before the section named, or last
+OWN_SECTIONS = (("ARM", "Likelihood"), ("Examples", None))
+
+
+def sections() -> dict[str, str]:
+    """The report's sections in page order, anchor -> title: the chart kinds' (their SECTION, in the charts'
+    order) with the report's own (OWN_SECTIONS) among them. Every claim's evidence lies in one of them."""
+    titles = list(dict.fromkeys(k.SECTION for k in charts.KINDS))
+    for title, before in OWN_SECTIONS:
+        titles.insert(titles.index(before) if before else len(titles), title)
+    out = {charts.anchor(t): t for t in titles}
+    unknown = {c[3] for c in claims.CLAIMS} - set(out)
+    if unknown:
+        raise ValueError(f"report/claims.py: CLAIMS: no report section {sorted(unknown)} (charts/<kind>.py's SECTION)")
+    return out
 
 
 @dataclass
@@ -69,16 +85,17 @@ def content(params: Params) -> Content:
             raise ArtifactError(f"{png}: missing chart (run: dvc repro figures)")
         chart.png = base64.b64encode(png.read_bytes()).decode("ascii")
     cross, acc = study["cross-model"], study["accuracy"]
-    rows = verdict.claims(ctx)
-    power = verdict.power(ctx)
-    summary = verdict.summary(ctx, rows, power)
+    page = sections()
+    rows = claims.claims(ctx)
+    pw = power.power(ctx)
+    summary = verdict.summary(ctx, rows, pw)
     context = {
         "verdict": rows, "rule": verdict.RULE, "rules": verdict.RULES, "holm": summary["holm"],
-        "pooled": len(names) > 1, "power": power_lines(ctx, power),
-        "sections": [{"id": k, "title": t} for k, t in verdict.SECTIONS.items()
-                     if k != "arm" or arm_section(ctx, evaluated)],
-        "section": {k: {"sentences": [verdict.sentence(r, ctx.disp) for r in rows if r.section == k]}
-                    for k in verdict.SECTIONS},
+        "pooled": len(names) > 1, "power": power_lines(ctx, pw),
+        "sections": [{"id": k, "title": t} for k, t in page.items() if k != "arm" or arm_section(ctx, evaluated)],
+        "section": {k: {"sentences": [verdict.sentence(r, ctx.disp) for r in rows if r.section == k]} for k in page},
+        # each section's charts across models, in the charts' order (its per-model charts: per_model)
+        "section_charts": {k: [study[c.KIND] for c in charts.STUDY if charts.section(c) == k] for k in page},
         "arm_run": any(c.word != "not run" for r in rows if r.key.startswith("f") for c in r.cells.values()),
         "models": [{"name": v.name, "disp": v.disp, "heads": v.heads} for v in views],
         "query_set": sorted({ctx.stats[n]["query_set"] for n in names}),
@@ -87,9 +104,6 @@ def content(params: Params) -> Content:
         "spans": mless_spans(ctx, names),
         "paper_models": [ctx.disp(n) for n in names if paper.accuracy_column(ctx, n)],
         "per_model": per_model, "cross": cross, "accuracy": acc, "table": acc.extra["table"],
-        "activation_charts": [study["activations"], study["activation-shift"]],
-        "span_charts": [study["span-sweep"], study["span-accuracy"]],
-        "likelihood": study["likelihood"],
         "sampling_chart": study["pass-at-k"],
         "glance": cross.observations + study["activations"].interpretation[1:2] + acc.extra["glance"]
         + acc.extra["arm_glance"] + paper.shape_notes(ctx) + study["likelihood"].observations[:1],
@@ -232,9 +246,9 @@ def arm_section(ctx, evaluated: list[str]) -> dict | None:
             rows.append({"model": ctx.disp(name), "stage": "likelihood", "file": store.path("likelihood", name).as_posix(),
                          **{k: v for k, v in lk["arm"].items() if k != "differences_from_paper"}})
     tuning = [{"model": ctx.disp(n), "file": store.path("arm_tuning", n).as_posix(),
-               "label": {k: verdict.setting(t["variant"], t[k]["c"], t[k]["percentage"])
+               "label": {k: claims.setting(t["variant"], t[k]["c"], t[k]["percentage"])
                          for k in ("chosen", "own", "best_in_sample")},
-               "grid_text": "; ".join(verdict.setting(t["variant"], g["c"], g["percentage"]) for g in t["grid"]), **t}
+               "grid_text": "; ".join(claims.setting(t["variant"], g["c"], g["percentage"]) for g in t["grid"]), **t}
               for n, t in ctx.arm_tuning.items()]
     return {"models": rows, "tuning": tuning, "differences": arm.DIFFERENCES} if rows or tuning else None
 
@@ -266,7 +280,7 @@ def power_lines(ctx, power: dict) -> list[Text]:
         return [num(key, fmt, scale), f" {unit}"]
 
     gains = ", ".join(f"{k} +{v:g}" for k, v in power["paper_gains"].items())
-    gain = f"+{power['paper_gain_points']:g} points"  # the paper's smallest MATH-500 gain (report/verdict.py)
+    gain = f"+{power['paper_gain_points']:g} points"  # the paper's smallest MATH-500 gain (report/power.py)
     for n, a in power["accuracy"].items():
         key = f"power.accuracy.{n}"
         head = [f"Accuracy, {ctx.disp(n)}: with ", num(f"{key}.n", "d"), " problems "]

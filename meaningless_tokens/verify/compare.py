@@ -13,16 +13,19 @@ from __future__ import annotations
 
 import csv
 import fnmatch
+import importlib
 import io
 import json
+import pkgutil
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from meaningless_tokens import store
+from meaningless_tokens import measures, store
 from meaningless_tokens.errors import ArtifactError, Differs
+from meaningless_tokens.report import verdict
 
 
 @dataclass(frozen=True)
@@ -91,58 +94,31 @@ def _glob(kind: str) -> str:
 VERDICT = _glob("verdict")
 
 
-def _claims(keys: str, cells: str, pooled: str, tau2: str) -> tuple[tuple[str, str, str], ...]:
-    """The verdict's values of the claims `keys` (claims are named by their key: `claims[b]`): the cells' kind (that
-    of the output they are read from), the pooled estimate's and interval's, tau^2's."""
-    return tuple((VERDICT, f"claims[{k}].{part}.{value}", kind) for k in keys.split()
-                 for part, kind in (("cells.*", cells), ("pooled", pooled)) for value in ("estimate", "low", "high")
-                 ) + tuple((VERDICT, f"claims[{k}].pooled.tau2", tau2) for k in keys.split())
-
-
 # Which kind a value belongs to: (file glob, key glob, kind), the first entry whose file glob matches the output
 # file and whose key glob matches the dataset, key or column wins. In a key glob `*` and `?` are wildcards and
 # brackets are literal (list items: `ci95[0]`, `claims[b]`). Floats take their kind's tolerance; strings are exact
-# unless their kind is `printed`; integers and booleans are exact, histogram counts excepted. CATCH_ALL comes last:
+# unless their kind is `printed`; integers and booleans are exact, histogram counts excepted. Each measure declares
+# its own outputs' entries beside it (QUANTITIES in meaningless_tokens/measures/<stage>.py, the verdict's in
+# report/verdict.py: artifact kinds of store.PATHS, each entry's file glob every model's); KINDS holds them between
+# the entries for any file, which FIRST precede and LAST follow. CATCH_ALL comes last:
 # tests/test_verify_kinds.py fails on a committed metrics key that only it, or another file's entry, matches.
 CATCH_ALL = ("*", "*", "attention")
-KINDS = (
-    ("*", "*head_check_max_abs_diff*", "residual"),
-    (_glob("metrics/accuracy"), "*", "exact"),
-    (_glob("eval"), "*", "exact"),
-    (_glob("accuracy_table"), "*", "exact"),
-    (_glob("likelihood"), "arm/*", "loglik-arm"),
-    (_glob("likelihood"), "contrasts/arm-*", "loglik-arm"),
-    (_glob("likelihood"), "*", "loglik"),
-    (_glob("plots/likelihood"), "*", "loglik"),
-    (_glob("metrics/likelihood"), "*", "loglik"),
-    (_glob("likelihood_links"), "*", "loglik"),  # correlations and intervals of likelihood gains
-    (_glob("sweep"), "*likelihood*", "loglik"),
-    (_glob("attention"), "*/recv_*", "attention-received"),
-    (_glob("activations"), "*/hist_*", "histogram"),
-    (_glob("activations"), "*", "activation"),
-    # metrics/verdict.json: each key by the quantity it holds
-    (VERDICT, "claims[*].cells.*.p", "p"),
-    (VERDICT, "claims[*].*sesoi", "exact"),  # params.yaml's verdict.sesoi, or the paper's
-    (VERDICT, "claims[*].cells.*.paper", "exact"),  # report/paper.yaml's
-    (VERDICT, "claims[*].pooled.i2", "i2"),
-    (VERDICT, "claims[*].*md", PRINTED),
-    (VERDICT, "claims[*].*detail", PRINTED),
-    *_claims("a b c", "percent", "pooled-points", "tau2"),  # stats' `*_pct` values as they are
-    *_claims("d", "points", "pooled-points", "tau2"),
-    *_claims("e1 e2", "activation-points", "pooled-activation-points", "tau2-activation-points"),
-    *_claims("e3 e4", "activation", "pooled-activation", "tau2-activation"),
-    *_claims("f1 g1 g2", "exact", "exact", "exact"),  # accuracy: from grades
-    *_claims("f2 h1 h2", "loglik", "pooled-loglik", "tau2-loglik"),
-    (VERDICT, "claims[*]*", "exact"),  # the claim, its measure, the paper's words, reasons, commands, settings
-    (VERDICT, "power.likelihood.*.mde*", "mde-loglik"),
-    (VERDICT, "power.accuracy.*", "exact"),  # from grades, 3 significant digits
-    (VERDICT, "power.paper_gain*", "exact"),  # report/paper.yaml's
-    (VERDICT, "*", "exact"),  # the rules, model names, counts, the Holm sentence (counts)
-    (_glob("metrics/sweep"), "*_pct*", "percent"),
-    (_glob("metrics/sweep"), "*", "attention"),  # span mass and lambda (fractions)
-    ("*", "*_pct*", "percent"),
-    CATCH_ALL,
-)
+FIRST = (("*", "*head_check_max_abs_diff*", "residual"),)
+LAST = (("*", "*_pct*", "percent"), CATCH_ALL)
+
+
+def declared() -> tuple[tuple[str, str, str], ...]:
+    """(file glob, key glob, kind) of every measure's QUANTITIES, the measures in their modules' name order, then
+    the verdict's. Their files are each one measure's, so their order among measures decides nothing."""
+    modules = [importlib.import_module(f"{measures.__name__}.{m.name}") for m in pkgutil.iter_modules(measures.__path__)]
+    return tuple((_glob(kind), key, quantity) for module in [*modules, verdict]
+                 for kind, key, quantity in getattr(module, "QUANTITIES", ()))
+
+
+KINDS = FIRST + declared() + LAST
+_unknown = sorted({k for *_, k in KINDS} - set(TOLERANCES))
+if _unknown:
+    raise ValueError(f"verify: QUANTITIES name no kind of TOLERANCES: {_unknown}")
 
 # A text dataset's attributes that say how its elements are escaped (store.put_texts): left out, as the texts are
 # compared decoded.
