@@ -1,13 +1,26 @@
-"""The chart kinds, in report order: one module each, with `draw` (the figure), `explain` (its part of the report)
-and `SECTION` (the report section it sits in: the report's sections follow the charts' order). `stages/figures.py`
-and `stages/report.py` only loop over these lists; to change a chart, open its module."""
+"""The chart kinds, in report order: every module of this package that declares `KIND`, with `draw` (the figure),
+`explain` (its part of the report), `SECTION` (the report section it sits in: the report's sections follow the
+charts' order) and `ORDER` (its place). `stages/figures.py` and `stages/report.py` only loop over these lists, found
+here rather than listed: to add a chart, add its module; to change one, open its module."""
 
-from meaningless_tokens.charts import (accuracy, activation_shift, activations, conditions, cross_model, heads, layer_sweep,
-                           likelihood, pass_at_k, span_accuracy, span_sweep)
+import importlib
+import pkgutil
 
-PER_MODEL = (layer_sweep, heads, conditions)   # one chart per model: reports/figures/<model>-<KIND>.*
-STUDY = (cross_model, span_sweep, span_accuracy, activations, activation_shift, likelihood, accuracy, pass_at_k)  # across models: <KIND>.*
-KINDS = PER_MODEL + STUDY
+
+def _kinds() -> tuple:
+    found = [importlib.import_module(f"{__name__}.{m.name}") for m in pkgutil.iter_modules(__path__)]
+    kinds = sorted((k for k in found if hasattr(k, "KIND")), key=lambda k: k.ORDER)
+    orders = [k.ORDER for k in kinds]
+    if len(set(orders)) != len(orders):
+        raise RuntimeError(f"two chart kinds share an ORDER: {orders}")
+    return tuple(kinds)
+
+
+KINDS = _kinds()
+PER_MODEL = tuple(k for k in KINDS if k.PER_MODEL)  # one chart per model: reports/figures/<model>-<KIND>.*
+STUDY = tuple(k for k in KINDS if not k.PER_MODEL)  # across models: <KIND>.*
+if KINDS != PER_MODEL + STUDY:
+    raise RuntimeError("the per-model chart kinds take the first ORDERs: " + ", ".join(k.KIND for k in KINDS))
 
 
 def stem(kind, name: str | None) -> str:

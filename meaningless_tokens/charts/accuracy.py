@@ -15,6 +15,7 @@ KIND = "accuracy"
 TEXT = "charts/accuracy.j2"
 PER_MODEL = False
 SECTION = "Accuracy"  # the report section it sits in (its anchor: charts.anchor)
+ORDER = 100  # its place in the report (charts.KINDS: by ORDER)
 
 
 def draw(plt, ctx: Context, name: None = None):

@@ -17,6 +17,7 @@ KIND = "activation-shift"
 TEXT = "charts/activation_shift.j2"
 PER_MODEL = False
 SECTION = "Activation shift"  # the report section it sits in (its anchor: charts.anchor)
+ORDER = 80  # its place in the report (charts.KINDS: by ORDER)
 MEASURES = ("near_zero_robust", "near_zero_fixed", "l1", "l2", "gini", "z_var")
 
 

@@ -18,6 +18,7 @@ KIND = "activations"
 TEXT = "charts/activations.j2"
 PER_MODEL = False
 SECTION = "Activation shift"  # the report section it sits in (its anchor: charts.anchor)
+ORDER = 70  # its place in the report (charts.KINDS: by ORDER)
 INSETS = (("near_zero_robust", "Sparsity"), ("l1", "L1 norm"), ("l2", "L2 norm"), ("gini", "Gini"))
 
 

@@ -13,6 +13,7 @@ KIND = "conditions"
 TEXT = "charts/conditions.j2"
 PER_MODEL = True
 SECTION = "Meaningless vs meaningful span"  # the report section it sits in (its anchor: charts.anchor)
+ORDER = 30  # its place in the report (charts.KINDS: by ORDER)
 
 
 def draw(plt, ctx: Context, name: str):

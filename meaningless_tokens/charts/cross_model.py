@@ -13,6 +13,7 @@ KIND = "cross-model"
 TEXT = "charts/cross_model.j2"
 PER_MODEL = False
 SECTION = "Meaningless vs meaningful span"  # the report section it sits in (its anchor: charts.anchor)
+ORDER = 40  # its place in the report (charts.KINDS: by ORDER)
 
 
 def draw(plt, ctx: Context, name: None = None):

@@ -13,6 +13,7 @@ KIND = "layer-sweep"
 TEXT = "charts/layer_sweep.j2"
 PER_MODEL = True
 SECTION = "Attention"  # the report section it sits in (its anchor: charts.anchor)
+ORDER = 10  # its place in the report (charts.KINDS: by ORDER)
 
 
 def draw(plt, ctx: Context, name: str):

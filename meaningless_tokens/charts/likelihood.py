@@ -24,6 +24,7 @@ from meaningless_tokens.store import read_h5
 KIND = "likelihood"
 PER_MODEL = False
 SECTION = "Likelihood"  # the report section it sits in (its anchor: charts.anchor)
+ORDER = 90  # its place in the report (charts.KINDS: by ORDER)
 LINK = store.path("likelihood_links")
 CONTRASTS = ("mless-none", "mful-none", "arm-none")
 # per-problem shift measures the gain is correlated with: (source, description)

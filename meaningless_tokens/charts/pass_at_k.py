@@ -16,6 +16,7 @@ KIND = "pass-at-k"
 TEXT = "charts/pass_at_k.j2"
 PER_MODEL = False
 SECTION = "Accuracy"  # the report section it sits in (its anchor: charts.anchor)
+ORDER = 110  # its place in the report (charts.KINDS: by ORDER)
 ENABLE = "dvc exp run -S evaluate.sampling.n=3"
 
 

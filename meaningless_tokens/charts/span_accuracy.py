@@ -14,6 +14,7 @@ KIND = "span-accuracy"
 TEXT = "charts/span_accuracy.j2"
 PER_MODEL = False
 SECTION = "Span length"  # the report section it sits in (its anchor: charts.anchor)
+ORDER = 60  # its place in the report (charts.KINDS: by ORDER)
 ENABLE = "dvc exp run -S sweep.accuracy_samples=10"
 
 

@@ -16,6 +16,7 @@ KIND = "span-sweep"
 TEXT = "charts/span_sweep.j2"
 PER_MODEL = False
 SECTION = "Span length"  # the report section it sits in (its anchor: charts.anchor)
+ORDER = 50  # its place in the report (charts.KINDS: by ORDER)
 MARKERS = "osD^vP*X"
 
 

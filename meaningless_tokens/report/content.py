@@ -27,6 +27,10 @@ VERDICT = store.path("verdict")  # git-tracked (cache: false): docs/results.md i
 # the report's own sections, which no chart kind declares (charts/<kind>.py's SECTION does the others): each
 # placed before the section named, or last
 OWN_SECTIONS = (("ARM", "Likelihood"), ("Examples", None))
+# the sections the report templates lay out by hand (tables, intros); any other (a new chart's SECTION) is rendered
+# alike after Likelihood: its verdict sentences, then its charts
+LAID_OUT = ("attention", "meaningless-vs-meaningful-span", "span-length", "activation-shift", "arm", "likelihood",
+            "accuracy", "examples")
 
 
 def sections() -> dict[str, str]:
@@ -96,6 +100,7 @@ def content(params: Params) -> Content:
         "section": {k: {"sentences": [verdict.sentence(r, ctx.disp) for r in rows if r.section == k]} for k in page},
         # each section's charts across models, in the charts' order (its per-model charts: per_model)
         "section_charts": {k: [study[c.KIND] for c in charts.STUDY if charts.section(c) == k] for k in page},
+        "extra_sections": [{"id": k, "title": t} for k, t in page.items() if k not in LAID_OUT],
         "arm_run": any(c.word != "not run" for r in rows if r.key.startswith("f") for c in r.cells.values()),
         "models": [{"name": v.name, "disp": v.disp, "heads": v.heads} for v in views],
         "query_set": sorted({ctx.stats[n]["query_set"] for n in names}),
