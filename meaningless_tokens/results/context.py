@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from meaningless_tokens.results.load import load_activations, load_arm_tuning, load_likelihood, load_metrics, load_stats, load_sweep
+from meaningless_tokens.results.load import (load_activations, load_arm_tuning, load_datasets, load_likelihood,
+                                             load_metrics, load_stats, load_sweep)
 from meaningless_tokens.config import Params, chart_selection, figure_models
 from meaningless_tokens.errors import ConfigError
 from meaningless_tokens.results.trace import ALL, Num, Sources, artifact
@@ -31,6 +32,7 @@ class Context:
     metrics: dict[str, dict]
     _src: "Sources | None" = None
     _views: dict = field(default_factory=dict)
+    _measures: dict = field(default_factory=dict)  # measure(): {stage: {model: file read whole}}
     _activations: dict | None = None
     _sweep: dict | None = None
     _likelihood: dict | None = None
@@ -84,6 +86,14 @@ class Context:
             self._arm_tuning = {n: load_arm_tuning(self.params.project_path(artifact("arm_tuning", n)))
                                 for n in self.names if n in tuned}
         return self._arm_tuning
+
+    def measure(self, stage: str) -> dict[str, dict]:
+        """{model: its `stage` file read whole (load_datasets)}, for every model with one: any measure's numbers,
+        read when a chart first asks for them, with no loader of its own."""
+        if stage not in self._measures:
+            files = {n: self.params.project_path(artifact(stage, n)) for n in self.names}
+            self._measures[stage] = {n: load_datasets(f, stage) for n, f in files.items() if f.is_file()}
+        return self._measures[stage]
 
     @property
     def benchmark(self) -> str:

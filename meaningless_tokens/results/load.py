@@ -96,3 +96,14 @@ def load_sweep(path: Path) -> dict:
             data["tokens"].append({"token": str(g.attrs["token"]), "group": f"token_{k}",
                                    **{ds: g[ds][()] for ds in g}})
     return data
+
+
+def load_datasets(path: Path, kind: str) -> dict:
+    """Any measure's file read whole: every dataset by its path ("none/drop") and the root attributes under "@attrs".
+    What a new measure's chart reads before it needs a loader of its own."""
+    import h5py
+
+    with read_h5(path, kind) as f:
+        data = {"@attrs": dict(f.attrs)}
+        f.visititems(lambda key, obj: data.__setitem__(key, obj[()]) if isinstance(obj, h5py.Dataset) else None)
+    return data

@@ -64,8 +64,7 @@ class Text:
 
 _INDEX = re.compile(r"^(?P<ds>[^\[]+)(?:\[(?P<idx>[^\]]*)\])?$")
 # the artifact kind of each folder a number can come from
-H5_KINDS = {store.PATHS[k].split("{name}")[0]: k for k in ("stats", "eval", "activations", "sweep", "likelihood",
-                                                                  "arm_tuning")}
+H5_KINDS = {template.split("{name}")[0]: k for k, template in store.PATHS.items() if template.endswith("/{name}.h5")}
 
 
 def artifact(kind: str, name: str | None = None) -> str:

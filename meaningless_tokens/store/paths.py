@@ -16,17 +16,13 @@ PATHS = {
     "attention": "artifacts/attention/{name}.h5",
     "eval": "artifacts/eval/{name}.h5",
     "generations": "artifacts/generations/{name}.jsonl",
-    "stats": "artifacts/stats/{name}.h5",
-    "activations": "artifacts/activations/{name}.h5",
-    "sweep": "artifacts/sweep/{name}.h5",
-    "likelihood": "artifacts/likelihood/{name}.h5",
-    "arm_tuning": "artifacts/arm_tuning/{name}.h5",
+    # a model stage's own artifact and metrics, where dvc.yaml declares them under its name (stats, activations,
+    # sweep, likelihood, arm_tuning): artifacts/<stage>/{name}.h5, metrics/<stage>/{name}.json
+    **{s: f"artifacts/{s}/{{name}}.h5" for s in STAGES if f"artifacts/{s}/{{name}}.h5" in declared_outputs(s)},
     # one folder per table kind, so dvc.yaml's top-level `plots` name each folder once
     **{f"plots/{k}": f"artifacts/plots/{k}/{{name}}.csv" for k in ("original", "full", "sweep", "likelihood")},
     "metrics/accuracy": "metrics/accuracy/{name}.json",
-    "metrics/sweep": "metrics/sweep/{name}.json",
-    "metrics/likelihood": "metrics/likelihood/{name}.json",
-    "metrics/arm_tuning": "metrics/arm_tuning/{name}.json",
+    **{f"metrics/{s}": f"metrics/{s}/{{name}}.json" for s in STAGES if f"metrics/{s}/{{name}}.json" in declared_outputs(s)},
     # a run's sidecar (never deterministic: timings, the commit that ran), for each stage whose dvc.yaml metrics
     # declare one (figures, report, explorer and reference write none)
     **{f"timing/{s}": TIMING.format(stage=s) for s in STAGES if TIMING.format(stage=s) in declared_outputs(s)},
