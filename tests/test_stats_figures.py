@@ -175,6 +175,12 @@ def test_figures_plot_the_statistics_and_are_byte_identical(tiny_stats, write_pa
     plt = figures._setup()
     ctx = load_context(params)
     assert ctx.metrics["tiny"]["accuracy"] == m["accuracy"]
+    # any measure's file read whole for a chart with no loader of its own: every dataset and the root attributes
+    whole = ctx.measure("sweep")["tiny"]
+    with read_h5(sw, "sweep") as f:
+        assert whole["@attrs"]["provenance"] == f.attrs["provenance"]
+        np.testing.assert_array_equal(whole["token_0/drop_heads_pct"], f["token_0/drop_heads_pct"][()])
+        assert {k for k in whole if k != "@attrs"} == {k for k in _datasets(f)}
     drawn = dict(figures.draw_all(plt, ctx))
     # the span sweep: drop and span mass against the count; no accuracy chart while the accuracy sweep is off
     assert "span-accuracy" not in drawn
@@ -309,6 +315,27 @@ def test_the_papers_models_are_named_by_their_params_keys():
     assert paper.PAPER_MODELS == {n: m.display_name for n, m in gpu.models.items()}
     assert {m for seeds in paper.SEEDS.values() for m, *_ in seeds} <= set(paper.PAPER_MODELS.values())
     assert set(paper.ACCURACY) <= set(paper.PAPER_MODELS.values())
+
+
+def _datasets(f) -> list[str]:
+    import h5py
+
+    found = []
+    f.visititems(lambda k, o: found.append(k) if isinstance(o, h5py.Dataset) else None)
+    return found
+
+
+def test_the_chart_kinds_are_the_packages_modules_in_their_order():
+    """charts.KINDS is every module of charts/ that declares KIND, by ORDER (no list kept by hand): the per-model kinds
+    first, each ORDER once, and every kind with the parts figures and report call."""
+    import pkgutil
+
+    modules = {m.name for m in pkgutil.iter_modules(charts.__path__)}
+    assert {k.__name__.rsplit(".", 1)[1] for k in charts.KINDS} == modules - {"style"}
+    assert [k.ORDER for k in charts.KINDS] == sorted({k.ORDER for k in charts.KINDS})
+    assert charts.KINDS == charts.PER_MODEL + charts.STUDY and all(k.PER_MODEL for k in charts.PER_MODEL)
+    for k in charts.KINDS:
+        assert callable(k.draw) and callable(k.explain) and k.SECTION and k.TEXT.startswith("charts/"), k.KIND
 
 
 def test_the_chart_kinds_params_select_are_chart_modules():
