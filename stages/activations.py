@@ -11,8 +11,8 @@ import numpy as np
 
 from meaningless_tokens import arm, cli, store
 from meaningless_tokens.config import Params
+from meaningless_tokens.dataset import dataset_spec, extraction_problems, put_problems
 from meaningless_tokens.measures.activations import MEASURES, SETS, Measured, measure
-from meaningless_tokens.prompts import dataset_spec, extraction_problems, put_problems
 from meaningless_tokens.stage import INDEXING, header, stage_context
 from meaningless_tokens.store import put, put_json_attr, write_h5, write_prompt_timing
 

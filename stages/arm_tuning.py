@@ -42,8 +42,8 @@ from meaningless_tokens import arm, cli, store
 from meaningless_tokens.measures import arm_tuning
 from meaningless_tokens.measures.arm_tuning import Tuning
 from meaningless_tokens.config import Params
+from meaningless_tokens.dataset import put_problems
 from meaningless_tokens.errors import ConfigError
-from meaningless_tokens.prompts import put_problems
 from meaningless_tokens.stage import header, stage_context
 from meaningless_tokens.store import put, put_json_attr, write_h5, write_json_atomic, write_timing
 

@@ -40,10 +40,10 @@ from pydantic import ValidationError
 from meaningless_tokens import arm, cli, generations, grading, store
 from meaningless_tokens.measures import evaluate
 from meaningless_tokens.config import Params, Shard
+from meaningless_tokens.dataset import dataset_spec, load_problems, put_problems, select_problems
 from meaningless_tokens.engines import Item, check_engine
 from meaningless_tokens.errors import ConfigError
 from meaningless_tokens.measures.evaluate import Evaluation, Plan
-from meaningless_tokens.prompts import dataset_spec, load_problems, put_problems, select_problems
 from meaningless_tokens.stage import header, stage_context
 from meaningless_tokens.store import put, put_json_attr, put_texts, write_h5, write_json_atomic, write_timing
 

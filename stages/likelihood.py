@@ -11,8 +11,8 @@ import numpy as np
 
 from meaningless_tokens import arm, cli, store
 from meaningless_tokens.config import Params
+from meaningless_tokens.dataset import Problem, dataset_spec, load_problems, put_problems, require_field, select_problems
 from meaningless_tokens.errors import ConfigError
-from meaningless_tokens.prompts import Problem, dataset_spec, load_problems, put_problems, require_field, select_problems
 from meaningless_tokens.stage import header, stage_context
 from meaningless_tokens.store import put, put_json_attr, write_csv_atomic, write_h5, write_json_atomic, write_timing
 from meaningless_tokens.measures.likelihood import (CONTINUATIONS, OUTCOMES, UNITS, Scored, measure, metrics_summary,

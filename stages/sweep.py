@@ -11,7 +11,7 @@ import numpy as np
 
 from meaningless_tokens import cli, store
 from meaningless_tokens.config import Params
-from meaningless_tokens.prompts import dataset_spec, load_problems, put_problems
+from meaningless_tokens.dataset import dataset_spec, load_problems, put_problems
 from meaningless_tokens.measures.sweep import (AccuracySweep, AttentionSweep, LikelihoodSweep, measure, metrics_summary,
                                           table)
 from meaningless_tokens.stage import INDEXING, header, stage_context

@@ -140,8 +140,8 @@ def test_the_sweep_runs_without_the_stage(tiny_dirs, write_params, cache_dir, tm
     import functools
 
     from meaningless_tokens import models
+    from meaningless_tokens.dataset import dataset_spec, load_problems
     from meaningless_tokens.measures import sweep
-    from meaningless_tokens.prompts import dataset_spec, load_problems
 
     params = sweep_params(write_params, tiny_dirs, counts=[0, 55], attention_samples=2)
     out = sweep.run(params, "tiny", root=tmp_path)

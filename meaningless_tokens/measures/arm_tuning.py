@@ -18,10 +18,11 @@ import numpy as np
 
 from meaningless_tokens import arm, hooks, progress, scoring
 from meaningless_tokens.config import Params
+from meaningless_tokens.dataset import Problem, dataset_spec, load_problems, require_field, select_problems
 from meaningless_tokens.engines import open_scorer
 from meaningless_tokens.errors import ConfigError
 from meaningless_tokens.intervals import bootstrap_mean_ci
-from meaningless_tokens.prompts import Problem, builder_for, dataset_spec, load_problems, require_field, select_problems
+from meaningless_tokens.prompts import builder_for
 from meaningless_tokens.scoring import Seq, TeacherForcedArm
 
 

@@ -15,10 +15,11 @@ import numpy as np
 
 from meaningless_tokens import arm, hooks, models, scoring
 from meaningless_tokens.config import Params, Prompt
+from meaningless_tokens.dataset import Problem, dataset_spec
 from meaningless_tokens.engines import open_scorer
 from meaningless_tokens.errors import ConfigError
 from meaningless_tokens.paired import groups, paired_stats
-from meaningless_tokens.prompts import Problem, builder_for, dataset_spec
+from meaningless_tokens.prompts import builder_for
 from meaningless_tokens.scoring import Seq, TeacherForcedArm, check_head
 
 CONTINUATIONS = ("solution", "answer")

@@ -19,11 +19,12 @@ from meaningless_tokens import arm, generations, models, progress, scoring
 from meaningless_tokens.measures.extract import QUERY_VECTOR, reduce, sample_stats
 from meaningless_tokens.capture import attention, compare
 from meaningless_tokens.config import Params, Prompt
+from meaningless_tokens.dataset import dataset_spec, select_problems
 from meaningless_tokens.engines import (Item, Journal, check_engine, journal_key, make_batches, open_engine, open_scorer,
                                         run_journaled)
 from meaningless_tokens.errors import CaptureError, ConfigError, PromptError, UnsupportedModel
 from meaningless_tokens.intervals import bootstrap_mean_ci, bootstrap_ratio_ci, paired, wilcoxon_p
-from meaningless_tokens.prompts import PromptBuilder, check_context, dataset_spec, select_problems
+from meaningless_tokens.prompts import PromptBuilder, check_context
 
 JOURNAL_VERSION = 1
 
