@@ -141,7 +141,7 @@ def test_the_sweeps_count_0_and_55_prompts_are_evaluates_none_and_mless(arch, ti
     with engine:
         problems = load_math500(dataset_spec(params.dataset, params.file))[0][:4]
         evaluate = builder_for(params.prompt, setup, engine.tokenizer)
-        sweep = sweep._build(sweep.builders(params, setup, engine.tokenizer), params, "tiny", problems)
+        sweep = sweep._build(sweep.builders(params.prompt, params.sweep, setup, engine.tokenizer), "tiny", problems)
         for k, p in enumerate(problems):
             built = evaluate.build(p)
             assert sweep["none"][k].input_ids == sweep[("/", 0)][k].input_ids == built["none"].input_ids

@@ -141,12 +141,12 @@ def test_the_sweep_runs_without_the_stage(tiny_dirs, write_params, cache_dir, tm
 
     from meaningless_tokens import models
     from meaningless_tokens.dataset import dataset_spec, load_problems
-    from meaningless_tokens.measures import sweep
+    from meaningless_tokens.measures import sweep as span_sweep
 
     params = sweep_params(write_params, tiny_dirs, counts=[0, 55], attention_samples=2)
     out = sweep.run(params, "tiny", root=tmp_path)
     problems, _ = load_problems(dataset_spec(params.dataset, params.file))
-    s = sweep.measure(params, functools.partial(models.setup_for, params, "tiny"), problems,
+    s = span_sweep.measure(params, functools.partial(models.setup_for, params, "tiny"), problems,
                            tmp_path / "journal.jsonl")
     assert not s.accuracy.problems and not s.likelihood.problems
     att = s.attention
@@ -156,5 +156,5 @@ def test_the_sweep_runs_without_the_stage(tiny_dirs, write_params, cache_dir, tm
         for k, c in enumerate(params.sweep.counts):
             for ds in ("drop", "drop_ci", "span_mass", "drop_top_pct"):
                 np.testing.assert_array_equal(f[f"token_0/{ds}"][k], att.summary["/"]["rows"][c][ds], err_msg=ds)
-    metrics = sweep.metrics_summary(params, att.summary, att.tokenization, {}, len(att.problems), 0)
+    metrics = span_sweep.metrics_summary(params.sweep, att.summary, att.tokenization, {}, len(att.problems), 0)
     assert metrics == json.loads((tmp_path / "metrics/sweep/tiny.json").read_text())
