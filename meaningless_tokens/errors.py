@@ -4,7 +4,7 @@ A `StageError` is bad input a stage reports as one `error: ...` line naming the 
 (meaningless_tokens/cli.py); the others are internal signals or the verify/lock tools' own errors.
 
 Code that reads one params section, not the whole params, raises a `BadParam` with the key alone; the stage it runs in
-(`names_params_file` around every stage's `run`) puts the params file in front, the one place that holds it.
+(`names_the_file` around every stage's `run`) puts the params file in front, the one place that holds it.
 """
 
 import functools
@@ -21,7 +21,7 @@ class ConfigError(StageError):
 class BadParam(ConfigError):
     """A params value is wrong, found by code that holds the key's section but not the params file: the message starts
     with the key, and reads `<file>: <key>: ...` like every ConfigError's once the stage has set `file`
-    (`names_params_file`)."""
+    (`names_the_file`)."""
 
     file = None  # the params file the value came from; None until the stage sets it
 
@@ -29,7 +29,7 @@ class BadParam(ConfigError):
         return str(self.args[0]) if self.file is None else f"{self.file}: {self.args[0]}"
 
 
-def names_params_file(run):
+def names_the_file(run):
     """A stage's `run(params, ...)`: a BadParam raised in it gets `params.file`, so its line names the file and key."""
     @functools.wraps(run)
     def named(params, *args, **kwargs):

@@ -42,7 +42,7 @@ from meaningless_tokens.measures import evaluate
 from meaningless_tokens.config import Params, Shard
 from meaningless_tokens.dataset import dataset_spec, load_problems, put_problems, select_problems
 from meaningless_tokens.engines import Item, check_engine
-from meaningless_tokens.errors import BadParam, ConfigError, names_params_file
+from meaningless_tokens.errors import BadParam, ConfigError, names_the_file
 from meaningless_tokens.measures.evaluate import Evaluation, Plan
 from meaningless_tokens.stage import header, stage_context
 from meaningless_tokens.store import put, put_json_attr, put_texts, write_h5, write_json_atomic, write_timing
@@ -52,7 +52,7 @@ OUTPUTS = {"out": "eval", "kept": "generations", "metrics": "metrics/accuracy", 
            "journal": "journal/eval"}
 
 
-@names_params_file
+@names_the_file
 def run(params: Params, name: str, root: Path | None = None) -> Path:
     ctx = stage_context(params, "evaluate", name, root, **OUTPUTS)
     params, where = ctx.params, ctx.where

@@ -12,7 +12,7 @@ import numpy as np
 from meaningless_tokens import cli, store
 from meaningless_tokens.config import Params
 from meaningless_tokens.dataset import dataset_spec, load_problems, put_problems
-from meaningless_tokens.errors import names_params_file
+from meaningless_tokens.errors import names_the_file
 from meaningless_tokens.measures.sweep import (AccuracySweep, AttentionSweep, LikelihoodSweep, measure, metrics_summary,
                                           table)
 from meaningless_tokens.stage import INDEXING, header, stage_context
@@ -62,7 +62,7 @@ OUTPUTS = {"out": "sweep", "metrics": "metrics/sweep", "table": "plots/sweep", "
 INPUTS = {"kept": "generations"}  # evaluate's kept generations of this model, where it wrote them (a memo: see below)
 
 
-@names_params_file
+@names_the_file
 def run(params: Params, name: str, root: Path | None = None) -> Path:
     ctx = stage_context(params, "sweep", name, root, **OUTPUTS, **INPUTS)
     params, where = ctx.params, ctx.where
