@@ -40,8 +40,9 @@ def main() -> None:
     import torch
 
     from meaningless_tokens import arm, hooks, models
+    from meaningless_tokens.dataset import dataset_spec, load_math500, select_problems
     from meaningless_tokens.engines import ATTENTION, Item, generate, make_batches, stop_ids
-    from meaningless_tokens.prompts import builder_for, dataset_spec, load_math500, select_problems
+    from meaningless_tokens.prompts import builder_for
 
     params = common.load_params()
     cfg = params.evaluate

@@ -24,9 +24,10 @@ def main() -> None:
     import torch
 
     from meaningless_tokens import arm, hooks, models, scoring, store
+    from meaningless_tokens.dataset import dataset_spec, load_problems, select_problems
     from meaningless_tokens.measures import likelihood
     from meaningless_tokens.engines import open_scorer
-    from meaningless_tokens.prompts import builder_for, dataset_spec, load_problems, select_problems
+    from meaningless_tokens.prompts import builder_for
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="qwen2_5-coder-0_5b")

@@ -51,7 +51,8 @@ import numpy as np, torch
 from meaningless_tokens import models
 from meaningless_tokens.capture import attention, install_capture
 from meaningless_tokens.config import load_params
-from meaningless_tokens.prompts import builder_for, dataset_spec, load_math500, select_problems
+from meaningless_tokens.dataset import dataset_spec, load_math500, select_problems
+from meaningless_tokens.prompts import builder_for
 folder, name, n_prompts, out = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
 params = load_params({params!r})
 from transformers import AutoTokenizer

@@ -30,9 +30,10 @@ def main() -> None:
     args = ap.parse_args()
 
     from meaningless_tokens import models, vllm_engine
+    from meaningless_tokens.dataset import dataset_spec, load_math500, select_problems
     from meaningless_tokens.engines import Item, make_batches, open_engine
     from meaningless_tokens.grading import grade
-    from meaningless_tokens.prompts import builder_for, dataset_spec, load_math500, select_problems
+    from meaningless_tokens.prompts import builder_for
 
     if vllm_engine.installed() is None:
         sys.exit(f"error: vLLM is not installed in {sys.executable}; {vllm_engine.INSTALL_HINT}")

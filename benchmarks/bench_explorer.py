@@ -33,7 +33,8 @@ def showcase_attention(params, name: str, n_tokens: int | None = None):
     """{condition: (ids, PromptIds, probs [L, H, T, T])} per showcase prompt, and the tokenizer."""
     from meaningless_tokens import capture, models
     from meaningless_tokens.config import model_spec
-    from meaningless_tokens.prompts import Problem, builder_for, dataset_spec, load_math500, select_problems
+    from meaningless_tokens.dataset import Problem, dataset_spec, load_math500, select_problems
+    from meaningless_tokens.prompts import builder_for
 
     spec = model_spec(params, name)
     setup = models.setup_for(params, name)

@@ -36,7 +36,8 @@ TAG = "@@"  # marks protocol lines on a worker's stdout (libraries may print the
 
 def prompt_ids(params, setup, tokenizer, n):
     """Token ids of every condition of the first n problems of the extraction subset."""
-    from meaningless_tokens.prompts import builder_for, dataset_spec, load_math500, select_problems
+    from meaningless_tokens.dataset import dataset_spec, load_math500, select_problems
+    from meaningless_tokens.prompts import builder_for
 
     problems, _ = load_math500(dataset_spec(params.dataset, params.file))
     chosen = select_problems(problems, params.extract.n_samples, params.extract.seed)[:n]

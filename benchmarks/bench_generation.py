@@ -39,9 +39,10 @@ def main() -> None:
     import torch
 
     from meaningless_tokens import models
+    from meaningless_tokens.dataset import dataset_spec, load_problems, select_problems
     from meaningless_tokens.engines import ATTENTION, Item, generate, make_batches, stop_ids
     from meaningless_tokens.grading import grade
-    from meaningless_tokens.prompts import builder_for, dataset_spec, load_problems, select_problems
+    from meaningless_tokens.prompts import builder_for
 
     params = common.load_params()
     cfg = params.evaluate

@@ -142,7 +142,8 @@ def measure(params, name: str, batch_size: int = PLAN_BATCH, new_tokens: int = 1
     import torch
 
     from meaningless_tokens import arm, engines, models, progress, sampling
-    from meaningless_tokens.prompts import builder_for, check_context, dataset_spec, load_problems, select_problems
+    from meaningless_tokens.dataset import dataset_spec, load_problems, select_problems
+    from meaningless_tokens.prompts import builder_for, check_context
 
     say = log or (lambda msg: print(msg, file=sys.stderr))
     if batch_size < 1 or new_tokens < 1 or batches < 1:

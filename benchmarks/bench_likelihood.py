@@ -69,7 +69,8 @@ def setup(args):
     from meaningless_tokens import models, scoring
     from meaningless_tokens.measures import likelihood
     from meaningless_tokens.config import load_params
-    from meaningless_tokens.prompts import builder_for, dataset_spec, load_math500, select_problems
+    from meaningless_tokens.dataset import dataset_spec, load_math500, select_problems
+    from meaningless_tokens.prompts import builder_for
 
     params = common.load_params()
     raw = params.model_dump()

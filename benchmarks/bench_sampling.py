@@ -87,8 +87,9 @@ def main() -> None:
     import torch
 
     from meaningless_tokens import models, sampling
+    from meaningless_tokens.dataset import dataset_spec, load_math500, select_problems
     from meaningless_tokens.engines import ATTENTION, Item, generate, stop_ids
-    from meaningless_tokens.prompts import builder_for, dataset_spec, load_math500, select_problems
+    from meaningless_tokens.prompts import builder_for
 
     params = common.load_params()
     torch.set_num_threads(args.threads)

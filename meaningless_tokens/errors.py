@@ -2,7 +2,12 @@
 
 A `StageError` is bad input a stage reports as one `error: ...` line naming the file and key, with exit status 2
 (meaningless_tokens/cli.py); the others are internal signals or the verify/lock tools' own errors.
+
+Code that reads one params section, not the whole params, raises a `BadParam` with the key alone; the stage it runs in
+(`names_the_file` around every stage's `run`) puts the params file in front, the one place that holds it.
 """
+
+import functools
 
 
 class StageError(Exception):
@@ -11,6 +16,30 @@ class StageError(Exception):
 
 class ConfigError(StageError):
     """A params value is wrong; the message names file, key, value and what is allowed."""
+
+
+class BadParam(ConfigError):
+    """A params value is wrong, found by code that holds the key's section but not the params file: the message starts
+    with the key, and reads `<file>: <key>: ...` like every ConfigError's once the stage has set `file`
+    (`names_the_file`)."""
+
+    file = None  # the params file the value came from; None until the stage sets it
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.file is None else f"{self.file}: {self.args[0]}"
+
+
+def names_the_file(run):
+    """A stage's `run(params, ...)`: a BadParam raised in it gets `params.file`, so its line names the file and key."""
+    @functools.wraps(run)
+    def named(params, *args, **kwargs):
+        try:
+            return run(params, *args, **kwargs)
+        except BadParam as e:
+            if e.file is None:
+                e.file = params.file
+            raise
+    return named
 
 
 class UnlistedParam(StageError):

@@ -11,8 +11,9 @@ import numpy as np
 
 from meaningless_tokens import arm, cli, store
 from meaningless_tokens.config import Params
+from meaningless_tokens.dataset import dataset_spec, extraction_problems, put_problems
+from meaningless_tokens.errors import names_the_file
 from meaningless_tokens.measures.activations import MEASURES, SETS, Measured, measure
-from meaningless_tokens.prompts import dataset_spec, extraction_problems, put_problems
 from meaningless_tokens.stage import INDEXING, header, stage_context
 from meaningless_tokens.store import put, put_json_attr, write_h5, write_prompt_timing
 
@@ -53,6 +54,7 @@ ARM-transformed tensor the MLP goes on with; z = gate_proj(x) is none's.
 OUTPUTS = {"out": "activations", "timing": "timing/activations"}
 
 
+@names_the_file
 def run(params: Params, name: str, root: Path | None = None) -> Path:
     ctx = stage_context(params, "activations", name, root, **OUTPUTS)
     params, out = ctx.params, ctx.where["out"]

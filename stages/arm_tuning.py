@@ -42,21 +42,22 @@ from meaningless_tokens import arm, cli, store
 from meaningless_tokens.measures import arm_tuning
 from meaningless_tokens.measures.arm_tuning import Tuning
 from meaningless_tokens.config import Params
-from meaningless_tokens.errors import ConfigError
-from meaningless_tokens.prompts import put_problems
+from meaningless_tokens.dataset import put_problems
+from meaningless_tokens.errors import BadParam, names_the_file
 from meaningless_tokens.stage import header, stage_context
 from meaningless_tokens.store import put, put_json_attr, write_h5, write_json_atomic, write_timing
 
 OUTPUTS = {"out": "arm_tuning", "metrics": "metrics/arm_tuning", "timing": "timing/arm_tuning"}
 
 
+@names_the_file
 def run(params: Params, name: str, root: Path | None = None) -> Path:
     ctx = stage_context(params, "arm_tuning", name, root, **OUTPUTS)
     params, where = ctx.params, ctx.where
     cfg = params.arm_tuning
     if name not in cfg.models:
-        raise ConfigError(f"{params.file}: arm_tuning.models: model '{name}' is not among the models tuned "
-                          f"{list(cfg.models)}; add it there to tune it")
+        raise BadParam(f"arm_tuning.models: model '{name}' is not among the models tuned "
+                       f"{list(cfg.models)}; add it there to tune it")
     tuning, tested, data_sha = arm_tuning.problem_sets(params)  # refused before the model is resolved
     setup = ctx.setup()
     t = arm_tuning.tune(params, setup, (tuning, tested))

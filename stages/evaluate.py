@@ -40,10 +40,10 @@ from pydantic import ValidationError
 from meaningless_tokens import arm, cli, generations, grading, store
 from meaningless_tokens.measures import evaluate
 from meaningless_tokens.config import Params, Shard
+from meaningless_tokens.dataset import dataset_spec, load_problems, put_problems, select_problems
 from meaningless_tokens.engines import Item, check_engine
-from meaningless_tokens.errors import ConfigError
+from meaningless_tokens.errors import BadParam, ConfigError, names_the_file
 from meaningless_tokens.measures.evaluate import Evaluation, Plan
-from meaningless_tokens.prompts import dataset_spec, load_problems, put_problems, select_problems
 from meaningless_tokens.stage import header, stage_context
 from meaningless_tokens.store import put, put_json_attr, put_texts, write_h5, write_json_atomic, write_timing
 
@@ -52,6 +52,7 @@ OUTPUTS = {"out": "eval", "kept": "generations", "metrics": "metrics/accuracy", 
            "journal": "journal/eval"}
 
 
+@names_the_file
 def run(params: Params, name: str, root: Path | None = None) -> Path:
     ctx = stage_context(params, "evaluate", name, root, **OUTPUTS)
     params, where = ctx.params, ctx.where
@@ -60,12 +61,12 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
     chosen = select_problems(problems, cfg.n_samples, cfg.seed, "evaluate.n_samples")
     check_engine(cfg, conditions, params.runtime, params.file)
     if cfg.shard is not None and os.environ.get("DVC_STAGE"):
-        raise ConfigError(f"{params.file}: evaluate.shard: a shard writes a part, not the stage's outputs: run each "
-                          f"with `python -m stages.evaluate --model {name} --shard I/N`, then `dvc repro` with "
-                          f"evaluate.shard null merges the parts")
+        raise BadParam(f"evaluate.shard: a shard writes a part, not the stage's outputs: run each "
+                       f"with `python -m stages.evaluate --model {name} --shard I/N`, then `dvc repro` with "
+                       f"evaluate.shard null merges the parts")
     if name not in params.evaluated:
-        raise ConfigError(f"{params.file}: evaluate.models: model '{name}' is not among the models evaluated "
-                          f"{params.evaluated}; add it there to evaluate it")
+        raise BadParam(f"evaluate.models: model '{name}' is not among the models evaluated "
+                       f"{params.evaluated}; add it there to evaluate it")
     plan = evaluate.make_plan(params, ctx.setup(), chosen)
     try:
         if cfg.shard is not None:

@@ -29,6 +29,7 @@ from pathlib import Path
 from meaningless_tokens import TEMPLATES, cli, store
 from meaningless_tokens.report import explorer
 from meaningless_tokens.config import Params
+from meaningless_tokens.errors import names_the_file
 from meaningless_tokens.store import atomic_path
 
 OUTPUTS = {"out": "explorer"}  # the stage's output: role -> artifact kind (store.PATHS)
@@ -52,6 +53,7 @@ def render(entries: list[dict], blobs: list[str]) -> str:
     return env.get_template("explorer.html.j2").render(data=Markup(script_json(data)), blobs=blobs)
 
 
+@names_the_file
 def run(params: Params, root: Path | None = None) -> Path:
     """The page of the project's showcase prompts, written under `root` (default: the project)."""
     import time

@@ -33,8 +33,9 @@ from meaningless_tokens import cli, models, progress, store
 from meaningless_tokens.measures.extract import PROMPT_CONDITIONS, QUERY_SETS, VECTORS, reduce
 from meaningless_tokens.capture import attention, compare
 from meaningless_tokens.config import Params
-from meaningless_tokens.errors import CaptureError, UnsupportedModel
-from meaningless_tokens.prompts import PromptBuilder, builder_for, check_context, dataset_spec, extraction_problems, put_problems
+from meaningless_tokens.dataset import dataset_spec, extraction_problems, put_problems
+from meaningless_tokens.errors import CaptureError, UnsupportedModel, names_the_file
+from meaningless_tokens.prompts import PromptBuilder, builder_for, check_context
 from meaningless_tokens.stage import INDEXING, header, stage_context
 from meaningless_tokens.store import put, put_json_attr, write_h5, write_prompt_timing
 
@@ -57,6 +58,7 @@ class Capture:
     seconds: float
 
 
+@names_the_file
 def run(params: Params, name: str, root: Path | None = None) -> Path:
     ctx = stage_context(params, "extract", name, root, **OUTPUTS)
     params, out = ctx.params, ctx.where["out"]

@@ -41,6 +41,7 @@ from meaningless_tokens import charts, cli, store
 from meaningless_tokens.charts import likelihood
 from meaningless_tokens.results.context import Context, load_context
 from meaningless_tokens.config import CONDITIONS, Params
+from meaningless_tokens.errors import names_the_file
 from meaningless_tokens.store import atomic_path, write_csv_atomic, write_json_atomic
 
 # the stage's outputs: role -> artifact kind (store.PATHS)
@@ -90,6 +91,7 @@ def draw_all(plt, ctx: Context):
             yield charts.stem(k, None), k.draw(plt, ctx, None)
 
 
+@names_the_file
 def run(params: Params, root: Path | None = None) -> list[Path]:
     """Draw every chart of the project's data (returned: the chart files) and write the accuracy table and the
     likelihood's links, under `root` (default: the project)."""

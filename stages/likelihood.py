@@ -11,8 +11,8 @@ import numpy as np
 
 from meaningless_tokens import arm, cli, store
 from meaningless_tokens.config import Params
-from meaningless_tokens.errors import ConfigError
-from meaningless_tokens.prompts import Problem, dataset_spec, load_problems, put_problems, require_field, select_problems
+from meaningless_tokens.dataset import Problem, dataset_spec, load_problems, put_problems, require_field, select_problems
+from meaningless_tokens.errors import BadParam, names_the_file
 from meaningless_tokens.stage import header, stage_context
 from meaningless_tokens.store import put, put_json_attr, write_csv_atomic, write_h5, write_json_atomic, write_timing
 from meaningless_tokens.measures.likelihood import (CONTINUATIONS, OUTCOMES, UNITS, Scored, measure, metrics_summary,
@@ -86,6 +86,7 @@ def _put_stats(g, prefix: str, stats: list[dict]) -> None:
     put(g, f"{prefix}improved", np.array([s["improved"] for s in stats]), note="share of problems with diff > 0")
 
 
+@names_the_file
 def run(params: Params, name: str, root: Path | None = None) -> Path:
     ctx = stage_context(params, "likelihood", name, root, **OUTPUTS)
     params, where = ctx.params, ctx.where
@@ -95,8 +96,8 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
     chosen = select_problems(problems, cfg.n_samples, cfg.seed, "likelihood.n_samples")
     require_field(spec, chosen, "solution", "the likelihood stage (its `solution` continuation)")
     if name not in params.scored:
-        raise ConfigError(f"{params.file}: likelihood.models: model '{name}' is not among the models scored "
-                          f"{params.scored}; add it there to score it")
+        raise BadParam(f"likelihood.models: model '{name}' is not among the models scored "
+                       f"{params.scored}; add it there to score it")
     m = measure(params, ctx.setup(), chosen)
     summary = summarize(m.per, list(cfg.conditions), chosen, cfg.seed, cfg.n_boot)
 

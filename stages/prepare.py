@@ -17,6 +17,7 @@ from pathlib import Path
 
 from meaningless_tokens import cli
 from meaningless_tokens.config import Params
+from meaningless_tokens.errors import names_the_file
 from meaningless_tokens.models import PreparedModel
 from meaningless_tokens.stage import stage_context
 from meaningless_tokens.store import environment, write_json_atomic, write_timing
@@ -26,6 +27,7 @@ from meaningless_tokens.store import environment, write_json_atomic, write_timin
 OUTPUTS = {"out": "manifest", "timing": "timing/prepare"}
 
 
+@names_the_file
 def run(params: Params, name: str, root: Path | None = None) -> PreparedModel:
     ctx = stage_context(params, "prepare", name, root, **OUTPUTS)
     prepared, layers = ctx.prepare()

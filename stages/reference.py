@@ -17,7 +17,7 @@ from pathlib import Path
 
 from meaningless_tokens import cli, store
 from meaningless_tokens.config import Params
-from meaningless_tokens.errors import StageError
+from meaningless_tokens.errors import StageError, names_the_file
 from meaningless_tokens.store.stages import DVC_YAML, dvc_stage
 from meaningless_tokens.verify import reference
 
@@ -54,6 +54,7 @@ def files_of(root: Path, outputs: list[str]) -> list[str]:
     return files
 
 
+@names_the_file
 def run(params: Params, root: Path | None = None) -> Path:
     """The reference of the project's cached outputs, written to reference/ under `root` (default: the project)."""
     store.params_view(params, STAGE)  # reads no params; the view refuses any

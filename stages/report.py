@@ -25,6 +25,7 @@ from markupsafe import Markup
 
 from meaningless_tokens import TEMPLATES, charts, cli, store
 from meaningless_tokens.config import Params
+from meaningless_tokens.errors import names_the_file
 from meaningless_tokens.report.content import VERDICT, content as report_content, duration_unit
 from meaningless_tokens.results.trace import md_escape
 from meaningless_tokens.store import FIGURES_DIR, atomic_path
@@ -113,6 +114,7 @@ def render(context: dict) -> tuple[str, str]:
             md_env.get_template("report.md.j2").render(**context))
 
 
+@names_the_file
 def run(params: Params, root: Path | None = None) -> list[Path]:
     """The report from the project's data, written under `root` (default: the project)."""
     params = store.params_view(params, "report")  # the keys dvc.yaml lists for it, no other

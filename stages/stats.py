@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from meaningless_tokens import cli, store
+from meaningless_tokens.errors import names_the_file
 from meaningless_tokens.measures.extract import PROMPT_CONDITIONS
 from meaningless_tokens.measures.stats import REQUIRED, Attention, averages, read
 from meaningless_tokens.config import Params
@@ -58,6 +59,7 @@ OUTPUTS = {"src": "attention", "out": "stats", "original": "plots/original", "fu
            "timing": "timing/stats"}
 
 
+@names_the_file
 def run(params: Params, name: str, root: Path | None = None) -> Path:
     ctx = stage_context(params, "stats", name, root, **OUTPUTS)
     params, out = ctx.params, ctx.where["out"]

@@ -11,7 +11,8 @@ import numpy as np
 
 from meaningless_tokens import cli, store
 from meaningless_tokens.config import Params
-from meaningless_tokens.prompts import dataset_spec, load_problems, put_problems
+from meaningless_tokens.dataset import dataset_spec, load_problems, put_problems
+from meaningless_tokens.errors import names_the_file
 from meaningless_tokens.measures.sweep import (AccuracySweep, AttentionSweep, LikelihoodSweep, measure, metrics_summary,
                                           table)
 from meaningless_tokens.stage import INDEXING, header, stage_context
@@ -61,6 +62,7 @@ OUTPUTS = {"out": "sweep", "metrics": "metrics/sweep", "table": "plots/sweep", "
 INPUTS = {"kept": "generations"}  # evaluate's kept generations of this model, where it wrote them (a memo: see below)
 
 
+@names_the_file
 def run(params: Params, name: str, root: Path | None = None) -> Path:
     ctx = stage_context(params, "sweep", name, root, **OUTPUTS, **INPUTS)
     params, where = ctx.params, ctx.where
@@ -70,9 +72,9 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
     att, acc, lik = s.attention, s.accuracy, s.likelihood
 
     write_artifact(where["out"], params, name, att, acc, lik, data_sha)
-    write_json_atomic(where["metrics"], metrics_summary(params, att.summary, att.tokenization, acc.rows,
+    write_json_atomic(where["metrics"], metrics_summary(cfg, att.summary, att.tokenization, acc.rows,
                                                         len(att.problems), len(acc.problems), lik.rows, len(lik.problems)))
-    write_csv_atomic(where["table"], *table(params, att.summary, att.tokenization, acc.rows, lik.rows))
+    write_csv_atomic(where["table"], *table(cfg, att.summary, att.tokenization, acc.rows, lik.rows))
     write_timing(where["timing"], {"seconds": ctx.seconds(),
                                    "attention_seconds": round(att.seconds, 2), "attention_prompts": att.prompts,
                                    **({"accuracy": acc.stats} if acc.problems else {})})

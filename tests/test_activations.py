@@ -9,7 +9,8 @@ from meaningless_tokens import measures, models
 from stages import activations
 from meaningless_tokens.config import load_params
 from meaningless_tokens.errors import ConfigError
-from meaningless_tokens.prompts import builder_for, dataset_spec, load_math500, select_problems
+from meaningless_tokens.dataset import dataset_spec, load_math500, select_problems
+from meaningless_tokens.prompts import builder_for
 from meaningless_tokens.store import read_h5
 from tests.test_extract import ARCHS, tiny_params
 
@@ -142,7 +143,7 @@ def test_a_model_without_a_gated_mlp_is_refused(write_params, tiny_dirs, tmp_pat
 def test_the_measurement_runs_without_the_stage(tiny_dirs, write_params, cache_dir, tmp_path):
     """measures.activations.measure on the full params and models.setup_for (a notebook's call, no stage prelude) gives
     the per-sample measures, histograms and lambda the stage stores."""
-    from meaningless_tokens.prompts import extraction_problems
+    from meaningless_tokens.dataset import extraction_problems
 
     params = act_params(write_params, tiny_dirs, "llama", layers=[0], showcase=0)
     out = activations.run(params, "tiny", root=tmp_path)

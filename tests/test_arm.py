@@ -13,8 +13,9 @@ from meaningless_tokens import arm, draws, engines, hooks, measures, models, sco
 from meaningless_tokens.arm import redistribution
 from stages import activations, evaluate
 from meaningless_tokens.config import load_params
+from meaningless_tokens.dataset import dataset_spec, load_math500
 from meaningless_tokens.errors import ConfigError
-from meaningless_tokens.prompts import builder_for, dataset_spec, load_math500
+from meaningless_tokens.prompts import builder_for
 from meaningless_tokens.store import read_h5
 
 SEED = 1234

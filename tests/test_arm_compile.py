@@ -11,7 +11,8 @@ import torch
 
 from meaningless_tokens import arm, draws, engines, hooks, models
 from meaningless_tokens.config import load_params
-from meaningless_tokens.prompts import builder_for, dataset_spec, load_math500
+from meaningless_tokens.dataset import dataset_spec, load_math500
+from meaningless_tokens.prompts import builder_for
 from tests.test_arm import SEED, settings
 
 VARIANTS = [("llama", 0.13, 99.5), ("gemma", 0.25, 0.85)]

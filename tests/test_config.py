@@ -244,3 +244,38 @@ def test_a_key_given_twice_is_named_with_both_lines_in_flow_and_quoted_form(tmp_
         with pytest.raises(ConfigError) as e:
             load_params(path)
         assert str(e.value) == f"{path}: {key}: given twice (lines {line} and {second}); YAML keys are unique: keep one"
+
+
+def test_a_bad_param_names_the_params_file_once_where_the_stage_runs(write_params):
+    """Code that holds one params section raises BadParam with the key alone; the stage's run puts the file in front,
+    once, however deep it was raised, and leaves every other error as it was."""
+    from meaningless_tokens.errors import BadParam, names_the_file
+
+    params = load_params(write_params())
+
+    @names_the_file
+    def run(params, inner=None):
+        if inner is not None:
+            return inner(params)
+        raise BadParam("sweep.layer: 9 out of range")
+
+    with pytest.raises(ConfigError) as e:
+        run(params)
+    assert str(e.value) == f"{params.file}: sweep.layer: 9 out of range"
+    with pytest.raises(ConfigError) as e:
+        run(params, inner=run)  # a stage run inside another: the file once
+    assert str(e.value) == f"{params.file}: sweep.layer: 9 out of range"
+    assert str(BadParam("sweep.layer: 9 out of range")) == "sweep.layer: 9 out of range"  # a notebook's call: the key
+
+
+def test_a_config_error_that_names_its_file_is_left_as_it_is(write_params):
+    from meaningless_tokens.errors import names_the_file
+
+    @names_the_file
+    def run(params):
+        raise ConfigError(f"{params.file}: sweep.layer: its own line")
+
+    params = load_params(write_params())
+    with pytest.raises(ConfigError) as e:
+        run(params)
+    assert str(e.value) == f"{params.file}: sweep.layer: its own line"

@@ -3,8 +3,8 @@ import shutil
 import pytest
 
 from meaningless_tokens.config import load_params
+from meaningless_tokens.dataset import dataset_spec, load_math500, load_problems, require_field, select_problems
 from meaningless_tokens.errors import DatasetError
-from meaningless_tokens.prompts import dataset_spec, load_math500, load_problems, require_field, select_problems
 
 
 def test_vendored_math500_loads_and_matches_its_sha256(write_params):

@@ -9,8 +9,9 @@ import pytest
 from meaningless_tokens import arm, engines, hooks, models, scoring
 from meaningless_tokens.measures import likelihood
 from meaningless_tokens.config import load_params
+from meaningless_tokens.dataset import dataset_spec, load_math500, select_problems
 from meaningless_tokens.errors import ConfigError
-from meaningless_tokens.prompts import builder_for, dataset_spec, load_math500, select_problems
+from meaningless_tokens.prompts import builder_for
 from tests.test_evaluate import tiny_eval_params
 from tests.test_families import family_params
 

@@ -6,8 +6,9 @@ import pytest
 
 from meaningless_tokens import arm, engines, measures, models
 from meaningless_tokens.config import load_params
+from meaningless_tokens.dataset import dataset_spec, load_math500
 from meaningless_tokens.errors import ConfigError
-from meaningless_tokens.prompts import builder_for, dataset_spec, load_math500
+from meaningless_tokens.prompts import builder_for
 from stages import evaluate
 
 

@@ -16,10 +16,11 @@ from meaningless_tokens import store
 from meaningless_tokens.report import content
 from stages import evaluate
 from meaningless_tokens.config import load_params
+from meaningless_tokens.dataset import dataset_spec, load_math500, select_problems
 from meaningless_tokens.errors import ArtifactError, ConfigError
 from meaningless_tokens.grading import grade, has_complete_box
 from meaningless_tokens.intervals import bootstrap_mean_ci, mcnemar_exact
-from meaningless_tokens.prompts import builder_for, dataset_spec, load_math500, select_problems
+from meaningless_tokens.prompts import builder_for
 from meaningless_tokens.store import read_h5
 from tests.conftest import ROOT, spelled_out
 

@@ -12,8 +12,9 @@ from meaningless_tokens import capture
 from meaningless_tokens import models
 from stages import extract
 from meaningless_tokens.config import load_params
+from meaningless_tokens.dataset import dataset_spec, load_math500
 from meaningless_tokens.errors import ArtifactError, ConfigError, DatasetError
-from meaningless_tokens.prompts import PromptBuilder, dataset_spec, load_math500
+from meaningless_tokens.prompts import PromptBuilder
 from meaningless_tokens.store import read_h5
 from tests import tiny
 from tests.conftest import ROOT

@@ -17,7 +17,8 @@ from meaningless_tokens import capture
 from meaningless_tokens import models
 from stages import evaluate
 from meaningless_tokens.config import load_params
-from meaningless_tokens.prompts import PromptBuilder, dataset_spec, load_math500
+from meaningless_tokens.dataset import dataset_spec, load_math500
+from meaningless_tokens.prompts import PromptBuilder
 from tests import tiny
 from tests.layer0 import own_mask, recompute_layer0
 

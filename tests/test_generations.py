@@ -130,8 +130,9 @@ def test_per_batch_shapes_keep_nothing(tiny_dirs, write_params, cache_dir, tmp_p
 def test_the_sweeps_count_0_and_55_prompts_are_evaluates_none_and_mless(arch, tiny_dirs, write_params, cache_dir):
     """What makes the store's hits: the same prompt ids in both stages (the default prompt, span '/' x 55)."""
     from meaningless_tokens import models
+    from meaningless_tokens.dataset import dataset_spec, load_math500
     from meaningless_tokens.measures import sweep
-    from meaningless_tokens.prompts import builder_for, dataset_spec, load_math500
+    from meaningless_tokens.prompts import builder_for
 
     params = shape_params(write_params, tiny_dirs, arch)
     assert params.prompt.mless.count == 55 and "/" in params.sweep.tokens and 55 in params.sweep.counts
@@ -140,7 +141,7 @@ def test_the_sweeps_count_0_and_55_prompts_are_evaluates_none_and_mless(arch, ti
     with engine:
         problems = load_math500(dataset_spec(params.dataset, params.file))[0][:4]
         evaluate = builder_for(params.prompt, setup, engine.tokenizer)
-        sweep = sweep._build(sweep.builders(params, setup, engine.tokenizer), params, "tiny", problems)
+        sweep = sweep._build(sweep.builders(params.prompt, params.sweep, setup, engine.tokenizer), "tiny", problems)
         for k, p in enumerate(problems):
             built = evaluate.build(p)
             assert sweep["none"][k].input_ids == sweep[("/", 0)][k].input_ids == built["none"].input_ids

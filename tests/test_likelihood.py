@@ -13,12 +13,13 @@ import pytest
 import torch
 
 from meaningless_tokens import scoring
-from meaningless_tokens import arm, hooks, measures, models, paired, prompts, store
+from meaningless_tokens import arm, dataset, hooks, measures, models, paired, store
 from stages import likelihood
 from meaningless_tokens.config import load_params
+from meaningless_tokens.dataset import dataset_spec, load_math500, select_problems
 from meaningless_tokens.errors import ConfigError, DatasetError
 from meaningless_tokens.intervals import bootstrap_mean_ci, wilcoxon_p
-from meaningless_tokens.prompts import builder_for, dataset_spec, load_math500, select_problems
+from meaningless_tokens.prompts import builder_for
 from meaningless_tokens.store import read_h5
 from tests.conftest import ROOT
 from tests import tiny
@@ -202,8 +203,8 @@ def test_a_row_without_the_key_is_named_with_file_and_line(key, write_params, tm
     params = load_params(write_params(raw))
     with pytest.raises(DatasetError, match=rf"test\.jsonl: row 7 has no '{key}'"):
         # the answer is required of every benchmark; the solution only by the stages that read it (this one)
-        spec = prompts.dataset_spec(params.dataset, params.file)
-        prompts.require_field(spec, prompts.load_problems(spec)[0], key, "the likelihood stage")
+        spec = dataset.dataset_spec(params.dataset, params.file)
+        dataset.require_field(spec, dataset.load_problems(spec)[0], key, "the likelihood stage")
 
 
 @pytest.mark.parametrize("family", tiny.FAMILIES)

@@ -13,7 +13,8 @@ from meaningless_tokens import models, sampling
 from stages import evaluate
 from tests.test_syncs import syncs  # noqa: F401  (the fixture counting host-device syncs)
 from meaningless_tokens.config import Shard, load_params
-from meaningless_tokens.prompts import builder_for, dataset_spec, load_problems
+from meaningless_tokens.dataset import dataset_spec, load_problems
+from meaningless_tokens.prompts import builder_for
 from meaningless_tokens.store import read_h5, read_texts
 
 

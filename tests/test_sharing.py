@@ -234,7 +234,7 @@ def test_cold_repro_in_a_fresh_clone_reproduces_the_committed_lock(alice):
     packages = {f"meaningless_tokens/{pkg}/{p.name}" for pkg in ("models", "store")
                 for p in (ROOT / "meaningless_tokens" / pkg).glob("*.py")}
     assert set(prov["code_sha256"]) == {"stages/extract.py", "meaningless_tokens/measures/extract.py", "meaningless_tokens/capture.py",
-                                        "meaningless_tokens/prompts.py", "meaningless_tokens/stage.py"} | packages
+                                        "meaningless_tokens/dataset.py", "meaningless_tokens/prompts.py", "meaningless_tokens/stage.py"} | packages
     # the commit that ran is in the run's sidecar: alice's evaluation ran at the evaluate.py commit
     sidecar = json.loads(alice.committed[f"metrics/timing/evaluate-{M}.json"])
     head = alice.git("rev-parse", "HEAD~1").stdout.strip()

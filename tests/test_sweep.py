@@ -140,7 +140,7 @@ def test_the_sweep_runs_without_the_stage(tiny_dirs, write_params, cache_dir, tm
     import functools
 
     from meaningless_tokens import measures, models
-    from meaningless_tokens.prompts import dataset_spec, load_problems
+    from meaningless_tokens.dataset import dataset_spec, load_problems
 
     params = sweep_params(write_params, tiny_dirs, counts=[0, 55], attention_samples=2)
     out = sweep.run(params, "tiny", root=tmp_path)
@@ -155,5 +155,5 @@ def test_the_sweep_runs_without_the_stage(tiny_dirs, write_params, cache_dir, tm
         for k, c in enumerate(params.sweep.counts):
             for ds in ("drop", "drop_ci", "span_mass", "drop_top_pct"):
                 np.testing.assert_array_equal(f[f"token_0/{ds}"][k], att.summary["/"]["rows"][c][ds], err_msg=ds)
-    metrics = measures.sweep.metrics_summary(params, att.summary, att.tokenization, {}, len(att.problems), 0)
+    metrics = measures.sweep.metrics_summary(params.sweep, att.summary, att.tokenization, {}, len(att.problems), 0)
     assert metrics == json.loads((tmp_path / "metrics/sweep/tiny.json").read_text())

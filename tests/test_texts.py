@@ -124,7 +124,7 @@ def test_the_journal_keeps_any_text_a_model_writes(tmp_path):
 def test_a_datasets_texts_are_stored_whatever_they_hold(tmp_path):
     """An artifact's /problems group (every model stage writes one) keeps a dataset's ids, subjects and answers
     exactly, NUL included."""
-    from meaningless_tokens.prompts import Problem, put_problems
+    from meaningless_tokens.dataset import Problem, put_problems
 
     chosen = [Problem(0, "id\x000", "p", None, "4\x00", "Alge\x00bra", 1), Problem(1, "id1", "q", None, "5", None, None)]
     path = tmp_path / "problems.h5"

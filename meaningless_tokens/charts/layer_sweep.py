@@ -22,7 +22,7 @@ def draw(plt, ctx: Context, name: str):
     head = ctx.view(name, KIND).heads[0]
     h0 = st["heads"].index(head)
     layers, key = chart_layers(params, KIND)
-    sweep = [layer_index(params, name, st, layer, key) for layer in layers]
+    sweep = [layer_index(name, st, layer, key) for layer in layers]
     fig, axes = plt.subplots(1, len(sweep), figsize=(4.2 * len(sweep), 3.4), squeeze=False)
     for ax, lj in zip(axes[0], sweep):
         for c in ("none", "mless"):

@@ -16,7 +16,7 @@ import numpy as np
 from meaningless_tokens import arm, hooks, models, progress
 from meaningless_tokens.capture import capturing, prompt_inputs
 from meaningless_tokens.config import Params
-from meaningless_tokens.errors import ConfigError, StopForward
+from meaningless_tokens.errors import BadParam, ConfigError, StopForward
 from meaningless_tokens.intervals import bootstrap_mean_ci, wilcoxon_p
 from meaningless_tokens.prompts import PromptBuilder, builder_for
 
@@ -172,8 +172,8 @@ def measure(params: Params, setup: models.ModelSetup, chosen: list) -> Measured:
     n_layers = setup.facts["num_layers"]
     layers = list(cfg.layers)
     if max(layers) >= n_layers:
-        raise ConfigError(f"{params.file}: activations.layers: {[x for x in layers if x >= n_layers]} out of range; "
-                          f"{name} has {n_layers} layers (allowed 0..{n_layers - 1})")
+        raise BadParam(f"activations.layers: {[x for x in layers if x >= n_layers]} out of range; "
+                       f"{name} has {n_layers} layers (allowed 0..{n_layers - 1})")
     conditions = params.prompt.conditions
     arm_settings = arm.settings_for(params.arm, params.dataset.benchmark, setup) if "arm" in conditions else None
     model, tokenizer = models.load(setup, layers=layers)

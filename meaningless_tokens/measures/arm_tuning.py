@@ -17,11 +17,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from meaningless_tokens import arm, hooks, progress, scoring
-from meaningless_tokens.config import Params
+from meaningless_tokens.config import ArmTuning, Params
+from meaningless_tokens.dataset import Problem, dataset_spec, load_problems, require_field, select_problems
 from meaningless_tokens.engines import open_scorer
-from meaningless_tokens.errors import ConfigError
+from meaningless_tokens.errors import BadParam
 from meaningless_tokens.intervals import bootstrap_mean_ci
-from meaningless_tokens.prompts import Problem, builder_for, dataset_spec, load_problems, require_field, select_problems
+from meaningless_tokens.prompts import builder_for
 from meaningless_tokens.scoring import Seq, TeacherForcedArm
 
 
@@ -53,8 +54,8 @@ def problem_sets(params: Params) -> tuple[list[Problem], list[Problem], str]:
     taken = {p.index for p in tested}
     rest = [p for p in problems if p.index not in taken]
     if len(rest) < cfg.n_samples:
-        raise ConfigError(f"{params.file}: arm_tuning.n_samples: {cfg.n_samples} tuning problems asked for, but only "
-                          f"{len(rest)} lie outside likelihood's {len(tested)} (likelihood.n_samples); lower one of them")
+        raise BadParam(f"arm_tuning.n_samples: {cfg.n_samples} tuning problems asked for, but only "
+                       f"{len(rest)} lie outside likelihood's {len(tested)} (likelihood.n_samples); lower one of them")
     tuning = select_problems(rest, cfg.n_samples, cfg.seed, "arm_tuning.n_samples")
     require_field(spec, tuning + tested, "solution", "the ARM tuning stage (the solution's likelihood)")
     return tuning, tested, data_sha
@@ -72,17 +73,18 @@ def solution_sequences(params: Params, builder, problems: list[Problem]) -> tupl
     return none, arms
 
 
-def check_grid(params: Params, variant: str, pairs: list) -> list[tuple[float, float]]:
-    """The variant's grid as (c, percentage) pairs, each within the variant's range, the fallback among them."""
-    grid = [tuple(map(float, pair)) for pair in pairs]
+def check_grid(cfg: ArmTuning, variant: str) -> list[tuple[float, float]]:
+    """The variant's grid (`cfg`: params' arm_tuning) as (c, percentage) pairs, each within the variant's range, the
+    fallback among them."""
+    grid = [tuple(map(float, pair)) for pair in cfg.grid[variant]]
     for c, pct in grid:
         for key in ("c", "percentage"):
             why = arm.check_setting(variant, c, pct, key)
             if why:
-                raise ConfigError(f"{params.file}: arm_tuning.grid.{variant}: ({c:g}, {pct:g}): {key} {why}")
+                raise BadParam(f"arm_tuning.grid.{variant}: ({c:g}, {pct:g}): {key} {why}")
     if tuple(arm.FALLBACK[variant]) not in grid:
-        raise ConfigError(f"{params.file}: arm_tuning.grid.{variant}: {grid} lacks the variant's fallback "
-                          f"{arm.FALLBACK[variant]}, the setting a model the paper did not run gets untuned")
+        raise BadParam(f"arm_tuning.grid.{variant}: {grid} lacks the variant's fallback "
+                       f"{arm.FALLBACK[variant]}, the setting a model the paper did not run gets untuned")
     return grid
 
 
@@ -150,10 +152,10 @@ def tune(params: Params, setup, problems: tuple[list[Problem], list[Problem]]) -
     cfg, name = params.arm_tuning, setup.name
     tuning, tested = problems
     own = arm.settings_for(params.arm, params.dataset.benchmark, setup)
-    grid = check_grid(params, own.variant, cfg.grid[own.variant])
+    grid = check_grid(cfg, own.variant)
     if (own.c, own.percentage) not in grid:
-        raise ConfigError(f"{params.file}: arm_tuning.grid.{own.variant}: {grid} lacks model '{name}''s own setting "
-                          f"({own.c:g}, {own.percentage:g}) ({own.origin['c']}); add it, so the choice is compared with it")
+        raise BadParam(f"arm_tuning.grid.{own.variant}: {grid} lacks model '{name}''s own setting "
+                       f"({own.c:g}, {own.percentage:g}) ({own.origin['c']}); add it, so the choice is compared with it")
     settings = [dataclasses.replace(own, c=c, percentage=pct, origin={**own.origin, "c": "arm_tuning.grid",
                                                                         "percentage": "arm_tuning.grid"})
                 for c, pct in grid]
@@ -165,8 +167,8 @@ def tune(params: Params, setup, problems: tuple[list[Problem], list[Problem]]) -
     context = setup.prepared.facts["max_position_embeddings"]
     longest = max(len(s.input_ids) for s in none_seqs)
     if context and longest > context:
-        raise ConfigError(f"{params.file}: likelihood.solution_tokens: a prompt plus its solution ({longest} tokens) "
-                          f"exceeds the context of model '{name}' ({context} positions)")
+        raise BadParam(f"likelihood.solution_tokens: a prompt plus its solution ({longest} tokens) "
+                       f"exceeds the context of model '{name}' ({context} positions)")
     pad = engine.pad
     warn = lambda why: print(f"{name}: {why}", file=sys.stderr)  # noqa: E731
     bar = progress.bar(total=len(none_seqs) * (1 + len(settings)), desc=f"arm tuning {name}", unit="seq")

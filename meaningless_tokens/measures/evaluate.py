@@ -18,11 +18,12 @@ import numpy as np
 
 from meaningless_tokens import arm, models, sampling
 from meaningless_tokens.config import Params, Shard
+from meaningless_tokens.dataset import dataset_spec
 from meaningless_tokens.engines import (Engine, Item, Journal, Record, journal_key, make_batches, merge_parts,
                                         open_engine, part_path, run_journaled)
 from meaningless_tokens.grading import has_complete_box
 from meaningless_tokens.intervals import paired
-from meaningless_tokens.prompts import PromptBuilder, builder_for, check_context, dataset_spec
+from meaningless_tokens.prompts import PromptBuilder, builder_for, check_context
 
 # How `make verify` compares this measure's outputs (meaningless_tokens/verify/compare.py assembles KINDS from every
 # measure's): (artifact kind of store.PATHS, key glob, kind of quantity of verify's TOLERANCES), first match wins

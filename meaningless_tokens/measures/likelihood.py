@@ -15,10 +15,11 @@ import numpy as np
 
 from meaningless_tokens import arm, hooks, models, scoring
 from meaningless_tokens.config import Params, Prompt
+from meaningless_tokens.dataset import Problem, dataset_spec
 from meaningless_tokens.engines import open_scorer
-from meaningless_tokens.errors import ConfigError
+from meaningless_tokens.errors import BadParam
 from meaningless_tokens.paired import groups, paired_stats
-from meaningless_tokens.prompts import Problem, builder_for, dataset_spec
+from meaningless_tokens.prompts import builder_for
 from meaningless_tokens.scoring import Seq, TeacherForcedArm, check_head
 
 # How `make verify` compares this measure's outputs (meaningless_tokens/verify/compare.py assembles KINDS from every
@@ -56,8 +57,8 @@ def build_sequences(params: Params, name: str, builder, chosen: list[Problem], c
         for s in seqs:
             if len(s.input_ids) > context:
                 key = "likelihood.solution_tokens" if s.continuation == "solution" else "likelihood.answer_frame"
-                raise ConfigError(
-                    f"{params.file}: {key}: problem {s.index} ({s.condition}): the prompt ({s.prompt_len} tokens) plus "
+                raise BadParam(
+                    f"{key}: problem {s.index} ({s.condition}): the prompt ({s.prompt_len} tokens) plus "
                     f"the {s.continuation} ({len(s.input_ids) - s.prompt_len} tokens) exceed the context of model "
                     f"'{name}' ({context} positions)")
     return seqs

@@ -18,12 +18,13 @@ import numpy as np
 from meaningless_tokens import arm, generations, models, progress, scoring
 from meaningless_tokens.measures.extract import QUERY_VECTOR, reduce, sample_stats
 from meaningless_tokens.capture import attention, compare
-from meaningless_tokens.config import Params, Prompt
+from meaningless_tokens.config import Params, Prompt, Stats, Sweep
+from meaningless_tokens.dataset import dataset_spec, select_problems
 from meaningless_tokens.engines import (Item, Journal, check_engine, journal_key, make_batches, open_engine, open_scorer,
                                         run_journaled)
-from meaningless_tokens.errors import CaptureError, ConfigError, PromptError, UnsupportedModel
+from meaningless_tokens.errors import BadParam, CaptureError, ConfigError, PromptError, UnsupportedModel
 from meaningless_tokens.intervals import bootstrap_mean_ci, bootstrap_ratio_ci, paired, wilcoxon_p
-from meaningless_tokens.prompts import PromptBuilder, check_context, dataset_spec, select_problems
+from meaningless_tokens.prompts import PromptBuilder, check_context
 
 # How `make verify` compares this measure's outputs (meaningless_tokens/verify/compare.py assembles KINDS from every
 # measure's): (artifact kind of store.PATHS, key glob, kind of quantity of verify's TOLERANCES), first match wins
@@ -45,14 +46,15 @@ def span_prompt(prompt: Prompt, token: str, count: int) -> Prompt:
     return prompt.model_copy(update={"mless": mless, "conditions": list(CONDITIONS)})
 
 
-def builders(params: Params, setup: models.ModelSetup, tokenizer) -> dict[tuple[str, int], PromptBuilder]:
-    """A prompt builder per (token, count), checked before any model runs."""
-    template = setup.spec.template or params.prompt.template
+def builders(prompt: Prompt, cfg: Sweep, setup: models.ModelSetup, tokenizer) -> dict[tuple[str, int], PromptBuilder]:
+    """A prompt builder per (token, count) of `cfg` (params' sweep) from `prompt` (params' prompt), checked before any
+    model runs."""
+    template = setup.spec.template or prompt.template
     out = {}
-    for k, token in enumerate(params.sweep.tokens):
-        for count in params.sweep.counts:
+    for k, token in enumerate(cfg.tokens):
+        for count in cfg.counts:
             try:
-                out[(token, count)] = PromptBuilder(span_prompt(params.prompt, token, count), tokenizer, template,
+                out[(token, count)] = PromptBuilder(span_prompt(prompt, token, count), tokenizer, template,
                                                     setup.params_file)
             except PromptError as e:
                 raise ConfigError(f"{setup.where}: {e}") from None
@@ -68,15 +70,15 @@ def repetition(builder: PromptBuilder, token: str) -> dict:
             "linear": builder.span_len == one * count}
 
 
-def _build(bs: dict, params: Params, name: str, problems) -> dict:
+def _build(bs: dict, name: str, problems) -> dict:
     """(token, count) -> list of PromptIds of the mless prompt per problem; plus 'none'."""
     out = {}
     for (token, count), b in bs.items():
         try:
             out[(token, count)] = [b.build(p)["mless"] for p in problems]
         except AssertionError as e:  # the span's tokens changed the original tokens: no alignment
-            raise ConfigError(f"{params.file}: sweep.tokens: '{token}' x {count} breaks the alignment of the "
-                              f"original tokens for model '{name}' ({e})") from None
+            raise BadParam(f"sweep.tokens: '{token}' x {count} breaks the alignment of the "
+                           f"original tokens for model '{name}' ({e})") from None
     first = next(iter(bs.values()))
     out["none"] = [first.build(p)["none"] for p in problems]
     return out
@@ -84,9 +86,9 @@ def _build(bs: dict, params: Params, name: str, problems) -> dict:
 
 # ---- attention -------------------------------------------------------------------------------------
 
-def attention_sweep(params: Params, name: str, model, prompts: dict, heads: list[int]) -> dict:
-    """Per (token, count): per-sample orig_mean [S, H] and span_mass [S, H]; and none's orig_mean."""
-    cfg, st = params.sweep, params.stats
+def attention_sweep(cfg: Sweep, st: Stats, name: str, model, prompts: dict, heads: list[int]) -> dict:
+    """Per (token, count): per-sample orig_mean [S, H] and span_mass [S, H]; and none's orig_mean (`cfg`: params'
+    sweep, its layer; `st`: params' stats, the query set and the first key left out)."""
     first = 1 if st.exclude_first else 0
     keys = ["none"] + [k for k in prompts if k != "none" and k[1] > 0]
     total = sum(len(prompts[k]) for k in keys)
@@ -110,11 +112,11 @@ def attention_sweep(params: Params, name: str, model, prompts: dict, heads: list
     return per
 
 
-def summarize_attention(params: Params, per: dict) -> dict:
-    """Drops and span mass per token and count, with intervals; the top heads fixed at the reference count."""
-    cfg = params.sweep
+def summarize_attention(cfg: Sweep, per: dict) -> dict:
+    """Drops and span mass per token and count of `cfg` (params' sweep), with intervals; the top heads fixed at the
+    reference count."""
     base = per["none"][0]  # [S, H]
-    ref = params.sweep.reference_count
+    ref = cfg.reference_count
     out = {}
     for token in cfg.tokens:
         ref_drop = (base - per[(token, ref)][0]).mean(axis=0)
@@ -157,7 +159,7 @@ def accuracy_sweep(params: Params, setup: models.ModelSetup, problems, journal_p
         if "arm" in params.prompt.conditions else None
     kept = generations.read(kept_path) if kept_path is not None else None
     with open_engine(ev, CONDITIONS, setup, arm_settings, sampled=False) as engine:
-        prompts = _build(builders(params, setup, engine.tokenizer), params, name, problems)
+        prompts = _build(builders(params.prompt, params.sweep, setup, engine.tokenizer), name, problems)
         cond = {key: f"{key[0]}x{key[1]}" for key in prompts if key != "none" and key[1] > 0}
         items = [Item(p.index, "none", pr.input_ids) for p, pr in zip(problems, prompts["none"])]
         items += [Item(p.index, c, pr.input_ids) for key, c in cond.items() for p, pr in zip(problems, prompts[key])]
@@ -188,8 +190,8 @@ def likelihood_sweep(params: Params, setup: models.ModelSetup, problems) -> dict
     prompt, scored once), from one load of the whole model."""
     name = setup.name
     engine = open_scorer(setup)
-    bs = builders(params, setup, engine.tokenizer)
-    prompts = _build(bs, params, name, problems)
+    bs = builders(params.prompt, params.sweep, setup, engine.tokenizer)
+    prompts = _build(bs, name, problems)
     conts = scoring.Continuations(params.likelihood, next(iter(bs.values())),
                                   dataset_spec(params.dataset, params.file).path)
     keys = ["none"] + [k for k in prompts if k != "none" and k[1] > 0]
@@ -267,12 +269,12 @@ def measure_attention(params: Params, setup: models.ModelSetup, problems) -> Att
     cfg, name, facts = params.sweep, setup.name, setup.facts
     chosen = select_problems(problems, cfg.attention_samples, cfg.seed, "sweep.attention_samples")
     if cfg.layer >= facts["num_layers"]:
-        raise ConfigError(f"{params.file}: sweep.layer: {cfg.layer} out of range; model '{name}' has "
-                          f"{facts['num_layers']} layers (allowed 0..{facts['num_layers'] - 1})")
+        raise BadParam(f"sweep.layer: {cfg.layer} out of range; model '{name}' has "
+                       f"{facts['num_layers']} layers (allowed 0..{facts['num_layers'] - 1})")
     heads = list(range(facts["num_heads"])) if setup.spec.heads == "all" else list(setup.spec.heads)
     model, tokenizer = models.load(setup, layers=[cfg.layer])
-    bs = builders(params, setup, tokenizer)
-    prompts = _build(bs, params, name, chosen)
+    bs = builders(params.prompt, cfg, setup, tokenizer)
+    prompts = _build(bs, name, chosen)
     check_context(setup, "sweep.counts", "a prompt", max(len(pr.input_ids) for key in prompts for pr in prompts[key]))
     try:  # the probe extraction runs: capture == the model's own eager attention on the longest span's prompt
         probe = compare(model, prompts[(cfg.tokens[0], cfg.counts[-1])][0].input_ids, [cfg.layer],
@@ -286,9 +288,9 @@ def measure_attention(params: Params, setup: models.ModelSetup, problems) -> Att
                   f"tokens for this tokenizer (span tokens per count: "
                   f"{ {c: r['span_tokens'] for c, r in rows.items()} }); spans are measured in tokens", file=sys.stderr)
     t0 = time.perf_counter()
-    per = attention_sweep(params, name, model, prompts, heads)
+    per = attention_sweep(cfg, params.stats, name, model, prompts, heads)
     seconds = time.perf_counter() - t0
-    return AttentionSweep(chosen, heads, bs, probe, tokenization, per, summarize_attention(params, per),
+    return AttentionSweep(chosen, heads, bs, probe, tokenization, per, summarize_attention(cfg, per),
                           sum(len(prompts[k]) for k in prompts if k == "none" or k[1] > 0), seconds,
                           setup.prepared.manifest())
 
@@ -318,13 +320,12 @@ def measure_likelihood(params: Params, whole: models.ModelSetup, problems) -> Li
     return LikelihoodSweep(chosen, mean, rows)
 
 
-def metrics_summary(params: Params, summary: dict, tokenization: dict, accuracy: dict, n: int, n_acc: int,
+def metrics_summary(cfg: Sweep, summary: dict, tokenization: dict, accuracy: dict, n: int, n_acc: int,
                     lik_rows: dict | None = None, n_lik: int = 0) -> dict:
-    """The summary `dvc metrics` and `dvc exp show` read: per token and count the drop, span mass and lambda, and where
-    measured the accuracy and likelihood against count 0."""
-    cfg = params.sweep
+    """The summary `dvc metrics` and `dvc exp show` read: per token and count of `cfg` (params' sweep) the drop, span
+    mass and lambda, and where measured the accuracy and likelihood against count 0."""
     lik_rows = lik_rows or {}
-    out = {"layer": cfg.layer, "n_samples": n, "accuracy_samples": n_acc, "reference_count": params.sweep.reference_count,
+    out = {"layer": cfg.layer, "n_samples": n, "accuracy_samples": n_acc, "reference_count": cfg.reference_count,
            "likelihood_samples": n_lik, "tokens": {}}
     for token in cfg.tokens:
         rows = summary[token]["rows"]
@@ -350,13 +351,13 @@ def metrics_summary(params: Params, summary: dict, tokenization: dict, accuracy:
     return out
 
 
-def table(params: Params, summary: dict, tokenization: dict, accuracy: dict,
+def table(cfg: Sweep, summary: dict, tokenization: dict, accuracy: dict,
           lik_rows: dict | None = None) -> tuple[list[str], list[list]]:
-    """The columns and one row per token and count, fixed columns, for dvc.yaml's `plots` (accuracy, likelihood `nan`
-    when off)."""
+    """The columns and one row per token and count of `cfg` (params' sweep), fixed columns, for dvc.yaml's `plots`
+    (accuracy, likelihood `nan` when off)."""
     rows = []
-    for token in params.sweep.tokens:
-        for c in params.sweep.counts:
+    for token in cfg.tokens:
+        for c in cfg.counts:
             r, a = summary[token]["rows"][c], accuracy.get((token, c), {})
             lk = (lik_rows or {}).get((token, c))
             rows.append([token, c, tokenization[token][c]["span_tokens"], f"{r['drop_heads_pct']:.6g}",

@@ -125,7 +125,7 @@ def content(params: Params) -> Content:
 
 def example(params: Params, root: Path, name: str, disp: str, limit: int = 700) -> dict:
     """One problem where the conditions' grades differ (else the first), with each condition's output."""
-    from meaningless_tokens.prompts import dataset_spec, load_problems
+    from meaningless_tokens.dataset import dataset_spec, load_problems
 
     path = root / store.path("eval", name)
     with read_h5(path, "eval", ("problems/index", "problems/answer")) as f:

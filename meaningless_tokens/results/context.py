@@ -15,7 +15,7 @@ from pathlib import Path
 from meaningless_tokens.results.load import (load_activations, load_arm_tuning, load_datasets, load_likelihood,
                                              load_metrics, load_stats, load_sweep)
 from meaningless_tokens.config import Params, chart_selection, figure_models
-from meaningless_tokens.errors import ConfigError
+from meaningless_tokens.errors import BadParam
 from meaningless_tokens.results.trace import ALL, Num, Sources, artifact
 
 
@@ -115,15 +115,17 @@ def load_context(params: Params) -> Context:
     names = selected_models(params)
     stats = {n: load_stats(params.project_path(artifact("stats", n))) for n in names}
     # accuracy only for the models evaluated (evaluate.models): the others have no evaluation to read
-    return Context(params, stats, {n: load_metrics(params, n) for n in names if n in params.evaluated})
+    return Context(params, stats, {n: load_metrics(params.project_path(artifact("metrics/accuracy", n)), n)
+                                   for n in names if n in params.evaluated})
 
 
 # ---- heads and layers ------------------------------------------------------------------------------------
 
-def layer_index(params: Params, name: str, st: dict, layer: int, key: str) -> int:
+def layer_index(name: str, st: dict, layer: int, key: str) -> int:
+    """The index in model `name`'s statistics `st` of 0-based `layer`, which params key `key` names."""
     if layer not in st["layers"]:
-        raise ConfigError(f"{params.file}: {key}: layer {layer} was not extracted for {name} "
-                          f"(extracted: {st['layers']}; see models.{name}.layers)")
+        raise BadParam(f"{key}: layer {layer} was not extracted for {name} "
+                       f"(extracted: {st['layers']}; see models.{name}.layers)")
     return st["layers"].index(layer)
 
 
@@ -141,16 +143,16 @@ def choose_heads(params: Params, name: str, st: dict, kind: str | None = None) -
     """The 0-based heads chart `kind` shows (None: the `figures` defaults). `auto`: the `figures.n_heads` heads of
     the chart's (first) layer with the largest mless drop (stats head_rank); or the heads named per model."""
     layers, lkey = chart_layers(params, kind)
-    li = layer_index(params, name, st, layers[0], lkey)
+    li = layer_index(name, st, layers[0], lkey)
     heads, key = (params.figures.heads, "figures.heads") if kind is None else chart_selection(params, kind)[2:]
     if heads == "auto":
         return [st["heads"][k] for k in st["mless"]["head_rank"][li][: params.figures.n_heads]]
     chosen = heads.get(name)
     if chosen is None:
-        raise ConfigError(f"{params.file}: {key}.{name}: no heads named for this model (or use 'auto')")
+        raise BadParam(f"{key}.{name}: no heads named for this model (or use 'auto')")
     bad = [h for h in chosen if h not in st["heads"]]
     if bad:
-        raise ConfigError(f"{params.file}: {key}.{name}: {bad} not among the extracted heads {st['heads']}")
+        raise BadParam(f"{key}.{name}: {bad} not among the extracted heads {st['heads']}")
     return chosen
 
 
@@ -179,7 +181,7 @@ class ModelView:
         self.heads = choose_heads(params, name, st, kind)
         self.layers, lkey = chart_layers(params, kind)
         self.layer = self.layers[0]
-        self.li = layer_index(params, name, st, self.layer, lkey)
+        self.li = layer_index(name, st, self.layer, lkey)
         self.P, self.F = params.figures.original_positions, params.figures.full_positions
         self.conds = st["conditions"]
         self.span = st["span"].get("mless", (-1, -1))

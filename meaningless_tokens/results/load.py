@@ -5,9 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from meaningless_tokens.config import Params
 from meaningless_tokens.errors import ArtifactError
-from meaningless_tokens.results.trace import artifact
 from meaningless_tokens.store import read_h5
 
 
@@ -37,8 +35,8 @@ def mless_span(path: Path, provenance: str) -> dict:
                             "(written by another version? run: dvc repro)") from None
 
 
-def load_metrics(params: Params, name: str) -> dict:
-    path = params.project_path(artifact("metrics/accuracy", name))
+def load_metrics(path: Path, name: str) -> dict:
+    """Model `name`'s evaluation metrics (metrics/accuracy/<name>.json at `path`)."""
     if not path.is_file():
         raise ArtifactError(f"{path}: missing evaluation metrics (run: dvc repro evaluate@{name})")
     try:
