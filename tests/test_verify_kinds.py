@@ -1,4 +1,4 @@
-"""Every number of the committed run's metrics has the kind of its quantity (verify/compare.py's KINDS), and the
+"""Every number of the committed run's metrics has the kind of its quantity (verify/kinds.py's KINDS), and the
 verdict's derived statistics have tolerances that follow from their inputs'. Fast: the committed files, no DVC run."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import pytest
 
 from meaningless_tokens.errors import Differs
 from meaningless_tokens.report import pooling
-from meaningless_tokens.verify.compare import (CATCH_ALL, NUMBER, TOLERANCES, Largest, _item_name, _match,
-                                               compare_json, compare_printed, kind_entry, kind_of)
+from meaningless_tokens.verify.compare import NUMBER, Largest, _item_name, compare_json, compare_printed
+from meaningless_tokens.verify.kinds import CATCH_ALL, TOLERANCES, _match, kind_entry, kind_of
 
 ROOT = Path(__file__).resolve().parent.parent
 VERDICT = "metrics/verdict.json"
@@ -63,7 +63,7 @@ def test_every_number_of_a_committed_metrics_file_has_a_kind_meant_for_it(file):
 
 
 def test_the_catch_all_is_last_and_matches_everything():
-    from meaningless_tokens.verify.compare import KINDS
+    from meaningless_tokens.verify.kinds import KINDS
 
     assert KINDS[-1] == CATCH_ALL and _match("any/file.json", "any.key[3]", *CATCH_ALL[:2])
 
@@ -160,7 +160,7 @@ def test_the_kinds_assembled_from_each_measures_declarations_are_the_hand_kept_l
     (first match wins), and no two measures' file globs match one file, so the measures' order decides nothing."""
     import fnmatch
 
-    from meaningless_tokens.verify.compare import KINDS
+    from meaningless_tokens.verify.kinds import KINDS
 
     assert sorted(KINDS) == sorted(HAND_KEPT_KINDS)
     globs = {e[0] for e in HAND_KEPT_KINDS} - {"*"}
@@ -169,7 +169,7 @@ def test_the_kinds_assembled_from_each_measures_declarations_are_the_hand_kept_l
         assert not [h for h in globs - {g} if fnmatch.fnmatchcase(g.replace("*", "x"), h)], g
 
 
-# verify/compare.py's KINDS as it was written by hand before each measure declared its own (2026-11)
+# verify/kinds.py's KINDS as it was written by hand before each measure declared its own (2026-11)
 HAND_KEPT_KINDS = (
     ('*', '*head_check_max_abs_diff*', 'residual'),
     ('metrics/accuracy/*.json', '*', 'exact'),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-# How `make verify` compares this measure's outputs (meaningless_tokens/verify/compare.py assembles KINDS from every
+# How `make verify` compares this measure's outputs (meaningless_tokens/verify/kinds.py assembles KINDS from every
 # measure's): (artifact kind of store.PATHS, key glob, kind of quantity of verify's TOLERANCES), first match wins
 QUANTITIES = (
     ("attention", "*/recv_*", "attention-received"),

@@ -22,7 +22,7 @@ from meaningless_tokens.paired import groups, paired_stats
 from meaningless_tokens.prompts import builder_for
 from meaningless_tokens.scoring import Seq, TeacherForcedArm, check_head
 
-# How `make verify` compares this measure's outputs (meaningless_tokens/verify/compare.py assembles KINDS from every
+# How `make verify` compares this measure's outputs (meaningless_tokens/verify/kinds.py assembles KINDS from every
 # measure's): (artifact kind of store.PATHS, key glob, kind of quantity of verify's TOLERANCES), first match wins
 QUANTITIES = (
     ("likelihood", "arm/*", "loglik-arm"),

@@ -34,7 +34,7 @@ def _claims(keys: str, cells: str, pooled: str, tau2: str) -> tuple[tuple[str, s
                  ) + tuple(("verdict", f"claims[{k}].pooled.tau2", tau2) for k in keys.split())
 
 
-# How `make verify` compares metrics/verdict.json (meaningless_tokens/verify/compare.py assembles KINDS from these
+# How `make verify` compares metrics/verdict.json (meaningless_tokens/verify/kinds.py assembles KINDS from these
 # and every measure's): (artifact kind of store.PATHS, key glob, kind of quantity), each key by the quantity it
 # holds, first match wins; the derived statistics' kinds follow from those of the cells they read
 QUANTITIES = (

@@ -1,13 +1,16 @@
 """Did the workspace's outputs reproduce a revision's? `python -m meaningless_tokens.verify [REV]` (`make verify`).
 
-compare.py: two copies of a file by value, within the tolerance of each kind of quantity (KINDS: file glob, key glob,
-kind; printed numbers to one unit of their last digit), pure: no git, no DVC;
+kinds.py: the kind of quantity each value is (KINDS: file glob, key glob, kind, from what each measure declares) and
+each kind's tolerance;
+compare.py: two copies of a file by value, within the tolerance of each value's kind (printed numbers to one unit of
+their last digit), pure: no git, no DVC;
+reference.py: the run's cached outputs described in git, and compared from that description;
 driver.py: every output of dvc.lock against the revision's, read through DVC, the table and the verdict.
 """
 
-from meaningless_tokens.verify.compare import (CATCH_ALL, KINDS, PRINTED, PROVENANCE_KEYS, RUN_KEYS, TOLERANCES, Largest,
-                                               Tolerance, compare_arrays, compare_csv, compare_file, compare_h5,
-                                               compare_json, compare_printed, kind_entry, kind_of)
+from meaningless_tokens.verify.compare import (PROVENANCE_KEYS, RUN_KEYS, Largest, compare_arrays, compare_csv,
+                                               compare_file, compare_h5, compare_json, compare_printed)
+from meaningless_tokens.verify.kinds import CATCH_ALL, KINDS, PRINTED, TOLERANCES, Tolerance, kind_entry, kind_of
 from meaningless_tokens.verify.driver import (DIFFERS, DRAWN, IDENTICAL, MISSING, NOT_COMPARED, RUN_RECORD,
                                               RUN_RECORDS, WITHIN, Output, Verifier, main, table, verdict)
 

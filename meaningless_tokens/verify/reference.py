@@ -29,7 +29,8 @@ import numpy as np
 
 from meaningless_tokens import store
 from meaningless_tokens.errors import ArtifactError, Differs
-from meaningless_tokens.verify.compare import TOLERANCES, Largest, compare_file, compare_h5, kind_of
+from meaningless_tokens.verify.compare import Largest, compare_file, compare_h5
+from meaningless_tokens.verify.kinds import TOLERANCES, kind_of
 
 # The folder, relative to the project root. Named here, not in store.PATHS: store is a dependency of every stage.
 FOLDER = "reference"
