@@ -26,7 +26,8 @@ edit), hook (the forward hook); the draws are meaningless_tokens/draws.py, which
 from meaningless_tokens.arm.hook import ArmHook
 from meaningless_tokens.arm.redistribution import edit, edit_pooled, edit_rows
 from meaningless_tokens.arm.settings import (DIFFERENCES, FALLBACK, OFF, PAPER, PAPER_BY_BENCHMARK, VARIANTS, ArmSettings,
-                                             check_setting, layer0_mlp, model_type, settings_for, variant_for)
+                                             check_setting, hook_settings, layer0_mlp, model_type, settings_for,
+                                             variant_for)
 
 __all__ = ["ArmHook", "edit", "edit_pooled", "edit_rows", "DIFFERENCES", "FALLBACK", "OFF", "PAPER", "PAPER_BY_BENCHMARK",
-           "VARIANTS", "ArmSettings", "check_setting", "layer0_mlp", "model_type", "settings_for", "variant_for"]
+           "VARIANTS", "ArmSettings", "check_setting", "hook_settings", "layer0_mlp", "model_type", "settings_for", "variant_for"]
