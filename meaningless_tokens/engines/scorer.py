@@ -1,4 +1,4 @@
-"""Scoring's engine side: teacher-forced `loglikelihood` on a model loaded in this process (meaningless_tokens/scoring.py
+"""Scoring's engine side: teacher-forced `loglikelihood` on a model loaded in this process (meaningless_tokens/scoring/
 holds the arithmetic), and `TransformersScorer`, the likelihood stages' engine (`open_scorer`): transformers whatever
 evaluate.engine says, the whole model as scoring.load loads it. The scoring-only stages import this module and no
 generation code; the transformers engine (transformers.py) takes `Likelihood` for its own `loglikelihood`.
@@ -17,9 +17,9 @@ if TYPE_CHECKING:
 
 
 class Likelihood:
-    """`loglikelihood` on the loaded model (`self.model`, `self.tokenizer`): scoring.py's functions, which hold the
-    arithmetic (see Scorer.loglikelihood). scoring is imported where it runs: a generation stage never scores, and
-    its outputs (and dvc.yaml's deps) do not depend on scoring.py."""
+    """`loglikelihood` on the loaded model (`self.model`, `self.tokenizer`): the functions of meaningless_tokens/scoring/,
+    which hold the arithmetic (see Scorer.loglikelihood). scoring is imported where it runs: a generation stage never
+    scores, and its outputs (and dvc.yaml's deps) do not depend on scoring/."""
 
     @property
     def pad(self) -> int:
