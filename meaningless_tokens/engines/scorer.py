@@ -17,8 +17,8 @@ if TYPE_CHECKING:
 
 
 class Likelihood:
-    """`loglikelihood` on the loaded model (`self.model`, `self.tokenizer`): the functions of meaningless_tokens/scoring/,
-    which hold the arithmetic (see Scorer.loglikelihood). scoring is imported where it runs: a generation stage never
+    """`loglikelihood` on the loaded model (`self.model`, `self.tokenizer`): the functions of
+    meaningless_tokens/scoring/, which hold the arithmetic (see Scorer.loglikelihood). scoring is imported where it runs: a generation stage never
     scores, and its outputs (and dvc.yaml's deps) do not depend on scoring/."""
 
     @property

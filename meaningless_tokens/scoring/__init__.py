@@ -27,6 +27,6 @@ from meaningless_tokens.scoring.packed import (Packed, arm_tree, check_mask, che
 from meaningless_tokens.scoring.sequences import Continuations, Seq, check_alignment
 
 __all__ = ["HEAD_CHUNK", "PACKED_TOLERANCE", "VOCAB_CHUNK", "Continuations", "Packed", "Seq", "TeacherForcedArm",
-           "arm_tree", "batches", "check_alignment", "check_head", "check_mask", "check_packed", "decoy", "head_logprobs",
-           "load", "pack", "pad_id", "right_padded", "score", "score_fastest", "score_packed", "score_shown", "tree_bits",
-           "tree_masks", "unpack_bits", "upload", "whole_steps"]
+           "arm_tree", "batches", "check_alignment", "check_head", "check_mask", "check_packed", "decoy",
+           "head_logprobs", "load", "pack", "pad_id", "right_padded", "score", "score_fastest", "score_packed",
+           "score_shown", "tree_bits", "tree_masks", "unpack_bits", "upload", "whole_steps"]
