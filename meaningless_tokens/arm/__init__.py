@@ -20,7 +20,8 @@ real tokens (a left-padded prompt draws what it draws unpadded; a decode step's 
 Differences from the paper's code: DIFFERENCES below (docs/measures.md and the report list the same).
 
 The package, one module per part: settings (the paper's values, the variants, the checks), redistribution (the
-edit), hook (the forward hook), teacher_forced (the edit under teacher forcing, which scoring installs); the draws are meaningless_tokens/draws.py, which sampling shares.
+edit), hook (the forward hook), teacher_forced (the edit under teacher forcing, which scoring installs); the draws
+are meaningless_tokens/draws.py, which sampling shares.
 """
 
 from meaningless_tokens.arm.hook import ArmHook
