@@ -29,14 +29,15 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=None, help="default: evaluate.max_new_tokens")
     args = ap.parse_args()
 
-    from meaningless_tokens import models, vllm_engine
+    from meaningless_tokens import models
     from meaningless_tokens.dataset import dataset_spec, load_math500, select_problems
+    from meaningless_tokens.engines import vllm as vllm_backend
     from meaningless_tokens.engines import Item, make_batches, open_engine
     from meaningless_tokens.grading import grade
     from meaningless_tokens.prompts import builder_for
 
-    if vllm_engine.installed() is None:
-        sys.exit(f"error: vLLM is not installed in {sys.executable}; {vllm_engine.INSTALL_HINT}")
+    if vllm_backend.installed() is None:
+        sys.exit(f"error: vLLM is not installed in {sys.executable}; {vllm_backend.INSTALL_HINT}")
     base = common.load_params()
     updates = {"n_samples": args.n or base.evaluate.n_samples,
                "max_new_tokens": args.max_new_tokens or base.evaluate.max_new_tokens}
@@ -44,7 +45,7 @@ def main() -> None:
                    for e in ("transformers", "vllm")}
     cfg = with_engine["vllm"].evaluate
     names = args.models or list(base.models)
-    print(f"{common.machine(os.cpu_count())}; {'=='.join(vllm_engine.installed())}")
+    print(f"{common.machine(os.cpu_count())}; {'=='.join(vllm_backend.installed())}")
     others = common.OtherLoad()
     problems, _ = load_math500(dataset_spec(base.dataset, base.file))
     chosen = select_problems(problems, cfg.n_samples, cfg.seed)

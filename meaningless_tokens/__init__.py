@@ -10,7 +10,7 @@ LAYERS = (
     ("errors", "config", "progress", "intervals", "grading", "paired", "draws"),  # exceptions, params schema, plain helpers, counter-based draws
     ("store", "cli", "envlock", "runcache", "forkserver"),  # artifacts on disk, command line, environment, warm start
     ("capture", "hooks", "dataset", "prompts", "sampling", "models", "arm", "stage", "generations"),  # attention capture, hooks, the dataset, prompts, model sources, ARM, stage prelude, kept generations
-    ("engines", "vllm_engine", "scoring"),  # generation and scoring
+    ("engines", "scoring"),  # generation and scoring
     ("measures",),  # what each model stage measures, one module per stage
     ("results",),  # what charts and report both read: loaded artifacts, traced numbers, phrases
     ("charts",),  # chart kinds: draw and explain

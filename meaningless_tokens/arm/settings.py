@@ -106,6 +106,12 @@ def check_setting(variant: str, c: float, percentage: float, only: str | None = 
     return None
 
 
+def hook_settings(cfg: Arm, benchmark: str, setup, conditions) -> ArmSettings | None:
+    """The ARM settings of the hook a stage's model carries (`settings_for`), None without one: the model carries the
+    hook iff 'arm' is among `conditions` (the stage's; the sweep: prompt.conditions, as evaluate's engine)."""
+    return settings_for(cfg, benchmark, setup) if "arm" in conditions else None
+
+
 def settings_for(cfg: Arm, benchmark: str, setup) -> ArmSettings:
     """The ARM settings of a stage's model (a models.ModelSetup) under params' `arm` and the dataset's
     benchmark; raises ConfigError naming the key for values outside the variant's range.

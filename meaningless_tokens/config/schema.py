@@ -95,7 +95,7 @@ class Extract(Strict):
 
 
 class Vllm(Strict):
-    """evaluate.engine: vllm (meaningless_tokens/vllm_engine.py); passed to vllm.LLM."""
+    """evaluate.engine: vllm (meaningless_tokens/engines/vllm.py); passed to vllm.LLM."""
 
     tensor_parallel_size: PositiveInt = Field(description="GPUs one model is split over")
     data_parallel_size: PositiveInt = Field(description="model replicas, each tensor_parallel_size GPUs")

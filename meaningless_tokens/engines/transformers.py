@@ -10,8 +10,8 @@ short batches filled to the batch size (`TransformersEngine.fit`); at that shape
 greedy unedited rows are kept across stages (meaningless_tokens/generations.py). Sampled rows draw each token with
 their own seed (meaningless_tokens/sampling.py).
 
-Scoring (`loglikelihood`): meaningless_tokens/scoring.py's arithmetic on the engine's model; the likelihood stages
-open `TransformersScorer`, the whole model as scoring.load loads it, without evaluate's generation settings.
+Scoring (`loglikelihood`): engines/scorer.py's, on the engine's model (the likelihood stages open that module's
+`TransformersScorer`, without evaluate's generation settings).
 """
 
 from __future__ import annotations
@@ -23,14 +23,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator
 
 from meaningless_tokens import arm, generations, hooks, models, sampling
-from meaningless_tokens.config import Evaluate
-from meaningless_tokens.engines.base import Closing, Generated, Item, Scores, _common_settings
+from meaningless_tokens.config import Evaluate, Runtime
+from meaningless_tokens.engines.base import Closing, Generated, Item, _common_settings
+from meaningless_tokens.engines.scorer import Likelihood
 from meaningless_tokens.errors import ConfigError
 from meaningless_tokens.generations import Shape
 from meaningless_tokens.grading import has_complete_box
 
 if TYPE_CHECKING:
-    from meaningless_tokens.scoring import Seq, TeacherForcedArm
+    from pathlib import Path
 
 
 # ---- generation -----------------------------------------------------------------------------
@@ -224,38 +225,6 @@ def generate(model, tokenizer, batch: list[Item], max_new_tokens: int, stop_at_b
     return results
 
 
-class _Likelihood:
-    """`loglikelihood` on the loaded model (`self.model`, `self.tokenizer`): scoring.py's functions, which hold the
-    arithmetic (see Scorer.loglikelihood). scoring is imported where it runs: a generation stage never scores, and
-    its outputs (and dvc.yaml's deps) do not depend on scoring.py."""
-
-    @property
-    def pad(self) -> int:
-        """The id right padding fills with (scoring.pad_id)."""
-        from meaningless_tokens import scoring
-
-        return scoring.pad_id(self.tokenizer)
-
-    def loglikelihood(self, seqs: list[Seq], batch_tokens: int, arm: TeacherForcedArm | None = None, *,
-                      method: str = "fastest", shown: bool = False, bar=None, warn=None, desc: str = "scoring",
-                      name: str = "") -> Scores:
-        from meaningless_tokens import scoring
-
-        if shown:
-            if method != "fastest" or bar is not None or warn is not None:
-                raise ValueError("loglikelihood(shown=True) shows its own bar and warnings, with the fastest method")
-            return Scores(*scoring.score_shown(self.model, seqs, batch_tokens, self.pad, arm, desc, name))
-        started = time.perf_counter()
-        if method == "fastest":
-            logprobs, how = scoring.score_fastest(self.model, seqs, batch_tokens, self.pad, arm, bar, warn)
-        elif method in ("packed", "whole"):
-            score = scoring.score_packed if method == "packed" else scoring.score
-            logprobs, how = score(self.model, seqs, batch_tokens, self.pad, arm, bar), {"method": method}
-        else:
-            raise ValueError(f"loglikelihood: method {method!r}: fastest, packed or whole")
-        return Scores(logprobs, how, time.perf_counter() - started)
-
-
 SHAPE_STEP = 256      # a planned stage's prompt width: its longest prompt rounded up to a multiple of this; coarse, so
                       # that evaluate and the sweep (whose longest prompt is a few span tokens longer) share a shape
 WARMUP_TOKENS = 4     # the warm-up's new tokens: the decode step compiled, then (CUDA graphs) recorded and replayed
@@ -360,7 +329,7 @@ def _loaded_key(setup: models.ModelSetup, arm_settings) -> str:
                        "arm": arm_settings.describe() if arm_settings else None}, sort_keys=True, default=str)
 
 
-class TransformersEngine(_Likelihood, Closing):
+class TransformersEngine(Likelihood, Closing):
     """transformers.generate over the static batches; `arm` rows are edited by the ARM hook. `fit` (before the
     journal's key) resolves the batch size and, with planned shapes (`planned`), the plan's one shape.
 
@@ -577,14 +546,15 @@ class TransformersEngine(_Likelihood, Closing):
             yield [(it, text, n, reason, share) for it, (text, n, reason) in zip(batch, outs)]
 
 
-class TransformersScorer(_Likelihood, Closing):
-    """The likelihood stages' engine: the whole model as scoring.load loads it (SDPA where the family has it, else
-    eager), for `loglikelihood` alone; these stages generate nothing and read none of evaluate's settings."""
+# ---- the backend's entry points (engines/base.py: BACKENDS) ---------------------------------------------
 
-    def __init__(self, setup: models.ModelSetup):
-        from meaningless_tokens import scoring
+def check_params(cfg: Evaluate, conditions: list[str], runtime: Runtime, params_file: Path) -> None:
+    """evaluate.batch_size auto needs CUDA (the device resolved here only then)."""
+    if cfg.batch_size == "auto" and not models.torch_device(runtime, params_file).startswith("cuda"):
+        raise ConfigError(f"{params_file}: evaluate.batch_size: auto sizes batches by free CUDA memory, and this run "
+                          f"is on the CPU (runtime.device {runtime.device}); give the rows per batch as an int")
 
-        self.model, self.tokenizer, self.attn = scoring.load(setup)
 
-    def close(self) -> None:
-        """Nothing to remove: a scoring stage installs its ARM hook itself (hooks.Hooks) around its calls."""
+def open_engine(cfg: Evaluate, conditions: list[str], setup: models.ModelSetup,
+                arm_settings: arm.ArmSettings | None = None, sampled: bool = True) -> TransformersEngine:
+    return TransformersEngine(cfg, setup, arm_settings, sampled)

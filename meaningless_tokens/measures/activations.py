@@ -175,7 +175,7 @@ def measure(params: Params, setup: models.ModelSetup, chosen: list) -> Measured:
         raise BadParam(f"activations.layers: {[x for x in layers if x >= n_layers]} out of range; "
                        f"{name} has {n_layers} layers (allowed 0..{n_layers - 1})")
     conditions = params.prompt.conditions
-    arm_settings = arm.settings_for(params.arm, params.dataset.benchmark, setup) if "arm" in conditions else None
+    arm_settings = arm.hook_settings(params.arm, params.dataset.benchmark, setup, conditions)
     model, tokenizer = models.load(setup, layers=layers)
     mlps = gated_mlps(model, setup, layers)
     with hooks.Hooks() as h:

@@ -106,7 +106,7 @@ def make_plan(params: Params, setup: models.ModelSetup, chosen: list) -> Plan:
     """The engine, the prompts and the batches; refuses a prompt plus its new tokens longer than the context."""
     cfg, conditions = params.evaluate, params.prompt.conditions
     # ARM's values are checked before the model is loaded (its variant needs only the model_type)
-    arm_settings = arm.settings_for(params.arm, params.dataset.benchmark, setup) if "arm" in conditions else None
+    arm_settings = arm.hook_settings(params.arm, params.dataset.benchmark, setup, conditions)
     engine = open_engine(cfg, conditions, setup, arm_settings)
     try:
         builder = builder_for(params.prompt, setup, engine.tokenizer)

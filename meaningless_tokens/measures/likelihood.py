@@ -104,7 +104,7 @@ class Scored:
 def measure(params: Params, setup: models.ModelSetup, chosen: list[Problem]) -> Scored:
     """Every (problem, condition, continuation) sequence built, checked against the context and scored."""
     cfg, name = params.likelihood, setup.name
-    arm_settings = arm.settings_for(params.arm, params.dataset.benchmark, setup) if "arm" in cfg.conditions else None
+    arm_settings = arm.hook_settings(params.arm, params.dataset.benchmark, setup, cfg.conditions)
     engine = open_scorer(setup)
     builder = builder_for(scoring_prompt(params), setup, engine.tokenizer)
     seqs = build_sequences(params, name, builder, chosen, setup.prepared.facts["max_position_embeddings"])

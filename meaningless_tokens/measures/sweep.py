@@ -155,8 +155,7 @@ def accuracy_sweep(params: Params, setup: models.ModelSetup, problems, journal_p
     is an arm row), so that under the plan's one shape its compiled step is evaluate's, and takes evaluate's shape and
     rows where they fit and their key is its own (meaningless_tokens/generations.py)."""
     ev, name = params.evaluate, setup.name
-    arm_settings = arm.settings_for(params.arm, params.dataset.benchmark, setup) \
-        if "arm" in params.prompt.conditions else None
+    arm_settings = arm.hook_settings(params.arm, params.dataset.benchmark, setup, params.prompt.conditions)
     kept = generations.read(kept_path) if kept_path is not None else None
     with open_engine(ev, CONDITIONS, setup, arm_settings, sampled=False) as engine:
         prompts = _build(builders(params.prompt, params.sweep, setup, engine.tokenizer), name, problems)
