@@ -46,7 +46,7 @@ evaluate stage generated for the same prompts, count 0 = none and count 55 = mle
 artifacts/generations/<model>.jsonl where its key is this run's, as this run would generate them), count 0 once (= none), each other
 (token, count) against it with the paired difference, its bootstrap interval and McNemar p.
 
-With `sweep.likelihood_samples` > 0, the likelihood of the reference solution too (meaningless_tokens/scoring.py: the
+With `sweep.likelihood_samples` > 0, the likelihood of the reference solution too (meaningless_tokens/scoring/: the
 same continuation, likelihood.solution_tokens and likelihood.separator, scored the same way on the whole model):
 per (token, count) the mean log-prob per token of each problem, and its paired difference to count 0 with a
 bootstrap interval and the Wilcoxon p: the dose-response with a continuous, paired outcome.
