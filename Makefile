@@ -39,7 +39,7 @@ $(UV): locks/uv.txt
 
 # A new environment holding exactly the lock: uv with --require-hashes --no-deps fails loudly on any package the
 # lock lacks or whose file differs, and runs no resolver; torch's CPU build comes from PyTorch's CPU index, or from
-# a wheel folder of pip's configuration that holds the locked file (meaningless_tokens/envlock.py, `install`). The
+# a wheel folder of pip's configuration that holds the locked file (meaningless_tokens/envlock/install.py). The
 # project itself goes in without build isolation (setuptools is locked too), then `envlock record` notes the lock
 # for provenance and `envlock check` compares.
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu

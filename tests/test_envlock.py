@@ -1,4 +1,4 @@
-"""The locked environment (meaningless_tokens/envlock.py): the installed packages are the lock's, and every lock
+"""The locked environment (meaningless_tokens/envlock/): the installed packages are the lock's, and every lock
 answers pyproject.toml."""
 
 from __future__ import annotations
@@ -55,8 +55,8 @@ def test_a_layer_that_repeats_its_base_is_told(tmp_path, monkeypatch):
     numpy = base[base.index("\nnumpy=="):].split("\n# ")[0].split("\n    # via")[0]
     with open(tmp_path / "locks" / "cpu-test.txt", "a") as f:
         f.write(numpy.strip() + "\n")
-    monkeypatch.setattr(envlock, "ROOT", tmp_path)
-    monkeypatch.setattr(envlock, "LOCK_DIR", tmp_path / "locks")
+    monkeypatch.setattr(envlock.lock, "ROOT", tmp_path)  # where pyproject_disagreements reads it
+    monkeypatch.setattr(envlock.lock, "LOCK_DIR", tmp_path / "locks")
     assert envlock.pyproject_disagreements(envlock.SPECS["cpu-test"]) == [
         "locks/cpu-test.txt: pins numpy, which its base locks/cpu.txt pins too (a layer holds only what it adds)"]
 
@@ -81,8 +81,8 @@ def test_a_changed_pyproject_is_told(tmp_path, monkeypatch):
     text = (ROOT / "pyproject.toml").read_text()
     assert '"h5py>=3.12"' in text
     (tmp_path / "pyproject.toml").write_text(text.replace('"h5py>=3.12"', '"h5py>=99"'))
-    monkeypatch.setattr(envlock, "ROOT", tmp_path)
-    monkeypatch.setattr(envlock, "LOCK_DIR", tmp_path / "locks")
+    monkeypatch.setattr(envlock.lock, "ROOT", tmp_path)  # where pyproject_disagreements reads it
+    monkeypatch.setattr(envlock.lock, "LOCK_DIR", tmp_path / "locks")
     problems = envlock.pyproject_disagreements(envlock.SPECS["cpu"])
     pinned = envlock.parse(tmp_path / "locks" / "cpu.txt")["h5py"]
     assert problems == [
