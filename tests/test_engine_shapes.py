@@ -1,4 +1,4 @@
-"""The transformers engine's plan shapes, evaluate.compile and evaluate.batch_size auto (meaningless_tokens/engines/transformers.py)."""
+"""The transformers engine's plan shapes, evaluate.compile and evaluate.batch_size auto (meaningless_tokens/engines/planning.py and transformers.py)."""
 
 import json
 

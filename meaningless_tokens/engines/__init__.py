@@ -3,7 +3,8 @@ by name in base.BACKENDS and imported only when named: transformers.py (generati
 vllm.py (generation in worker processes, vllm_worker.py). The stages call `open_engine` (generation, the backend
 `evaluate.engine` names) or `open_scorer` (scoring: scorer.py, which imports no generation code) and the journal
 (journal.py). This package imports only base.py when imported (a vLLM worker imports it first): every other name
-here is its module's, imported when first asked for.
+here is its module's, imported when first asked for. The transformers backend: transformers.py (the engine),
+generation.py (its loop and stop rule), planning.py (shapes, compile, batch sizes).
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ _LAZY = {
     "journal": ("JOURNAL_VERSION", "Journal", "Record", "journal_key", "make_batches", "merge_parts", "part_path",
                 "run_journaled"),
     "scorer": ("TransformersScorer", "open_scorer"),
-    "transformers": ("ATTENTION", "SHAPE_STEP", "SLIDING", "Shape", "TransformersEngine", "_BoxedStop",
-                     "auto_batch_size", "compile_for", "generate", "kv_bytes_per_token", "load_for_generation",
-                     "row_bytes", "stop_ids"),
+    "generation": ("ATTENTION", "_BoxedStop", "generate", "load_for_generation", "stop_ids"),
+    "planning": ("SHAPE_STEP", "SLIDING", "auto_batch_size", "compile_for", "kv_bytes_per_token", "row_bytes"),
+    "transformers": ("Shape", "TransformersEngine"),
     "vllm": ("VllmEngine",),
 }
 _WHERE = {name: module for module, names in _LAZY.items() for name in names}
@@ -37,7 +38,7 @@ __all__ = ["BACKENDS", "Engine", "Generated", "Item", "Scorer", "Scores", "backe
 def __getattr__(name: str):
     module = _WHERE.get(name)
     if module is None:
-        if name in _LAZY or name == "vllm_worker" or name == "base":  # a submodule: engines.transformers
+        if name in _LAZY or name in ("vllm_worker", "base"):  # a submodule: engines.transformers
             return importlib.import_module(f"{__name__}.{name}")
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     return getattr(importlib.import_module(f"{__name__}.{module}"), name)
