@@ -1,7 +1,8 @@
 """The chart kinds, in report order: every module of this package that declares `KIND`, with `draw` (the figure),
 `explain` (its part of the report), `SECTION` (the report section it sits in: the report's sections follow the
-charts' order) and `ORDER` (its place). `stages/figures.py` and `stages/report.py` only loop over these lists, found
-here rather than listed: to add a chart, add its module; to change one, open its module."""
+charts' order) and `ORDER` (its place among the per-model kinds, which come first, or among the others).
+`stages/figures.py` and `stages/report.py` only loop over these lists, found here rather than listed: to add a
+chart, add its module; to change one, open its module."""
 
 import importlib
 import pkgutil
@@ -9,18 +10,18 @@ import pkgutil
 
 def _kinds() -> tuple:
     found = [importlib.import_module(f"{__name__}.{m.name}") for m in pkgutil.iter_modules(__path__)]
-    kinds = sorted((k for k in found if hasattr(k, "KIND")), key=lambda k: k.ORDER)
-    orders = [k.ORDER for k in kinds]
-    if len(set(orders)) != len(orders):
-        raise RuntimeError(f"two chart kinds share an ORDER: {orders}")
+    # the per-model kinds first (the report's per-model pages), each group by ORDER
+    kinds = sorted((k for k in found if hasattr(k, "KIND")), key=lambda k: (not k.PER_MODEL, k.ORDER))
+    for group in (True, False):
+        orders = [k.ORDER for k in kinds if k.PER_MODEL == group]
+        if len(set(orders)) != len(orders):
+            raise RuntimeError(f"two chart kinds share an ORDER: {orders}")
     return tuple(kinds)
 
 
 KINDS = _kinds()
 PER_MODEL = tuple(k for k in KINDS if k.PER_MODEL)  # one chart per model: reports/figures/<model>-<KIND>.*
 STUDY = tuple(k for k in KINDS if not k.PER_MODEL)  # across models: <KIND>.*
-if KINDS != PER_MODEL + STUDY:
-    raise RuntimeError("the per-model chart kinds take the first ORDERs: " + ", ".join(k.KIND for k in KINDS))
 
 
 def stem(kind, name: str | None) -> str:
