@@ -37,7 +37,7 @@ assistant turn separates by itself) plus, for `answer`, the frame's head. Every 
 separate segment, as the prompt's parts are, so the scored token ids are the same in every condition
 (asserted: `check_alignment`).
 
-`arm` is the none prompt with the paper's ARM on layer 0's act_fn (meaningless_tokens/arm/redistribution.py), in the same forward
+`arm` is the none prompt with the paper's ARM on layer 0's act_fn (meaningless_tokens/arm/redistribution.py's edit), in the same forward
 pass. Teacher forcing is a prefill of prompt + continuation; ARM is applied as generation would have applied
 it, had the model generated exactly these tokens: the prompt's positions are edited together as step 0 (one
 pool, the draws seeded by (arm.seed, problem index, 0)), and with arm.apply: all each continuation position j

@@ -72,7 +72,9 @@ def test_a_forked_stage_writes_the_cold_bytes_and_passes_on_status_and_lines(tin
                               "source": {"kind": "local_dir", "path": str(tiny_dirs["llama"])}}}
     params = load_params(write_params(raw))
     root = params.file.parent
-    env = {**env, "MLESS_CACHE": str(cache_dir)}
+    # idle long enough to outlive the first stage's own cold run: on two loaded cores the server is ready and
+    # idle before that run ends (the folder's removal at teardown ends it)
+    env = {**env, "MLESS_CACHE": str(cache_dir), "MLESS_FORKSERVER_IDLE": "600"}
     out = root / "artifacts/attention/tiny.h5"
     cold = stage("extract", "--model", "tiny", "--params", str(params.file), env={**env, "MLESS_FORKSERVER": "0"},
                  cwd=root)

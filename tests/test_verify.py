@@ -277,6 +277,34 @@ def test_a_hand_edited_reference_is_one_line_and_its_rows_are_not_compared(clean
     assert len(notes) == 1 and notes[0].startswith(f"note: reference/artifacts/likelihood/{A}.h5 at HEAD: md5 "), proc.stdout
 
 
+def test_a_page_drawn_by_moved_code_is_compared_by_what_it_prints(clean):
+    """The report's code moved (its dep's md5 differs) while its inputs reproduced: the page reproduces when it
+    prints the same, the module paths it names and the run records set aside; a printed result moved differs."""
+    import re
+
+    repo = clean
+    lock = yaml.safe_load((repo.path / "dvc.lock").read_text())
+    dep = next(d for d in lock["stages"]["report"]["deps"] if d["path"] == "meaningless_tokens/report")
+    dep["md5"] = "0" * 32 + ".dir"  # the code differs from the revision's
+    (repo.path / "dvc.lock").write_text(yaml.safe_dump(lock, sort_keys=False))
+    page = repo.path / "reports/report.md"
+    original = page.read_text()
+    module = re.search(r"meaningless_tokens/[\w/]+\.py", original)
+    assert module, "the report names no module"
+    page.write_text(original.replace(module[0], "meaningless_tokens/moved/" + Path(module[0]).name))
+    code, got, line = verify(repo)
+    row = got["reports/report.md"]
+    assert code == 0 and row["status"] == "within tolerance", (line, row)
+    assert "drawn by other code (meaningless_tokens/report)" in row["detail"]
+    assert got["reports/report.html"]["status"] == "identical"
+    number = re.search(r"(?<![\w.])\+(\d+)\.(\d) %", original)  # a printed drop, "+16.6 %"
+    page.write_text(original.replace(number[0], f"+{int(number[1]) + 1}.{number[2]} %", 1))
+    code, got, line = verify(repo)
+    row = got["reports/report.md"]
+    assert code == 1 and row["status"] == "differs" and re.match(r"line \d+: ", row["detail"]), row
+    assert "drawn by other code (meaningless_tokens/report)" in row["detail"]
+
+
 def test_an_experiment_reports_exactly_what_its_parameter_changed(clean):
     repo = clean
     repo.dvc("exp", "run", "-n", "span5", "-S", "prompt.mless.count=5")

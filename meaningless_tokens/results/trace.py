@@ -105,7 +105,7 @@ def axes(kind: str, ds: str) -> tuple[str, ...]:
         return table[base]
     suffix = max((k for k in table if k.startswith("*") and base.endswith(k[1:])), key=len, default=None)
     if suffix is None:
-        raise ValueError(f"{kind}: {ds}: no axes known for this dataset (report/trace.py, AXES)")
+        raise ValueError(f"{kind}: {ds}: no axes known for this dataset (results/trace.py, AXES)")
     return table[suffix]
 
 

@@ -31,14 +31,9 @@ from meaningless_tokens import store
 from meaningless_tokens.config import yaml12
 from meaningless_tokens.errors import ArtifactError, ConfigError, Differs, VerifyError
 from meaningless_tokens.progress import bar
-from meaningless_tokens.verify.compare import Largest, changed_keys, compare_file
+from meaningless_tokens.verify.compare import Largest, changed_keys, compare_file, compare_page
+from meaningless_tokens.verify.kinds import RUN_RECORDS
 from meaningless_tokens.verify.reference import DRAWN, FOLDER, RevisionReference, compare_held, md5_file
-
-# Outputs that record a run (wall times, the machine), not a result: shown, never counted as differing. The
-# folders of the run sidecars (store.PATHS' "timing/<stage>" kinds), so a revision's sidecar of a stage since
-# renamed or removed is still one.
-RUN_RECORDS = tuple(sorted({f"{store.path(kind, '*').parent.as_posix()}/*" for kind in store.PATHS
-                            if kind.startswith("timing/")}))
 
 IDENTICAL, WITHIN, DIFFERS, MISSING, NOT_COMPARED, RUN_RECORD = (
     "identical", "within tolerance", "differs", "missing", "not compared", "run record")
@@ -227,7 +222,21 @@ class Verifier:
             out.status, out.detail = NOT_COMPARED, str(e)
             return
         if drawn:
-            status, why = self.drawn_from(out, results)
+            status, why, code = self.drawn_from(out, results)
+            if status == WITHIN and code and not describes:
+                # drawn by other code from the same inputs: a page is compared by what it prints
+                p = drawn[0]
+                try:
+                    for p in drawn:
+                        compare_page(p, mine[p], self.fetch(p), largest)
+                except Differs as e:
+                    out.status, out.detail = DIFFERS, f"{e}; drawn by other code ({code})"
+                    return
+                except Exception as e:  # noqa: BLE001 - not in the cache, not on the remote, remote unreachable
+                    out.status, out.detail = NOT_COMPARED, (f"{p}: drawn by other code ({code}), and the revision's "
+                                                            f"copy is in no cache or remote ({type(e).__name__})")
+                    return
+                why = f"drawn by other code ({code}) from the same inputs; compared as text, the code's names and run records set aside"
             if status != WITHIN:
                 out.status, out.detail = status, f"{drawn[0]}: {why}"
                 return
@@ -237,30 +246,34 @@ class Verifier:
         out.status, out.largest = WITHIN, largest if largest.share >= 0 else None
         out.detail = f"largest: {largest.text}" if largest.share >= 0 else "values and attributes equal; only the bytes differ (provenance keys, wall times or layout)"
 
-    def drawn_from(self, out: Output, results: dict[str, Output]) -> tuple[str, str]:
-        """Whether a figure or page counts as reproduced: its stage's code, data and params are those of the
-        revision, and every output it reads is identical or within tolerance (a run record counts as equal)."""
+    def drawn_from(self, out: Output, results: dict[str, Output]) -> tuple[str, str, str]:
+        """Whether a figure or page counts as reproduced: (status, why, the first of its stage's code inputs that
+        differ from the revision's, or ""). Reproduced when its stage's params are those of the revision and every
+        output it reads is identical or within tolerance (a run record counts as equal); with other code, `check`
+        then compares what a page prints. The reference describes the other outputs: its code is not a result."""
         mine, theirs = self.ws.get(out.stage) or {}, self.old.get(out.stage) or {}
         if mine.get("params") != theirs.get("params"):
             changed = sorted(k for f in set(mine.get("params") or {}) | set(theirs.get("params") or {})
                              for k in changed_keys((mine.get("params") or {}).get(f), (theirs.get("params") or {}).get(f)))
-            return DIFFERS, f"drawn with other params ({', '.join(changed[:3]) or 'params files'})"
+            return DIFFERS, f"drawn with other params ({', '.join(changed[:3]) or 'params files'})", ""
         deps_theirs = {d["path"]: d.get("md5") for d in theirs.get("deps") or []}
-        read = []
+        read, code = [], ""
         for dep in mine.get("deps") or []:
             outs = [r for r in results.values() if _covers(dep["path"], r.path) and r.path != out.path]
             if outs:
                 read += outs
-            elif deps_theirs.get(dep["path"]) != dep.get("md5"):
-                return DIFFERS, f"its stage's input {dep['path']} differs from the revision's"
+            elif deps_theirs.get(dep["path"]) != dep.get("md5") and not code:
+                code = dep["path"]
         for r in read:
             if not r.status:  # an output it reads, not checked yet (dvc.lock's order is not promised)
                 self.check(r, results)
             if r.status in (DIFFERS, MISSING):
-                return DIFFERS, f"drawn from {r.path}, which {r.status.replace('missing', 'is missing')}"
+                return DIFFERS, f"drawn from {r.path}, which {r.status.replace('missing', 'is missing')}", code
             if r.status == NOT_COMPARED:
-                return NOT_COMPARED, f"drawn from {r.path}, which was not compared"
-        return WITHIN, "drawn from outputs that are identical or within tolerance, same code and params"
+                return NOT_COMPARED, f"drawn from {r.path}, which was not compared", code
+        if code and out.path == FOLDER:
+            return WITHIN, f"describes outputs that are identical or within tolerance (its code differs: {code})", code
+        return WITHIN, "drawn from outputs that are identical or within tolerance, same code and params", code
 
     def run_facts(self, out: Output) -> tuple[dict, dict] | None:
         """Both sides' run facts from the stage's sidecar (metrics/timing/<stage>-<model>.json)."""

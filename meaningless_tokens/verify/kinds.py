@@ -77,6 +77,12 @@ def _glob(kind: str) -> str:
 
 VERDICT = _glob("verdict")
 
+# Outputs that record a run (wall times, the machine), not a result: shown, never counted as differing. The
+# folders of the run sidecars (store.PATHS' "timing/<stage>" kinds), so a revision's sidecar of a stage since
+# renamed or removed is still one.
+RUN_RECORDS = tuple(sorted({f"{store.path(kind, '*').parent.as_posix()}/*" for kind in store.PATHS
+                            if kind.startswith("timing/")}))
+
 
 # Which kind a value belongs to: (file glob, key glob, kind), the first entry whose file glob matches the output
 # file and whose key glob matches the dataset, key or column wins. In a key glob `*` and `?` are wildcards and
