@@ -10,7 +10,6 @@ import json
 from pathlib import Path
 
 import h5py
-import numpy as np
 import pytest
 import yaml
 

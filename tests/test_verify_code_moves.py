@@ -9,7 +9,8 @@ import h5py
 import pytest
 
 from meaningless_tokens.errors import Differs
-from meaningless_tokens.verify.compare import Largest, code_names_aside, compare_h5, compare_page
+from meaningless_tokens.verify.compare import Largest, code_names_aside, compare_h5
+from meaningless_tokens.verify.pages import compare_page
 
 DEFINITIONS = ("`arm`: the none prompt with the ARM hook ({module}, the one evaluate uses), seeded by the "
                "problem's index; the drop at count 55 is the statistics' ({stats}: `sample_stats`).")

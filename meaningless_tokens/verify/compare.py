@@ -12,8 +12,6 @@ within tolerance is kept in a Largest.
 from __future__ import annotations
 
 import csv
-import fnmatch
-import html
 import io
 import json
 import re
@@ -24,7 +22,7 @@ import numpy as np
 
 from meaningless_tokens import store
 from meaningless_tokens.errors import ArtifactError, Differs
-from meaningless_tokens.verify.kinds import PRINTED, RUN_RECORDS, TOLERANCES, VERDICT, _match, kind_of
+from meaningless_tokens.verify.kinds import PRINTED, TOLERANCES, VERDICT, _match, kind_of
 
 
 # A text dataset's attributes that say how its elements are escaped (store.put_texts): left out, as the texts are
@@ -303,7 +301,7 @@ def _compare_attrs(file: str, name: str, oa, ob, largest: Largest, skip: tuple[s
         elif _text(a) is not None and _text(b) is not None:
             ta, tb = code_names_aside(_text(a)), code_names_aside(_text(b))
             if ta != tb:
-                raise Differs(f"{file}: {where}: {_difference(ta, tb)} (text, the code's names set aside)")
+                raise Differs(f"{file}: {where}: {first_difference(ta, tb)} (text, the code's names set aside)")
         else:
             compare_arrays(f"{file}: {where}", np.asarray(a), np.asarray(b), kind_of(file, f"{name}@{key}"), largest)
 
@@ -317,7 +315,7 @@ def _text(v) -> str | None:
     return v if isinstance(v, str) else None
 
 
-def _difference(a: str, b: str, width: int = 60) -> str:
+def first_difference(a: str, b: str, width: int = 60) -> str:
     """Where two texts first differ, a little of each around it."""
     i = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
     lo = max(0, i - width // 2)
@@ -352,88 +350,6 @@ def compare_file(file: str, path_a: Path, path_b: Path, largest: Largest) -> Non
         compare_csv(file, a.decode("utf-8", "replace"), b.decode("utf-8", "replace"), largest)
     elif a != b:
         raise Differs(f"{file}: the bytes differ (compared byte for byte: no reader of values for '{suffix}')")
-
-
-# ---- a page drawn with other code ------------------------------------------------------------------------
-
-RUN = "<run>"
-# A number of report.html (results/trace.Num): its file, key, reduction, scale and value, then its printed text
-NUM_SPAN = re.compile(r'<span class="num" title="[^"]*" data-src="(?P<src>[^"]*)" data-key="(?P<key>[^"]*)" '
-                      r'data-op="(?P<op>[^"]*)" data-scale="(?P<scale>[^"]*)" data-fmt="[^"]*" '
-                      r'data-value="(?P<value>[^"]*)">(?P<text>[^<]*)</span>')
-# What records the run on a page (as RUN_RECORDS and RUN_KEYS do among outputs): a duration said in words (the
-# power section's "about 57 minutes", report/content.duration_unit), the machine line, a table's run-time column
-DURATION = re.compile(r"\babout (?:<run>|\d+(?:\.\d+)?) (?:minutes|hours)\b")
-MACHINE = re.compile(r"\bran on: [^\n<]*")
-RUN_COLUMNS = ("run time",)
-
-
-def compare_page(file: str, path_a: Path, path_b: Path, largest: Largest) -> None:
-    """A page (Markdown or HTML) drawn by other code than the revision's, from inputs that reproduced: its text
-    equal line by line once what names the code (code_names_aside) and what records the run (RUN) are set aside,
-    each printed number within one unit of its last digit (compare_printed), and each number report.html tags
-    with its file and key within its kind's tolerance; raises Differs. A figure has no reader of values: its
-    bytes must be equal."""
-    if Path(file).suffix not in (".md", ".html"):
-        raise Differs(f"{file}: drawn by other code than the revision's, and its bytes differ (no reader of "
-                      f"values for '{Path(file).suffix}')")
-    nums_a, text_a = _page(path_a.read_text(encoding="utf-8", errors="replace"))
-    nums_b, text_b = _page(path_b.read_text(encoding="utf-8", errors="replace"))
-    lines_a, lines_b = text_a.splitlines(), text_b.splitlines()
-    if len(lines_a) != len(lines_b):
-        raise Differs(f"{file}: {len(lines_a)} lines here, {len(lines_b)} in the revision (the code's names and "
-                      "the run records set aside)")
-    for i, (x, y) in enumerate(zip(lines_a, lines_b), start=1):
-        if x != y:
-            try:
-                compare_printed(f"{file}: line {i}", x, y)
-            except Differs:
-                raise Differs(f"{file}: line {i}: {_difference(x, y)} (the code's names and the run records "
-                              "set aside)") from None
-    if len(nums_a) != len(nums_b):
-        raise Differs(f"{file}: {len(nums_a)} tagged numbers here, {len(nums_b)} in the revision")
-    for (src, key, op, a), (src_b, key_b, op_b, b) in zip(nums_a, nums_b):
-        if (src, key, op) != (src_b, key_b, op_b):
-            raise Differs(f"{file}: a number read from {src}: {key} ({op}) here, from {src_b}: {key_b} ({op_b}) "
-                          "in the revision")
-        kind = "exact" if op.startswith("arg") else kind_of(src, key.partition("[")[0])
-        compare_arrays(f"{file}: {src}: {key}", np.float64(a), np.float64(b), kind, largest)
-
-
-def _page(text: str) -> tuple[list[tuple[str, str, str, float]], str]:
-    """(report.html's tagged numbers that are results: file, key, op, unscaled value; the text with the code's
-    names and the run records set aside, each result number left as printed)."""
-    nums = []
-
-    def num(m: re.Match) -> str:
-        src, key = html.unescape(m["src"]), html.unescape(m["key"])
-        if any(fnmatch.fnmatchcase(src, g) for g in RUN_RECORDS) or any(_match(src, key, f, k) for f, k in RUN_KEYS):
-            return RUN
-        try:
-            nums.append((src, key, m["op"], float(m["value"]) / float(m["scale"])))
-        except ValueError:
-            raise Differs(f"{src}: {key}: a tagged number that does not parse ({m['value']!r} / {m['scale']!r})") from None
-        return m["text"]
-
-    text = MACHINE.sub(f"ran on: {RUN}", DURATION.sub(f"about {RUN}", NUM_SPAN.sub(num, text)))
-    return nums, code_names_aside("\n".join(_run_columns_aside(text.splitlines())))
-
-
-def _run_columns_aside(lines: list[str]) -> list[str]:
-    """A Markdown table's cells under a header that names a run record (RUN_COLUMNS), set aside."""
-    out, aside = [], None
-    for line in lines:
-        if not line.startswith("|"):
-            out.append(line)
-            aside = None
-            continue
-        cells = re.split(r"(?<!\\)\|", line)
-        if aside is None:
-            aside = {i for i, c in enumerate(cells) if c.strip().lower().startswith(RUN_COLUMNS)}
-        else:
-            cells = [RUN if i in aside else c for i, c in enumerate(cells)]
-        out.append("|".join(cells))
-    return out
 
 
 def changed_keys(a, b, prefix: str = "") -> list[str]:

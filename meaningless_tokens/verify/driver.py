@@ -31,8 +31,9 @@ from meaningless_tokens import store
 from meaningless_tokens.config import yaml12
 from meaningless_tokens.errors import ArtifactError, ConfigError, Differs, VerifyError
 from meaningless_tokens.progress import bar
-from meaningless_tokens.verify.compare import Largest, changed_keys, compare_file, compare_page
+from meaningless_tokens.verify.compare import Largest, changed_keys, compare_file
 from meaningless_tokens.verify.kinds import RUN_RECORDS
+from meaningless_tokens.verify.pages import compare_page
 from meaningless_tokens.verify.reference import DRAWN, FOLDER, RevisionReference, compare_held, md5_file
 
 IDENTICAL, WITHIN, DIFFERS, MISSING, NOT_COMPARED, RUN_RECORD = (
