@@ -112,6 +112,19 @@ def test_an_html_page_compares_each_tagged_result_within_its_kind_and_sets_run_r
         compare_page("reports/report.html", page(tmp_path, "b.html", html(16.62, 41.0, 1.36)), old, Largest())
 
 
+def test_a_figure_the_page_embeds_is_compared_as_its_own_output_not_in_the_page(tmp_path):
+    """reports/figures, which the report's stage reads, is compared as an output of its own; the page's copy of a
+    figure (a data URL) is set aside, and the text around it still counts."""
+    old = page(tmp_path, "old.html", '<img src="data:image/png;base64,iVBORw0KGgoAAAA=" alt="Accuracy">\n')
+    compare_page("reports/report.html",
+                 page(tmp_path, "a.html", '<img src="data:image/png;base64,iVBORw0KGgoBBBB+/=" alt="Accuracy">\n'),
+                 old, Largest())
+    with pytest.raises(Differs, match="line 1"):
+        compare_page("reports/report.html",
+                     page(tmp_path, "b.html", '<img src="data:image/png;base64,iVBORw0KGgoAAAA=" alt="Likelihood">\n'),
+                     old, Largest())
+
+
 def test_a_figure_drawn_by_other_code_has_no_reader_of_values(tmp_path):
     a, b = page(tmp_path, "a.png", "x"), page(tmp_path, "b.png", "y")
     with pytest.raises(Differs, match="no reader of values for '.png'"):
