@@ -5,8 +5,9 @@ rerun elsewhere shows every float output as modified. This compares every output
 output at REV (default HEAD; any git revision or `dvc exp` name) by value, file by file
 (meaningless_tokens/verify/compare.py: each float within the tolerance of its kind of quantity). Figures and
 pages (PNG, SVG, HTML, Markdown) are drawn from other outputs, and the reference describes them: they count as
-reproduced when their stage's code, data and params are unchanged and every output they read is identical or within
-tolerance (the dependency graph of dvc.lock).
+reproduced when their stage's data and params are unchanged and every output they read is identical or within
+tolerance (the dependency graph of dvc.lock); where only the stage's code differs, a page is compared by what it
+prints (meaningless_tokens/verify/pages.py) and a figure differs.
 
 REV's outputs are read through DVC (`dvc.api.DVCFileSystem`): git-tracked metrics from git, cached outputs from
 the DVC cache or the default remote, and where neither holds them, from the revision's reference (`reference/`, in
