@@ -10,9 +10,9 @@ driver.py: every output of dvc.lock against the revision's, read through DVC, th
 
 from meaningless_tokens.verify.compare import (PROVENANCE_KEYS, RUN_KEYS, Largest, compare_arrays, compare_csv,
                                                compare_file, compare_h5, compare_json, compare_printed)
-from meaningless_tokens.verify.kinds import CATCH_ALL, KINDS, PRINTED, TOLERANCES, Tolerance, kind_entry, kind_of
-from meaningless_tokens.verify.driver import (DIFFERS, DRAWN, IDENTICAL, MISSING, NOT_COMPARED, RUN_RECORD,
-                                              RUN_RECORDS, WITHIN, Output, Verifier, main, table, verdict)
+from meaningless_tokens.verify.kinds import (CATCH_ALL, KINDS, PRINTED, RUN_RECORDS, TOLERANCES, Tolerance, kind_entry,
+                                            kind_of)
+from meaningless_tokens.verify.driver import (DIFFERS, DRAWN, IDENTICAL, MISSING, NOT_COMPARED, RUN_RECORD, WITHIN, Output, Verifier, main, table, verdict)
 
 __all__ = ["CATCH_ALL", "DIFFERS", "DRAWN", "IDENTICAL", "KINDS", "MISSING", "NOT_COMPARED", "PRINTED", "PROVENANCE_KEYS", "RUN_KEYS",
            "RUN_RECORD", "RUN_RECORDS", "TOLERANCES", "WITHIN", "Largest", "Output", "Tolerance", "Verifier",

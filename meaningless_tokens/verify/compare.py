@@ -42,6 +42,11 @@ CODE_NAME = re.compile(r"\bmeaningless_tokens(?:[/.]\w+)*/?|\bstages/\w+(?:\.py)
 COMMIT = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}(?:-dirty)?\b")
 
 
+def is_run_key(file: str, key: str) -> bool:
+    """Whether `key` of result file `file` is a wall time (RUN_KEYS), not a result."""
+    return any(_match(file, key, f, k) for f, k in RUN_KEYS)
+
+
 def code_names_aside(text: str) -> str:
     return COMMIT.sub("<commit>", CODE_NAME.sub("<code>", text))
 
@@ -158,7 +163,7 @@ def compare_json(file: str, a, b, largest: Largest, path: str = "") -> None:
     """Two parsed JSON values, key by key; numbers within their kind's tolerance, strings of kind `printed` by
     compare_printed; raises Differs."""
     where = path or "(top level)"
-    if path and any(_match(file, path, f, k) for f, k in RUN_KEYS):
+    if path and is_run_key(file, path):
         return
     if isinstance(a, dict) and isinstance(b, dict):
         keys_a, keys_b = set(a) - PROVENANCE_KEYS, set(b) - PROVENANCE_KEYS

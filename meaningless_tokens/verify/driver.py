@@ -21,7 +21,6 @@ and the measured differences they rest on: docs/sharing.md#reproduced-or-not-mak
 from __future__ import annotations
 
 import argparse
-import fnmatch
 import json
 import sys
 import tempfile
@@ -33,7 +32,7 @@ from meaningless_tokens.config import yaml12
 from meaningless_tokens.errors import ArtifactError, ConfigError, Differs, VerifyError
 from meaningless_tokens.progress import bar
 from meaningless_tokens.verify.compare import Largest, changed_keys, compare_file
-from meaningless_tokens.verify.kinds import RUN_RECORDS
+from meaningless_tokens.verify.kinds import is_run_record
 from meaningless_tokens.verify.pages import compare_page
 from meaningless_tokens.verify.reference import DRAWN, FOLDER, RevisionReference, compare_held, md5_file
 
@@ -160,7 +159,7 @@ class Verifier:
 
     def check(self, out: Output, results: dict[str, Output]) -> None:
         here = self.root / out.path
-        if any(fnmatch.fnmatchcase(out.path, p) for p in RUN_RECORDS):
+        if is_run_record(out.path):
             out.status, out.detail = RUN_RECORD, "wall times and the machine; not a result"
             return
         if out.stage not in self.ws or not any(o["path"] == out.path for o in self.ws[out.stage].get("outs") or []):
@@ -227,17 +226,19 @@ class Verifier:
             status, why, code = self.drawn_from(out, results)
             if status == WITHIN and code and not describes:
                 # drawn by other code from the same inputs: a page is compared by what it prints
-                p = drawn[0]
-                try:
-                    for p in drawn:
-                        compare_page(p, mine[p], self.fetch(p), largest)
-                except Differs as e:
-                    out.status, out.detail = DIFFERS, f"{e}; drawn by other code ({code})"
-                    return
-                except Exception as e:  # noqa: BLE001 - not in the cache, not on the remote, remote unreachable
-                    out.status, out.detail = NOT_COMPARED, (f"{p}: drawn by other code ({code}), and the revision's "
-                                                            f"copy is in no cache or remote ({type(e).__name__})")
-                    return
+                for p in drawn:
+                    try:
+                        theirs_path = self.fetch(p)
+                    except Exception as e:  # noqa: BLE001 - not in the cache, not on the remote, remote unreachable
+                        out.status, out.detail = NOT_COMPARED, (f"{p}: drawn by other code ({code}), and the "
+                                                                f"revision's copy is in no cache or remote "
+                                                                f"({type(e).__name__})")
+                        return
+                    try:
+                        compare_page(p, mine[p], theirs_path, largest)
+                    except Differs as e:
+                        out.status, out.detail = DIFFERS, f"{e}; drawn by other code ({code})"
+                        return
                 why = f"drawn by other code ({code}) from the same inputs; compared as text, the code's names and run records set aside"
             if status != WITHIN:
                 out.status, out.detail = status, f"{drawn[0]}: {why}"

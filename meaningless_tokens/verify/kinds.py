@@ -84,6 +84,11 @@ RUN_RECORDS = tuple(sorted({f"{store.path(kind, '*').parent.as_posix()}/*" for k
                             if kind.startswith("timing/")}))
 
 
+def is_run_record(path: str) -> bool:
+    """Whether an output file records a run (RUN_RECORDS), not a result."""
+    return any(fnmatch.fnmatchcase(path, g) for g in RUN_RECORDS)
+
+
 # Which kind a value belongs to: (file glob, key glob, kind), the first entry whose file glob matches the output
 # file and whose key glob matches the dataset, key or column wins. In a key glob `*` and `?` are wildcards and
 # brackets are literal (list items: `ci95[0]`, `claims[b]`). Floats take their kind's tolerance; strings are exact

@@ -6,7 +6,6 @@ compared so)."""
 
 from __future__ import annotations
 
-import fnmatch
 import html
 import re
 from pathlib import Path
@@ -14,9 +13,9 @@ from pathlib import Path
 import numpy as np
 
 from meaningless_tokens.errors import Differs
-from meaningless_tokens.verify.compare import (RUN_KEYS, Largest, first_difference, code_names_aside, compare_arrays,
-                                               compare_printed)
-from meaningless_tokens.verify.kinds import RUN_RECORDS, _match, kind_of
+from meaningless_tokens.verify.compare import (Largest, code_names_aside, compare_arrays, compare_printed,
+                                               first_difference, is_run_key)
+from meaningless_tokens.verify.kinds import is_run_record, kind_of
 
 RUN = "<run>"
 # A number of report.html (results/trace.Num): its file, key, reduction, scale and value, then its printed text
@@ -73,7 +72,7 @@ def _page(text: str) -> tuple[list[tuple[str, str, str, float]], str]:
 
     def num(m: re.Match) -> str:
         src, key = html.unescape(m["src"]), html.unescape(m["key"])
-        if any(fnmatch.fnmatchcase(src, g) for g in RUN_RECORDS) or any(_match(src, key, f, k) for f, k in RUN_KEYS):
+        if is_run_record(src) or is_run_key(src, key):
             return RUN
         try:
             nums.append((src, key, m["op"], float(m["value"]) / float(m["scale"])))
