@@ -16,7 +16,7 @@ export PYTHONDONTWRITEBYTECODE := 1
 # pip's notice that a newer pip exists is no news to a newcomer: the venv's own pip installs the locks.
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install install-test install-vllm uv lock check-torch system-packages repro verify test faults test-vllm test-gpu gpu-check gpu-wheels clean-venv
+.PHONY: install install-test install-vllm uv lock check-torch system-packages repro verify test test-fast faults test-vllm test-gpu gpu-check gpu-wheels clean-venv
 
 install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test
@@ -108,12 +108,20 @@ system-packages:
 	  else echo "note: $$pkg not found and cannot be installed here; the tests that need it will be skipped"; fi; }; \
 	done
 
-# Two workers, one test file each at a time: the DVC and sharing modules (minutes of subprocesses each)
-# run side by side. `make test PYTEST_WORKERS=` runs everything in one process.
-PYTEST_WORKERS ?= -n 2 --dist loadfile
+# Two workers, work spread by test: a module whose fixture builds something of its own for minutes (the sharing
+# project, the GPU dry run, the report's project) is one xdist group and so one worker's, the rest go test by test
+# to whichever worker is free; the tiny pipeline is built once for both (tests/shared.py), and each worker's torch
+# runs one thread (tests/conftest.py). `make test PYTEST_WORKERS=` runs everything in one process.
+PYTEST_WORKERS ?= -n 2 --dist loadgroup
 
 test: install-test system-packages
 	$(BIN)/python -m pytest $(PYTEST_WORKERS) $(PYTEST_ARGS)
+
+# The loop of work (docs/development.md): every test not marked slow, and the slow ones that check a README promise
+# end to end (marker `readme`: one `dvc repro`, a param change rerunning only its stages, `make verify`, the report,
+# `add-model`); `make test` runs them all.
+test-fast: install-test system-packages
+	$(BIN)/python -m pytest $(PYTEST_WORKERS) -m "not slow or readme" $(PYTEST_ARGS)
 
 # The fault-injection cases alone (docs/faults.md; `make test` runs them too); FAULT_SEED=<n> replays a kill
 # sequence, FAULT_KILLS=<n> sets how many kills.

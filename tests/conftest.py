@@ -1,10 +1,20 @@
 from __future__ import annotations
 
-from pathlib import Path
+import os
 
-import pytest
+# One torch and BLAS thread per test worker, set before torch is imported and inherited by every process a test
+# starts (DVC, the stages, the scripts): a tiny model's steps are many short parallel regions, and two workers each
+# running two spin-waiting threads on two cores fight (docs/benchmarks.md: 156 s against 12 s for one step).
+# MLESS_TEST_THREADS sets another count; a test that is about threads sets its own.
+THREADS = os.environ.setdefault("MLESS_TEST_THREADS", "1")
+for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+    os.environ[_var] = THREADS
 
-from tests import params, tiny
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+from tests import params, shared, tiny  # noqa: E402
 
 ROOT = tiny.ROOT
 spelled_out = params.spelled_out  # what the tests import from here
@@ -12,9 +22,9 @@ spelled_out = params.spelled_out  # what the tests import from here
 
 @pytest.fixture(scope="session")
 def tiny_dirs(tmp_path_factory) -> dict[str, Path]:
-    """One tiny saved model per architecture: {"llama": dir, "qwen2": dir, "gemma3": dir}."""
-    base = tmp_path_factory.mktemp("tiny-models")
-    return {arch: tiny.build(arch, base / arch) for arch in tiny.ARCHS}
+    """One tiny saved model per architecture: {"llama": dir, "qwen2": dir, "gemma3": dir}, built once for the whole
+    run and shared by its workers (tests/shared.py): read them, never write into them."""
+    return shared.tiny_models(tmp_path_factory)
 
 
 @pytest.fixture
@@ -47,10 +57,31 @@ def tiny_models_params(write_params, tiny_dirs):
 
 
 def pytest_collection_modifyitems(session, config, items):
-    """Modules with a slow test first (stable otherwise): `make test`'s two workers take one file at a time, so a
-    module of minutes that started last would leave the other worker idle at the end."""
-    slow = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in slow)
+    """The longest work first (stable otherwise): the modules that are one worker's (an xdist group) and slow, then
+    the other slow tests, then the rest. `make test`'s workers take the next unit as they come free, so a unit of
+    minutes that started last would leave the other worker idle at the end; short tests fill the gaps."""
+    def rank(item) -> int:
+        slow = item.get_closest_marker("slow") is not None
+        grouped = item.get_closest_marker("xdist_group") is not None
+        return 0 if slow and grouped else 1 if slow else 2 if grouped else 3
+
+    items.sort(key=rank)
+    if config.getvalue("loadgroup"):
+        for item in items:
+            _name_the_group(item)
+
+
+def _name_the_group(item) -> None:
+    """pytest-xdist's `--dist loadgroup` sends the tests of one `xdist_group` to one worker by a `@group` suffix of
+    their node id, which it writes to `item._nodeid`; pytest 9.2 reads the id from `item._id` (a NodeId), so the
+    suffix never arrives and every test becomes a group of its own (a module's fixture then built on both workers).
+    Write it where pytest reads it, as xdist meant to."""
+    from _pytest.nodeid import NodeId
+
+    names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                    for m in item.iter_markers("xdist_group")})
+    if names and "@" not in item.nodeid.rpartition("]")[2]:
+        item._id = NodeId.parse(f"{item.nodeid}@{'_'.join(names)}")
 
 
 # lines a test wants in the run's closing summary (tests/test_vllm.py: how the two engines' texts compare)

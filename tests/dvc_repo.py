@@ -124,6 +124,18 @@ class Repo:
         return out
 
 
+def params_diff(repo: "Repo", *revs: str) -> dict[str, dict]:
+    """{dotted key: {"old": ..., "new": ...}} of params.yaml from `dvc params diff` (lists as text)."""
+    out = json.loads(repo.dvc("params", "diff", *revs, "--json").stdout)
+    return {k: {"old": v["old"], "new": v["new"]} for k, v in out.get("params.yaml", {}).items()}
+
+
+def exp_table(repo: "Repo") -> dict[str, dict]:
+    """{experiment name: its data (params, metrics)} from `dvc exp show --json`."""
+    rows = json.loads(repo.dvc("exp", "show", "--json").stdout)
+    return {rev["name"]: rev["data"] for row in rows for exp in row.get("experiments") or [] for rev in exp["revs"]}
+
+
 RAN = re.compile(r"^(?:Running stage '([^']+)'|Stage '([^']+)' is cached - skipping run)", re.M)
 
 

@@ -14,15 +14,14 @@ import yaml
 
 from meaningless_tokens import add_model, store
 from meaningless_tokens.config import load_params, yaml12
-from tests import tiny
+from tests import shared, tiny
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
 def family_dirs(tmp_path_factory):
-    base = tmp_path_factory.mktemp("add-model-families")
-    return {f: tiny.build(f, base / f) for f in tiny.FAMILIES}
+    return shared.family_models(tmp_path_factory)  # built once for the run (tests/test_families.py's too)
 
 
 @pytest.fixture

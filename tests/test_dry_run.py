@@ -33,7 +33,8 @@ SEED_TITLES = {
 }
 
 
-pytestmark = pytest.mark.slow  # the whole pipeline in-process on four stand-ins (minutes of module setup)
+# the whole pipeline in-process on four stand-ins (minutes of module setup, so one worker's: an xdist group)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("dry-run")]
 
 @pytest.fixture(scope="module")
 def dry(tmp_path_factory):

@@ -1,10 +1,9 @@
 """DVC as users drive it: the real `dvc` command on a copy of the project with two tiny models.
 
-One repository is built per module (a whole `dvc repro`) and shared; every test leaves it as it found
-it (the committed results, checked out again from git and the DVC cache). Meanwhile a second clone
-of it runs in the background, on the other core: a cold `dvc repro` (no outputs, no cache; every stage
-in a fresh interpreter, without the warm-start server the first run's stages were forked from) whose
-hashes must equal the first run's, then a span-length experiment.
+The tests' shared tiny pipeline (tests/shared.py: one `dvc repro` of two tiny models for the whole run) is copied
+once per module and worker; every test leaves the copy as it found it (the committed results, checked out again
+from git and the DVC cache). The cold rerun of a fresh clone is tests/test_sharing.py's (a colleague's clone from
+a bare git remote), and so is the span-length experiment (pushed, pulled and restored from the run-cache there).
 """
 
 from __future__ import annotations
@@ -12,83 +11,31 @@ from __future__ import annotations
 import json
 import os
 import re
-import threading
 import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.dvc_repo import BIN, Repo, ran
+from tests.dvc_repo import BIN, Repo, exp_table, params_diff, ran
+from tests.shared import A, B, copy_of_pipeline
 from tests.test_explorer import check_loads
 from tests.test_report import chromium
 
 pytestmark = pytest.mark.slow  # every test here runs (part of) the pipeline through dvc
 
-A, B = "tiny-a", "tiny-b"
 STORE = Path(".local/share/meaningless-tokens/dvc-store")  # the default remote, under $HOME
-
-
-class Background(threading.Thread):
-    """Runs `fn` beside the tests; `result()` waits for it and re-raises what it raised."""
-
-    def __init__(self, fn):
-        super().__init__(daemon=True)
-        self.fn, self.value, self.error = fn, None, None
-        self.start()
-
-    def run(self):
-        try:
-            self.value = self.fn()
-        except BaseException as e:  # noqa: BLE001 - handed to the test that waits for it
-            self.error = e
-
-    def result(self, timeout: float = 900):
-        self.join(timeout)
-        assert not self.is_alive(), "the background dvc runs did not finish"
-        if self.error is not None:
-            raise self.error
-        return self.value
-
-
 GRID = (0, 25)  # docs/sharing.md's grid is 0,25,55; 55 is the committed run's count (the tests' budget: two points)
 
 
-def second_checkout(other: Repo) -> dict:
-    """A clone's cold `dvc repro` (its dvc.lock afterwards), then a span-length experiment, then the
-    DVC-native grid of docs/sharing.md: queue one experiment per count, run the queue, wait for it."""
-    cold = other.repro()  # every stage in a fresh interpreter (MLESS_FORKSERVER=0)
-    lock = other.lock_hashes()
-    other.env = {**other.env, "MLESS_FORKSERVER": "1"}  # the experiments start warm, as the first run did
-    span = ran(other.dvc("exp", "run", "-n", "span", "-S", "prompt.mless.count=5"))
-    queued = other.dvc("exp", "run", "--queue", "-S", f"prompt.mless.count={','.join(map(str, GRID))}")
-    other.dvc("queue", "start")
-    deadline = time.monotonic() + 900
-    while True:
-        status = other.dvc("queue", "status").stdout
-        if not re.search(r"\b(Queued|Running)\b", status) or time.monotonic() > deadline:
-            break
-        time.sleep(2)
-    return {"cold": cold, "lock": lock, "span": span, "queued": queued.stdout, "queue_status": status}
-
-
 @pytest.fixture(scope="module")
-def repo(tiny_dirs, tmp_path_factory) -> Repo:
-    base = tmp_path_factory.mktemp("dvc")
-    r = Repo.create(base / "project", base / "home", base / "model-cache",
-                    {A: ("llama", tiny_dirs["llama"]), B: ("qwen2", tiny_dirs["qwen2"])})
-    r.first_run = r.repro()
-    r.git("add", "-A")
-    r.git("commit", "-q", "-m", "results")
+def repo(tmp_path_factory) -> Repo:
+    r = copy_of_pipeline(tmp_path_factory, tmp_path_factory.mktemp("dvc") / "pipeline")
     r.all = set(r.stages())
     r.report = {"report"} if "report" in r.all else set()  # the report stage, once dvc.yaml has it
     r.explorer = {"explorer"} & r.all  # reports/explorer.html: reads figures params, attention, activations, stats
     r.reference = {"reference"} & r.all  # reference/: reruns whenever a cached output changes
-    r.other = Repo(base / "second", {**r.env, "MLESS_FORKSERVER": "0"})  # every stage cold there: the same hashes
-    r.git("clone", "-q", str(r.path), str(r.other.path))
-    r.background = Background(lambda: second_checkout(r.other))
-    yield r
-    r.background.join(900)
+    return r
 
 
 @pytest.fixture
@@ -101,25 +48,9 @@ def clean(repo):
     repo.dvc("checkout", "--force", "--quiet")
 
 
-def stage_outs(repo: Repo, stage: str) -> list[str]:
-    lock = yaml.safe_load((repo.path / "dvc.lock").read_text())
-    return [o["path"] for o in lock["stages"][stage].get("outs", [])]
-
-
-def params_diff(repo: Repo, *revs: str) -> dict[str, dict]:
-    """{dotted key: {"old": ..., "new": ...}} of params.yaml from `dvc params diff` (lists as text)."""
-    out = json.loads(repo.dvc("params", "diff", *revs, "--json").stdout)
-    return {k: {"old": v["old"], "new": v["new"]} for k, v in out.get("params.yaml", {}).items()}
-
-
-def exp_table(repo: Repo) -> dict[str, dict]:
-    """{experiment name: its data (params, metrics)} from `dvc exp show --json`."""
-    rows = json.loads(repo.dvc("exp", "show", "--json").stdout)
-    return {rev["name"]: rev["data"] for row in rows for exp in row.get("experiments") or [] for rev in exp["revs"]}
-
-
 # ---- repro, status, minimal reruns --------------------------------------------------------------
 
+@pytest.mark.readme
 def test_repro_runs_every_stage_once_then_status_is_clean_and_repro_does_nothing(clean):
     repo = clean
     assert repo.first_run == repo.all
@@ -136,6 +67,7 @@ def test_repro_runs_every_stage_once_then_status_is_clean_and_repro_does_nothing
     assert repo.repro() == set()
 
 
+@pytest.mark.readme
 def test_figure_param_reruns_only_figures_and_report(clean):
     repo = clean
     repo.set_params(figures__dpi=41)
@@ -150,9 +82,11 @@ def test_activation_params_rerun_the_activation_stages_figures_and_report_only(c
     repo.set_params(activations__bins=60)
     assert repo.repro() == {f"activations@{A}", f"activations@{B}", "figures"} | repo.report | repo.explorer | repo.reference
     assert repo.status() == {}
-    # a figure-only param of the activation charts reruns no model stage either
+    # a figure-only param of the activation charts reruns no model stage either: DVC's dry run names the stages
+    # that read it (the reference follows their outputs, as the figure param's real rerun above shows)
     repo.set_params(figures__activation_set="after_span")
-    assert repo.repro() == {"figures"} | repo.report | repo.explorer | repo.reference
+    assert set(repo.status()) == {"figures"} | repo.report | repo.explorer
+    assert repo.repro("--dry") == {"figures"} | repo.report | repo.explorer
 
 
 def test_sweep_params_rerun_the_sweep_stages_figures_and_report_only(clean):
@@ -218,32 +152,6 @@ def test_evaluation_param_reruns_evaluations_and_their_readers_only(clean):
     diff = json.loads(repo.dvc("metrics", "diff", "--json").stdout)
     if accuracy_changed:  # with at most 4 new tokens instead of 8, fewer tokens are generated
         assert any(k.startswith("mean_tokens.") for k in diff[f"metrics/accuracy/{A}.json"])
-
-
-def test_comparing_two_experiments(clean, tmp_path):
-    repo = clean
-    exps = exp_table(repo)
-    if not {"layers-a", "tokens"} <= set(exps):
-        pytest.skip("compares the experiments of the two tests above")
-    for name, keys, expected in (("layers-a", ("models", A, "layers"), [0, 1]),
-                                 ("tokens", ("evaluate", "max_new_tokens"), 4)):
-        value = exps[name]["params"]["params.yaml"]["data"]
-        for k in keys:
-            value = value[k]
-        assert value == expected
-        for m in (A, B):
-            acc = exps[name]["metrics"][f"metrics/accuracy/{m}.json"]["data"]
-            assert acc["n_problems"] == 3 and set(acc["accuracy"]) == {"none", "mless", "mful"}
-    assert params_diff(repo, "layers-a", "tokens") == {
-        f"models.{A}.layers": {"old": "[0, 1]", "new": "[0, 1, 2]"},
-        "evaluate.max_new_tokens": {"old": 8, "new": 4}}
-    metrics = json.loads(repo.dvc("metrics", "diff", "layers-a", "tokens", "--all", "--json").stdout)
-    assert {f"metrics/accuracy/{m}.json" for m in (A, B)} <= set(metrics)
-    plots = json.loads(repo.dvc("plots", "diff", "layers-a", "tokens", "--json").stdout)["data"]
-    assert set(plots) == plot_ids()
-    for plot_id, [plot] in plots.items():
-        assert plot["revisions"] == ["layers-a", "tokens"]
-        assert {v["rev"] for v in plot["content"]["data"]["values"]} == {"layers-a", "tokens"}
 
 
 # ---- plots --------------------------------------------------------------------------------------
@@ -378,6 +286,7 @@ def test_a_model_with_only_the_required_keys_is_completed_by_the_flags_its_error
     assert (repo.path / "artifacts/attention/mine.h5").is_file()
 
 
+@pytest.mark.readme
 def test_a_folder_added_by_the_command_runs_through_dvc_and_joins_the_verdict(clean, tiny_dirs):
     """issue 47's done-when in a test repository: `mless add-model` on a model folder, one `dvc exp run`, and the
     model's column in docs/results.md's verdict table beside the others; no stage of the other models reruns."""
@@ -393,50 +302,33 @@ def test_a_folder_added_by_the_command_runs_through_dvc_and_joins_the_verdict(cl
     assert header.index("Tiny llama") < header.index("Tiny qwen2") < header.index("Added gemma3")
 
 
-# ---- the second clone, run in the background --------------------------------------------------------
+# ---- experiments queued and compared -----------------------------------------------------------------
 
-def test_cold_run_in_a_fresh_clone_gives_the_same_hashes(repo):
-    got = repo.background.result()
-    assert got["cold"] == repo.all  # no outputs and no cache there: every stage ran
-    first = {o["path"]: o["md5"] for st in yaml.safe_load(repo.git("show", "HEAD:dvc.lock").stdout)["stages"].values()
-             for o in st.get("outs", [])}
-    assert set(got["lock"]) == set(first)
-    changed = {p for p in first if first[p] != got["lock"][p]}
-    # only wall-clock timings differ, and what prints them (the report shows the stages' run times)
-    timing_readers = {p for s in repo.report for p in stage_outs(repo, s)}
-    assert changed <= {p for p in first if p.startswith("metrics/timing/")} | timing_readers, changed
-
-
-def test_span_length_experiment(repo, tmp_path):
-    got, other = repo.background.result(), repo.other
-    # both models' branches, cold; not the sweep, whose own grid replaces the span count
-    assert got["span"] == repo.all - {f"prepare@{A}", f"prepare@{B}", f"sweep@{A}", f"sweep@{B}"}
-    assert other.status() == {}
-    span = exp_table(other)["span"]
-    assert span["params"]["params.yaml"]["data"]["prompt"]["mless"]["count"] == 5
-    assert span["metrics"][f"metrics/accuracy/{B}.json"]["data"]["n_problems"] == 3
-    assert params_diff(other, "HEAD", "span") == {"prompt.mless.count": {"old": 55, "new": 5}}
-    metrics = json.loads(other.dvc("metrics", "diff", "HEAD", "span", "--all", "--json").stdout)
-    assert {f"metrics/accuracy/{m}.json" for m in (A, B)} <= set(metrics)
-    plots = json.loads(other.dvc("plots", "diff", "HEAD", "span", "--json").stdout)["data"]
-    assert set(plots) == plot_ids()
-    values = plots[f"artifacts/plots/full/{A}.csv"][0]["content"]["data"]["values"]
-    positions = {rev: {v["position"] for v in values if v["rev"] == rev} for rev in ("HEAD", "span")}
-    assert 0 < len(positions["span"]) < len(positions["HEAD"])  # a shorter span: shorter prompts
-    other.dvc("plots", "diff", "HEAD", "span", "-o", str(tmp_path / "diff"))
-    html = (tmp_path / "diff" / "index.html").read_text()
-    assert '"rev": "HEAD"' in html and '"rev": "span"' in html and f"{A} / mless" in html
+def run_grid(repo: Repo) -> dict:
+    """The DVC-native grid of docs/sharing.md: queue one experiment per count, run the queue, wait for it."""
+    queued = repo.dvc("exp", "run", "--queue", "-S", f"prompt.mless.count={','.join(map(str, GRID))}")
+    repo.dvc("queue", "start")
+    deadline = time.monotonic() + 900
+    while True:
+        status = repo.dvc("queue", "status").stdout
+        if not re.search(r"\b(Queued|Running)\b", status) or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    return {"queued": queued.stdout, "queue_status": status}
 
 
-def test_span_grid_as_queued_experiments(repo, tmp_path):
+def test_span_grid_as_queued_experiments_compared(clean, tmp_path):
     """docs/sharing.md's grid over any param: `dvc exp run --queue -S 'prompt.mless.count=0,25,55'`, `dvc queue
-    start`, then `dvc exp show` and `dvc plots diff` across the queued experiments."""
-    got, other = repo.background.result(), repo.other
+    start`, then `dvc exp show`, `dvc params diff`, `dvc metrics diff` and `dvc plots diff` across the queued
+    experiments (two experiments compared, as a user compares any two)."""
+    other = clean
+    got = run_grid(other)
     assert len(re.findall(r"Queued experiment '[^']+' for future execution", got["queued"])) == len(GRID), got["queued"]
     assert len(re.findall(r"\bSuccess\b", got["queue_status"])) == len(GRID), got["queue_status"]
-    exps = exp_table(other)
+    queued = set(re.findall(r"Queued experiment '([^']+)' for future execution", got["queued"]))
+    exps = exp_table(other)  # the grid's, and those other tests of this module ran in this copy
     by_count = {e["params"]["params.yaml"]["data"]["prompt"]["mless"]["count"]: name for name, e in exps.items()
-                if name != "span"}
+                if name in queued}
     assert set(by_count) == set(GRID)
     for count, name in by_count.items():
         data = exps[name]
@@ -446,9 +338,15 @@ def test_span_grid_as_queued_experiments(repo, tmp_path):
             assert acc["accuracy"]["mless"] == acc["accuracy"]["none"]
         assert data["metrics"][f"metrics/sweep/{A}.json"]["data"]["tokens"]["/"]["counts"]["55"]["span_tokens"] > 0
     names = [by_count[c] for c in GRID]
+    assert params_diff(other, *names) == {"prompt.mless.count": {"old": GRID[0], "new": GRID[1]}}
+    metrics = json.loads(other.dvc("metrics", "diff", *names, "--all", "--json").stdout)
+    assert {f"metrics/accuracy/{m}.json" for m in (A, B)} <= set(metrics)
     assert set(names) <= set(other.dvc("exp", "ls", "--name-only").stdout.split())  # docs/sharing.md's `$(dvc exp ls ...)`
     plots = json.loads(other.dvc("plots", "diff", *names, "--json").stdout)["data"]
     assert set(plots) == plot_ids()
+    for plot_id, [plot] in plots.items():
+        assert plot["revisions"] == names
+        assert {v["rev"] for v in plot["content"]["data"]["values"]} == set(names)
     values = plots[f"artifacts/plots/full/{A}.csv"][0]["content"]["data"]["values"]
     length = {c: len({v["position"] for v in values if v["rev"] == by_count[c]}) for c in GRID}
     assert length[0] < length[25]  # a longer span: longer prompts

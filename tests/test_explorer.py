@@ -17,6 +17,9 @@ from meaningless_tokens.config import load_params
 from tests.conftest import ROOT, default_params
 from tests.test_report import EVIL, chromium
 
+# one worker's (an xdist group): the module's project is built once, its tests read it
+pytestmark = pytest.mark.xdist_group("explorer")
+
 SHOT_DIR = ROOT / "test-output"
 
 

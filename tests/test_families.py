@@ -19,16 +19,15 @@ from stages import evaluate
 from meaningless_tokens.config import load_params
 from meaningless_tokens.dataset import dataset_spec, load_math500
 from meaningless_tokens.prompts import PromptBuilder
-from tests import tiny
+from tests import shared, tiny
 from tests.layer0 import own_mask, recompute_layer0
 
 EXTRA = [f for f in tiny.FAMILIES if f not in tiny.ARCHS]
 
 
 @pytest.fixture(scope="session")
-def family_dirs(tiny_dirs, tmp_path_factory):
-    base = tmp_path_factory.mktemp("tiny-families")
-    return {**tiny_dirs, **{f: tiny.build(f, base / f) for f in EXTRA}}
+def family_dirs(tmp_path_factory):
+    return shared.family_models(tmp_path_factory)  # built once for the run (tests/test_add_model.py's too)
 
 
 def family_params(write_params, path, **top):

@@ -22,7 +22,8 @@ import yaml
 
 from tests.conftest import ROOT
 
-pytestmark = pytest.mark.slow  # every model stage of two models, twice (a minute of CPU)
+# every model stage of two models, twice (a minute of CPU); one worker's (an xdist group): the tiny run is shared
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("gpu-check")]
 
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
 spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)

@@ -20,6 +20,9 @@ from meaningless_tokens.errors import ArtifactError
 from tests import tiny
 from tests.conftest import ROOT, default_params
 
+# one worker's (an xdist group): the module's project is built once, its tests read it
+pytestmark = pytest.mark.xdist_group("report")
+
 EVIL = '<script>alert("x")</script> & <img src=x onerror=alert(1)>'
 SHOT_DIR = ROOT / "test-output"
 SPAN_COUNT = 21

@@ -26,9 +26,10 @@ import h5py
 import pytest
 import yaml
 
-from tests.dvc_repo import BIN, ROOT, Repo, make_env, ran
+from tests.dvc_repo import BIN, ROOT, Repo, exp_table, make_env, params_diff, ran
 
-pytestmark = pytest.mark.slow  # runs the pipeline through dvc
+# runs the pipeline through dvc; one worker's (xdist group): the module's project is built once, for minutes
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("sharing")]
 
 M = "tiny-a"
 FOLDERS = ("artifacts", "metrics", "reports")
@@ -75,8 +76,9 @@ def alice(tiny_dirs, tmp_path_factory):
     r.git("push", "-q", "origin", "main")
     r.dvc("push")
     # a colleague's cold rerun from a fresh clone, beside the experiment below (own copy of nothing
-    # but git: no outputs, no cache)
+    # but git: no outputs, no cache; every stage in a fresh interpreter, without the warm-start server)
     cold = clone(r.origin, base / "cold", base / "home-cold", store=base / "cold-store")
+    cold.env = {**cold.env, "MLESS_FORKSERVER": "0"}
     r.cold = cold
     pool = ThreadPoolExecutor(1)
     r.cold_run = pool.submit(lambda: (cold.repro(), (cold.path / "dvc.lock").read_text()))
@@ -118,6 +120,32 @@ def test_published_experiment_is_pulled_listed_and_applied_with_nothing_rerun(al
     assert bob.repro() == set()
     plots = json.loads(bob.dvc("plots", "show", "--json").stdout)["data"]
     assert f"artifacts/plots/original/{M}.csv" in plots and "reports/accuracy.csv" in plots
+
+
+def plot_ids() -> set[str]:
+    return {f"artifacts/plots/{kind}/{M}.csv" for kind in ("original", "full", "sweep", "likelihood")} | {
+        "reports/accuracy.csv"}
+
+
+def test_span_length_experiment(alice, tmp_path):
+    """The experiment as its author compares it with the commit: exp show, params, metrics and plots diff."""
+    # the model's branch; not prepare, nor the sweep, whose own grid replaces the span count
+    assert alice.exp == set(alice.stages()) - {f"prepare@{M}", f"sweep@{M}"}
+    assert alice.status() == {}
+    span = exp_table(alice)["span5"]
+    assert span["params"]["params.yaml"]["data"]["prompt"]["mless"]["count"] == 5
+    assert span["metrics"][f"metrics/accuracy/{M}.json"]["data"]["n_problems"] == 3
+    assert params_diff(alice, "HEAD", "span5") == {"prompt.mless.count": {"old": 55, "new": 5}}
+    metrics = json.loads(alice.dvc("metrics", "diff", "HEAD", "span5", "--all", "--json").stdout)
+    assert f"metrics/accuracy/{M}.json" in metrics
+    plots = json.loads(alice.dvc("plots", "diff", "HEAD", "span5", "--json").stdout)["data"]
+    assert set(plots) == plot_ids()
+    values = plots[f"artifacts/plots/full/{M}.csv"][0]["content"]["data"]["values"]
+    positions = {rev: {v["position"] for v in values if v["rev"] == rev} for rev in ("HEAD", "span5")}
+    assert 0 < len(positions["span5"]) < len(positions["HEAD"])  # a shorter span: shorter prompts
+    alice.dvc("plots", "diff", "HEAD", "span5", "-o", str(tmp_path / "diff"))
+    html = (tmp_path / "diff" / "index.html").read_text()
+    assert '"rev": "HEAD"' in html and '"rev": "span5"' in html and f"{M} / mless" in html
 
 
 def test_runcache_push_to_a_missing_or_unreachable_remote_fails_with_dvcs_message(alice):
@@ -218,6 +246,7 @@ def test_repro_pull_from_a_store_without_the_run_cache_fails_and_records_nothing
 
 def test_cold_repro_in_a_fresh_clone_reproduces_the_committed_lock(alice):
     ran_there, lock_text = alice.cold_run.result(timeout=900)
+    assert ran_there == set(alice.stages())  # no outputs and no cache there: every stage ran, each cold
     committed = lock(alice.git("show", "main:dvc.lock").stdout)
     got = lock(lock_text)
     assert set(got) == set(committed)

@@ -1,0 +1,101 @@
+"""What a test run builds once and every test worker shares: the tiny models and the tiny pipeline.
+
+Under pytest-xdist each worker is a process of its own, so a session fixture would run once per worker; `once`
+builds into the run's common temporary folder (pytest's base temp's parent, `pytest-N/`, which the workers'
+`popen-gwK/` folders sit in) under a file lock: the first worker to ask builds, a second one waits for it and
+reads the same folder. Without xdist the folder is the run's own base temp.
+
+The tiny pipeline (`pipeline`): a throwaway git + DVC copy of the project (tests/dvc_repo.py) with two tiny local
+models, `tiny-a` (llama) and `tiny-b` (qwen2), through one `dvc repro` on the tests' profile, committed. A test
+module that needs a repository takes `copy_of_pipeline`: the whole folder copied (git, DVC cache, outputs, HOME and
+model cache), so whatever it runs or breaks there touches no other test; seconds instead of a `dvc repro`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+from filelock import FileLock
+
+A, B = "tiny-a", "tiny-b"  # the pipeline's models: llama, qwen2
+
+
+def common_root(tmp_path_factory) -> Path:
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def once(tmp_path_factory, name: str, build) -> Path:
+    """`build(folder)` run once per test run (across workers); returns the folder it built. A build that raised
+    leaves nothing behind, so the next worker to ask tries again and meets the same error."""
+    root = common_root(tmp_path_factory) / "shared"
+    root.mkdir(exist_ok=True)
+    folder, done = root / name, root / f"{name}.done"
+    with FileLock(str(root / f"{name}.lock")):
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            try:
+                build(folder)
+            except BaseException:
+                shutil.rmtree(folder, ignore_errors=True)
+                raise
+            done.touch()
+    return folder
+
+
+def tiny_models(tmp_path_factory) -> dict[str, Path]:
+    """One tiny saved model per architecture (tests/tiny.py): {"llama": dir, "qwen2": dir, "gemma3": dir}."""
+    from tests import tiny
+
+    def build(folder: Path) -> None:
+        for arch in tiny.ARCHS:
+            tiny.build(arch, folder / arch)
+
+    folder = once(tmp_path_factory, "tiny-models", build)
+    return {arch: folder / arch for arch in tiny.ARCHS}
+
+
+def family_models(tmp_path_factory) -> dict[str, Path]:
+    """One tiny saved model per supported family (tests/tiny.py FAMILIES), the three of `tiny_models` among them."""
+    from tests import tiny
+
+    extra = [f for f in tiny.FAMILIES if f not in tiny.ARCHS]
+
+    def build(folder: Path) -> None:
+        for family in extra:
+            tiny.build(family, folder / family)
+
+    folder = once(tmp_path_factory, "tiny-families", build)
+    return {**tiny_models(tmp_path_factory), **{f: folder / f for f in extra}}
+
+
+def pipeline(tmp_path_factory) -> Path:
+    """The tiny pipeline's folder: project/ (committed results), home/, model-cache/, and ran.json (the stages the
+    first `dvc repro` ran)."""
+    from tests.dvc_repo import Repo
+
+    dirs = tiny_models(tmp_path_factory)
+
+    def build(folder: Path) -> None:
+        repo = Repo.create(folder / "project", folder / "home", folder / "model-cache",
+                           {A: ("llama", dirs["llama"]), B: ("qwen2", dirs["qwen2"])})
+        ran = repo.repro()
+        repo.git("add", "-A")
+        repo.git("commit", "-q", "-m", "results")
+        (folder / "ran.json").write_text(json.dumps(sorted(ran)))
+
+    return once(tmp_path_factory, "pipeline", build)
+
+
+def copy_of_pipeline(tmp_path_factory, dest: Path):
+    """A private copy of the tiny pipeline at `dest` (a Repo whose `first_run` is the stages the build ran)."""
+    from tests.dvc_repo import Repo, make_env
+
+    src = pipeline(tmp_path_factory)
+    shutil.copytree(src, dest, symlinks=True)
+    repo = Repo(dest / "project", make_env(dest / "home", dest / "model-cache"))
+    repo.first_run = set(json.loads((dest / "ran.json").read_text()))
+    return repo
