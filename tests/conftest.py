@@ -66,7 +66,7 @@ def pytest_collection_modifyitems(session, config, items):
         return 0 if slow and grouped else 1 if slow else 2 if grouped else 3
 
     items.sort(key=rank)
-    if config.getvalue("loadgroup"):
+    if config.getoption("loadgroup", False):  # an xdist worker of `--dist loadgroup`
         for item in items:
             _name_the_group(item)
 

@@ -18,6 +18,8 @@ spec = importlib.util.spec_from_file_location("bench_gpu_generate", SCRIPT)
 bench = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(bench)
 
+pytestmark = pytest.mark.slow  # the benchmark script twice on the CPU (tens of seconds): make test-fast leaves it
+
 SIZES = {"batch_size": 3, "new_tokens": 6, "batches": 2}
 
 

@@ -82,6 +82,7 @@ def test_compile_off_keeps_each_batch_its_own_shape(tiny_dirs, write_params, cac
     assert engine.settings["compile"] == {"setting": "auto", "on": False} and engine.settings["batch_size"] == 5
 
 
+@pytest.mark.slow  # tens of seconds: make test-fast leaves it to make test
 def test_compile_on_on_the_cpu_generates_what_off_does(tiny_dirs, write_params, cache_dir, tmp_path):
     """evaluate.compile on through the whole stage on the CPU (torch.compile of the decode step, the ARM hook traced
     into it): the same outputs as off; the warm-up's seconds recorded apart; the settings in provenance.

@@ -155,6 +155,7 @@ def wait_for_journal_lines(journal, proc, lines):
     return False
 
 
+@pytest.mark.slow  # tens of seconds: make test-fast leaves it to make test
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT])
 def test_interrupted_run_resumes_to_the_same_artifact(sig, tiny_dirs, write_params, cache_dir, tmp_path):
     # enough work that the run is still going when the journal holds its first batches
@@ -314,6 +315,7 @@ def test_three_shards_merged_equal_one_run_byte_for_byte(tiny_dirs, write_params
     assert evaluate.run(params, "tiny", root=root).read_bytes() == one.read_bytes()
 
 
+@pytest.mark.slow  # tens of seconds: make test-fast leaves it to make test
 def test_a_part_of_other_inputs_is_refused_and_shard_input_is_checked(tiny_dirs, write_params, cache_dir, tmp_path):
     params = tiny_eval_params(write_params, tiny_dirs)
     other = tiny_eval_params(write_params, tiny_dirs, max_new_tokens=7)

@@ -155,6 +155,7 @@ def test_prompt_longer_than_context(write_params, cache_dir, tmp_path):
     assert not (tmp_path / "x").exists()  # nothing written, not even a folder
 
 
+@pytest.mark.slow  # tens of seconds: make test-fast leaves it to make test
 def test_cli_one_line_error_and_no_output(tiny_dirs, write_params, tmp_path):
     params = tiny_params(write_params, tiny_dirs, "llama", layers=[7])
     proc = subprocess.run([sys.executable, "-m", "stages.extract", "--model", "tiny", "--params", str(params.file)],

@@ -63,6 +63,7 @@ def stage(module: str, *args: str, env: dict, cwd: Path, **kw) -> subprocess.Com
                           text=True, **kw)
 
 
+@pytest.mark.slow  # tens of seconds: make test-fast leaves it to make test
 def test_a_forked_stage_writes_the_cold_bytes_and_passes_on_status_and_lines(tiny_dirs, write_params, cache_dir,
                                                                               tmp_path, env):
     raw = load_params(write_params()).model_dump()
