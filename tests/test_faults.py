@@ -68,6 +68,7 @@ def _evaluate(params_file, root, err_file, env):
     sys.exit(evaluate.main(["--model", "tiny", "--params", str(params_file)]))
 
 
+@pytest.mark.slow  # tens of seconds: make test-fast leaves it to make test
 def test_evaluate_killed_at_random_moments_ends_with_the_uninterrupted_result(tiny_dirs, write_params, cache_dir,
                                                                              tmp_path):
     """SIGKILL at random moments of a running evaluate, again and again, each run resuming the last one's

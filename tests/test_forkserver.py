@@ -96,6 +96,7 @@ def test_a_forked_stage_writes_the_cold_bytes_and_passes_on_status_and_lines(tin
     assert len(servers(env)) == 1  # one server served them all
 
 
+@pytest.mark.slow  # tens of seconds: make test-fast leaves it to make test
 def test_a_killed_client_takes_its_stage_with_it_and_the_server_leaves_when_idle(tmp_path, env):
     pkg = tmp_path / "stages"
     pkg.mkdir()
@@ -123,6 +124,7 @@ def test_a_killed_client_takes_its_stage_with_it_and_the_server_leaves_when_idle
         time.sleep(0.5)
 
 
+@pytest.mark.slow  # tens of seconds: make test-fast leaves it to make test
 def test_sigint_reaches_the_forked_stage(tmp_path, env):
     pkg = tmp_path / "stages"
     pkg.mkdir()

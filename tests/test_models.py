@@ -330,6 +330,7 @@ def test_unsupported_architectures_are_refused_in_one_line(kind, reason, write_p
     assert not (cache_dir / "probes").exists() or not list((cache_dir / "probes").iterdir())
 
 
+@pytest.mark.slow  # tens of seconds: make test-fast leaves it to make test
 def test_cli_refuses_an_unsupported_model_before_work(write_params, tmp_path):
     import transformers as t
 
