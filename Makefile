@@ -117,9 +117,9 @@ PYTEST_WORKERS ?= -n 2 --dist loadgroup
 test: install-test system-packages
 	$(BIN)/python -m pytest $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
-# The loop of work (docs/development.md): every test not marked slow, and the slow ones that check a README promise
-# end to end (marker `readme`: one `dvc repro`, a param change rerunning only its stages, `make verify`, the report,
-# `add-model`); `make test` runs them all.
+# The loop of work (docs/development.md): every test not marked slow (the report's and add-model's own tests among
+# them), and the slow ones that check a README promise end to end (marker `readme`: one `dvc repro`, a param change
+# rerunning only its stages, `make verify`); `make test` runs them all.
 test-fast: install-test system-packages
 	$(BIN)/python -m pytest $(PYTEST_WORKERS) -m "not slow or readme" $(PYTEST_ARGS)
 
