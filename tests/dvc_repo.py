@@ -130,6 +130,13 @@ def params_diff(repo: "Repo", *revs: str) -> dict[str, dict]:
     return {k: {"old": v["old"], "new": v["new"]} for k, v in out.get("params.yaml", {}).items()}
 
 
+def plot_ids(*models: str) -> set[str]:
+    """The `dvc plots` ids of a tiny project with `models`: each model's attention, sweep and likelihood tables, and
+    the accuracy table."""
+    return {f"artifacts/plots/{kind}/{m}.csv" for kind in ("original", "full", "sweep", "likelihood")
+            for m in models} | {"reports/accuracy.csv"}
+
+
 def exp_table(repo: "Repo") -> dict[str, dict]:
     """{experiment name: its data (params, metrics)} from `dvc exp show --json`."""
     rows = json.loads(repo.dvc("exp", "show", "--json").stdout)

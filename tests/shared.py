@@ -46,16 +46,19 @@ def once(tmp_path_factory, name: str, build) -> Path:
     return folder
 
 
+def built_models(tmp_path_factory, name: str, archs) -> dict[str, Path]:
+    """Tiny saved models of `archs` (tests/tiny.py), built once per run into the shared folder `name`."""
+    from tests import tiny
+
+    folder = once(tmp_path_factory, name, lambda f: [tiny.build(arch, f / arch) for arch in archs])
+    return {arch: folder / arch for arch in archs}
+
+
 def tiny_models(tmp_path_factory) -> dict[str, Path]:
     """One tiny saved model per architecture (tests/tiny.py): {"llama": dir, "qwen2": dir, "gemma3": dir}."""
     from tests import tiny
 
-    def build(folder: Path) -> None:
-        for arch in tiny.ARCHS:
-            tiny.build(arch, folder / arch)
-
-    folder = once(tmp_path_factory, "tiny-models", build)
-    return {arch: folder / arch for arch in tiny.ARCHS}
+    return built_models(tmp_path_factory, "tiny-models", tiny.ARCHS)
 
 
 def family_models(tmp_path_factory) -> dict[str, Path]:
@@ -63,13 +66,7 @@ def family_models(tmp_path_factory) -> dict[str, Path]:
     from tests import tiny
 
     extra = [f for f in tiny.FAMILIES if f not in tiny.ARCHS]
-
-    def build(folder: Path) -> None:
-        for family in extra:
-            tiny.build(family, folder / family)
-
-    folder = once(tmp_path_factory, "tiny-families", build)
-    return {**tiny_models(tmp_path_factory), **{f: folder / f for f in extra}}
+    return {**tiny_models(tmp_path_factory), **built_models(tmp_path_factory, "tiny-families", extra)}
 
 
 def pipeline(tmp_path_factory) -> Path:

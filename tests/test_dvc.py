@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.dvc_repo import BIN, Repo, exp_table, params_diff, ran
+from tests.dvc_repo import BIN, Repo, exp_table, params_diff, plot_ids, ran
 from tests.shared import A, B, copy_of_pipeline
 from tests.test_explorer import check_loads
 from tests.test_report import chromium
@@ -156,15 +156,10 @@ def test_evaluation_param_reruns_evaluations_and_their_readers_only(clean):
 
 # ---- plots --------------------------------------------------------------------------------------
 
-def plot_ids() -> set[str]:
-    return {f"artifacts/plots/{kind}/{m}.csv" for kind in ("original", "full", "sweep", "likelihood")
-            for m in (A, B)} | {"reports/accuracy.csv"}
-
-
 def test_plots_show_renders_the_attention_and_accuracy_tables(clean, tmp_path):
     repo = clean
     plots = json.loads(repo.dvc("plots", "show", "--json").stdout)["data"]
-    assert set(plots) == plot_ids()
+    assert set(plots) == plot_ids(A, B)
     for plot_id, [plot] in plots.items():
         rows = (repo.path / plot_id).read_text().splitlines()[1:]
         values = plot["content"]["data"]["values"]
@@ -179,7 +174,7 @@ def test_plots_show_renders_the_attention_and_accuracy_tables(clean, tmp_path):
             assert int(acc[(m, c)]["correct"]) == metrics["correct"][c]
     repo.dvc("plots", "show", "-o", str(tmp_path / "show"))
     html = (tmp_path / "show" / "index.html").read_text()
-    anchors = [f"vegaEmbed('#{re.sub(r'[/.]', '_', plot_id)}'" for plot_id in plot_ids()]
+    anchors = [f"vegaEmbed('#{re.sub(r'[/.]', '_', plot_id)}'" for plot_id in plot_ids(A, B)]
     for needle in [*anchors, "Attention each original token receives", "MATH-500 accuracy", f"{B} / mful"]:
         assert needle in html
 
@@ -328,9 +323,9 @@ def test_span_grid_as_queued_experiments_compared(clean, tmp_path):
     experiments (two experiments compared, as a user compares any two)."""
     other = clean
     got = run_grid(other)
-    assert len(re.findall(r"Queued experiment '[^']+' for future execution", got["queued"])) == len(GRID), got["queued"]
+    queued = re.findall(r"Queued experiment '([^']+)' for future execution", got["queued"])
+    assert len(queued) == len(GRID), got["queued"]
     assert len(re.findall(r"\bSuccess\b", got["queue_status"])) == len(GRID), got["queue_status"]
-    queued = set(re.findall(r"Queued experiment '([^']+)' for future execution", got["queued"]))
     exps = exp_table(other)  # the grid's, and those other tests of this module ran in this copy
     by_count = {e["params"]["params.yaml"]["data"]["prompt"]["mless"]["count"]: name for name, e in exps.items()
                 if name in queued}
@@ -348,7 +343,7 @@ def test_span_grid_as_queued_experiments_compared(clean, tmp_path):
     assert {f"metrics/accuracy/{m}.json" for m in (A, B)} <= set(metrics)
     assert set(names) <= set(other.dvc("exp", "ls", "--name-only").stdout.split())  # docs/sharing.md's `$(dvc exp ls ...)`
     plots = json.loads(other.dvc("plots", "diff", *names, "--json").stdout)["data"]
-    assert set(plots) == plot_ids()
+    assert set(plots) == plot_ids(A, B)
     for plot_id, [plot] in plots.items():
         assert plot["revisions"] == names
         assert {v["rev"] for v in plot["content"]["data"]["values"]} == set(names)

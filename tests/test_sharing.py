@@ -26,7 +26,7 @@ import h5py
 import pytest
 import yaml
 
-from tests.dvc_repo import BIN, ROOT, Repo, exp_table, make_env, params_diff, ran
+from tests.dvc_repo import BIN, ROOT, Repo, exp_table, make_env, params_diff, plot_ids, ran
 
 # runs the pipeline through dvc; one worker's (xdist group): the module's project is built once, for minutes
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("sharing")]
@@ -106,8 +106,7 @@ def test_published_experiment_is_pulled_listed_and_applied_with_nothing_rerun(al
     bob = clone(alice.origin, tmp_path / "bob", tmp_path / "home-bob", store=alice.store)
     proc = bob.dvc("exp", "pull", "origin", "span5")
     assert "span5" in proc.stdout + proc.stderr
-    rows = json.loads(bob.dvc("exp", "show", "--json").stdout)
-    exps = {rev["name"]: rev["data"] for row in rows for exp in row.get("experiments") or [] for rev in exp["revs"]}
+    exps = exp_table(bob)
     assert "span5" in exps
     assert exps["span5"]["params"]["params.yaml"]["data"]["prompt"]["mless"]["count"] == 5
     accuracy = exps["span5"]["metrics"][f"metrics/accuracy/{M}.json"]["data"]
@@ -122,11 +121,6 @@ def test_published_experiment_is_pulled_listed_and_applied_with_nothing_rerun(al
     assert f"artifacts/plots/original/{M}.csv" in plots and "reports/accuracy.csv" in plots
 
 
-def plot_ids() -> set[str]:
-    return {f"artifacts/plots/{kind}/{M}.csv" for kind in ("original", "full", "sweep", "likelihood")} | {
-        "reports/accuracy.csv"}
-
-
 def test_span_length_experiment(alice, tmp_path):
     """The experiment as its author compares it with the commit: exp show, params, metrics and plots diff."""
     # the model's branch; not prepare, nor the sweep, whose own grid replaces the span count
@@ -139,7 +133,7 @@ def test_span_length_experiment(alice, tmp_path):
     metrics = json.loads(alice.dvc("metrics", "diff", "HEAD", "span5", "--all", "--json").stdout)
     assert f"metrics/accuracy/{M}.json" in metrics
     plots = json.loads(alice.dvc("plots", "diff", "HEAD", "span5", "--json").stdout)["data"]
-    assert set(plots) == plot_ids()
+    assert set(plots) == plot_ids(M)
     values = plots[f"artifacts/plots/full/{M}.csv"][0]["content"]["data"]["values"]
     positions = {rev: {v["position"] for v in values if v["rev"] == rev} for rev in ("HEAD", "span5")}
     assert 0 < len(positions["span5"]) < len(positions["HEAD"])  # a shorter span: shorter prompts
