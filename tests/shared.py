@@ -8,7 +8,13 @@ reads the same folder. Without xdist the folder is the run's own base temp.
 The tiny pipeline (`pipeline`): a throwaway git + DVC copy of the project (tests/dvc_repo.py) with two tiny local
 models, `tiny-a` (llama) and `tiny-b` (qwen2), through one `dvc repro` on the tests' profile, committed. A test
 module that needs a repository takes `copy_of_pipeline`: the whole folder copied (git, DVC cache, outputs, HOME and
-model cache), so whatever it runs or breaks there touches no other test; seconds instead of a `dvc repro`.
+model cache), so whatever it runs or breaks there touches no other test; seconds instead of a `dvc repro`. A second
+build (`copy_of_pipeline(..., experiment=True)`), from a copy of the first, runs one experiment there (SPAN0: the
+span length 0, every model's extraction and evaluation branch) and puts the workspace back to the commit: a copy of
+it holds the experiment's ref, its outputs in the DVC cache and its stages in the run-cache, for the tests that
+compare an experiment with the commit (`dvc exp apply` instead of a rerun) and for a queued grid that passes through
+the same point (DVC restores those stages instead of running them). It is built only when such a test runs (not
+in `make test-fast`).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from pathlib import Path
 from filelock import FileLock
 
 A, B = "tiny-a", "tiny-b"  # the pipeline's models: llama, qwen2
+SPAN0 = "span0"  # the pipeline's experiment: `dvc exp run -n span0 -S prompt.mless.count=0` (no span: mless is none)
 
 
 def common_root(tmp_path_factory) -> Path:
@@ -87,12 +94,31 @@ def pipeline(tmp_path_factory) -> Path:
     return once(tmp_path_factory, "pipeline", build)
 
 
-def copy_of_pipeline(tmp_path_factory, dest: Path):
-    """A private copy of the tiny pipeline at `dest` (a Repo whose `first_run` is the stages the build ran)."""
+def pipeline_with_experiment(tmp_path_factory) -> Path:
+    """A copy of the tiny pipeline's folder that also holds the experiment SPAN0, its workspace at the commit."""
+    src = pipeline(tmp_path_factory)
+
+    def build(folder: Path) -> None:
+        repo = _copy(src, folder)
+        repo.dvc("exp", "run", "-n", SPAN0, "-S", "prompt.mless.count=0")
+        repo.git("reset", "-q", "--hard")
+        repo.dvc("checkout", "--force", "--quiet")
+        if repo.status():
+            raise AssertionError(f"the tiny pipeline after its experiment: not the commit's results: {repo.status()}")
+
+    return once(tmp_path_factory, "pipeline-span0", build)
+
+
+def _copy(src: Path, dest: Path):
     from tests.dvc_repo import Repo, make_env
 
-    src = pipeline(tmp_path_factory)
     shutil.copytree(src, dest, symlinks=True)
     repo = Repo(dest / "project", make_env(dest / "home", dest / "model-cache"))
     repo.first_run = set(json.loads((dest / "ran.json").read_text()))
     return repo
+
+
+def copy_of_pipeline(tmp_path_factory, dest: Path, experiment: bool = False):
+    """A private copy of the tiny pipeline at `dest` (a Repo whose `first_run` is the stages the build ran); with
+    `experiment`, of the build that also holds the experiment SPAN0."""
+    return _copy((pipeline_with_experiment if experiment else pipeline)(tmp_path_factory), dest)

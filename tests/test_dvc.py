@@ -25,7 +25,9 @@ from tests.test_report import chromium
 pytestmark = pytest.mark.slow  # every test here runs (part of) the pipeline through dvc
 
 STORE = Path(".local/share/meaningless-tokens/dvc-store")  # the default remote, under $HOME
-GRID = (0, 25)  # docs/sharing.md's grid is 0,25,55; 55 is the committed run's count (the tests' budget: two points)
+# two points of docs/sharing.md's grid (0,25,55): 55 is the committed run's count, whose experiment reruns nothing (DVC
+# finds every stage up to date), so the queue's cost is one experiment's while two are compared
+GRID = (0, 55)
 
 
 @pytest.fixture(scope="module")
@@ -77,78 +79,81 @@ def test_figure_param_reruns_only_figures_and_report(clean):
     assert repo.repro() == set()
 
 
-def test_activation_params_rerun_the_activation_stages_figures_and_report_only(clean):
+def dry_runs(repo: Repo, changes: dict) -> dict[str, set[str]]:
+    """{key: the stages `dvc repro --dry` names for that change alone}; the changes are then left in params.yaml."""
+    direct = {}
+    for key, value in changes.items():
+        repo.git("checkout", "-q", "--", "params.yaml")
+        repo.set_params(**{key: value})
+        direct[key] = repo.repro("--dry")
+    repo.git("checkout", "-q", "--", "params.yaml")
+    repo.set_params(**changes)
+    return direct
+
+
+def test_model_stage_params_rerun_their_stages_figures_and_report_only(clean):
+    """The activations', the sweep's and the likelihood's params, and a display name: DVC's dry run names the stages
+    each change alone reads it in; one real `dvc repro` of the four reruns those, then the stages reading their
+    outputs (figures, report, explorer, reference), and no other. A label costs no compute: not extract or evaluate
+    (hours on a GPU), not stats; prepare (which lists the whole entry, to check it) reruns in seconds and writes the
+    same manifest, so nothing after it reruns."""
     repo = clean
-    repo.set_params(activations__bins=60)
-    assert repo.repro() == {f"activations@{A}", f"activations@{B}", "figures"} | repo.report | repo.explorer | repo.reference
-    assert repo.status() == {}
-    # a figure-only param of the activation charts reruns no model stage either: DVC's dry run names the stages
-    # that read it (the reference follows their outputs, as the figure param's real rerun above shows)
-    repo.set_params(figures__activation_set="after_span")
-    assert set(repo.status()) == {"figures"} | repo.report | repo.explorer
-    assert repo.repro("--dry") == {"figures"} | repo.report | repo.explorer
-
-
-def test_sweep_params_rerun_the_sweep_stages_figures_and_report_only(clean):
-    repo = clean
-    repo.set_params(sweep__counts=[0, 5, 55])
-    assert repo.repro() == {f"sweep@{A}", f"sweep@{B}", "figures"} | repo.report | repo.reference
-    assert repo.status() == {}
-    for m in (A, B):
-        got = json.loads((repo.path / f"metrics/sweep/{m}.json").read_text())
-        assert list(got["tokens"]["/"]["counts"]) == ["0", "5", "55"]
-
-
-def test_likelihood_params_rerun_the_likelihood_stages_figures_and_report_only(clean):
-    repo = clean
-    repo.set_params(likelihood__n_samples=4)
-    assert params_diff(repo) == {"likelihood.n_samples": {"old": 3, "new": 4}}
-    assert repo.repro() == {f"likelihood@{A}", f"likelihood@{B}", "figures"} | repo.report | repo.reference
-    assert repo.status() == {}
-    for m in (A, B):
-        got = json.loads((repo.path / f"metrics/likelihood/{m}.json").read_text())
-        assert got["n_problems"] == 4 and set(got["contrasts"]) == {"mless-none", "arm-none"}  # tests/profile.yaml
-    shown = json.loads(repo.dvc("metrics", "show", "--json").stdout)
-    assert any(f"metrics/likelihood/{A}.json" in json.dumps(v) for v in shown.values())
-
-
-def test_display_name_reruns_only_figures_and_report(clean):
-    """A label costs no compute: not extract or evaluate (hours on a GPU), not stats; prepare (which lists the
-    whole entry, to check it) reruns in seconds and writes the same manifest, so nothing after it reruns."""
-    repo = clean
-    repo.set_params(**{f"models__{A}__display_name": "Renamed model A"})
-    assert params_diff(repo) == {f"models.{A}.display_name": {"old": "Tiny llama", "new": "Renamed model A"}}
+    acts, sweeps = {f"activations@{A}", f"activations@{B}"}, {f"sweep@{A}", f"sweep@{B}"}
+    liks = {f"likelihood@{A}", f"likelihood@{B}"}
+    direct = dry_runs(repo, {"activations__bins": 60, "sweep__counts": [0, 5, 55], "likelihood__n_samples": 4,
+                             f"models__{A}__display_name": "Renamed model A"})
+    assert direct == {"activations__bins": acts | repo.explorer, "sweep__counts": sweeps, "likelihood__n_samples": liks,
+                      f"models__{A}__display_name": {f"prepare@{A}", "figures"} | repo.report | repo.explorer}
+    assert params_diff(repo) == {"activations.bins": {"old": 360, "new": 60},
+                                 "sweep.counts": {"old": "[0, 10, 55]", "new": "[0, 5, 55]"},
+                                 "likelihood.n_samples": {"old": 3, "new": 4},
+                                 f"models.{A}.display_name": {"old": "Tiny llama", "new": "Renamed model A"}}
     manifest = (repo.path / f"artifacts/models/{A}.json").read_bytes()
-    assert repo.repro() == {f"prepare@{A}", "figures"} | repo.report | repo.explorer | repo.reference
-    assert (repo.path / f"artifacts/models/{A}.json").read_bytes() == manifest
+    assert repo.repro() == {f"prepare@{A}", "figures"} | acts | sweeps | liks | repo.report | repo.explorer | repo.reference
     assert repo.status() == {}
+    # the display name: the same manifest, and no artifact of a model stage holds the label
+    assert (repo.path / f"artifacts/models/{A}.json").read_bytes() == manifest
     for artifact in (f"artifacts/attention/{A}.h5", f"artifacts/eval/{A}.h5", f"artifacts/stats/{A}.h5",
                      f"artifacts/activations/{A}.h5"):
         assert b"Tiny llama" not in (repo.path / artifact).read_bytes()
     if repo.report:
         assert "Renamed model A" in (repo.path / "reports/report.md").read_text()
+    # the explorer reads none of the sweep's or the likelihood's outputs: it reran for the others only
+    explorer_deps = yaml.safe_load((repo.path / "dvc.yaml").read_text())["stages"]["explorer"]["deps"]
+    assert not {"artifacts/sweep", "artifacts/likelihood"} & set(explorer_deps)
+    for m in (A, B):
+        got = json.loads((repo.path / f"metrics/sweep/{m}.json").read_text())
+        assert list(got["tokens"]["/"]["counts"]) == ["0", "5", "55"]
+        got = json.loads((repo.path / f"metrics/likelihood/{m}.json").read_text())
+        assert got["n_problems"] == 4 and set(got["contrasts"]) == {"mless-none", "arm-none"}  # tests/profile.yaml
+    shown = json.loads(repo.dvc("metrics", "show", "--json").stdout)
+    assert any(f"metrics/likelihood/{A}.json" in json.dumps(v) for v in shown.values())
+    # a figure-only param of the activation charts reruns no model stage either (the reference follows their
+    # outputs, as the figure param's real rerun above shows)
+    repo.set_params(figures__activation_set="after_span")
+    assert set(repo.status()) == {"figures"} | repo.report | repo.explorer
+    assert repo.repro("--dry") == {"figures"} | repo.report | repo.explorer
 
 
-def test_one_models_extraction_param_reruns_its_branch_only_in_an_experiment(clean):
+def test_extraction_and_evaluation_params_rerun_their_branches_only_in_an_experiment(clean):
+    """One model's layers and the generation length in one `dvc exp run`: the model's extraction branch (prepare
+    checks the entry in seconds and writes the same manifest, which does not hold layers), every model's evaluation
+    and the sweep (it reads the generation params, for its optional accuracy sweep, but, that sweep being off here,
+    writes the same bytes), and the stages reading their outputs; nothing of the other model's extraction, no
+    activations or likelihood."""
     repo = clean
-    proc = repo.dvc("exp", "run", "-n", "layers-a", "-S", f"models.{A}.layers=[0,1]")
-    # prepare@tiny-a checks the entry (seconds; its manifest does not hold layers, so is the same), not
-    # evaluate@tiny-a, nothing of tiny-b
-    assert ran(proc) == {f"prepare@{A}", f"extract@{A}", f"stats@{A}", "figures"} | repo.report | repo.explorer | repo.reference
-    assert repo.status() == {}
-    assert params_diff(repo) == {f"models.{A}.layers": {"old": "[0, 1, 2]", "new": "[0, 1]"}}
-
-
-def test_evaluation_param_reruns_evaluations_and_their_readers_only(clean):
-    repo = clean
-    proc = repo.dvc("exp", "run", "-n", "tokens", "-S", "evaluate.max_new_tokens=4")
-    got = ran(proc)
-    # no prepare, extract, stats or likelihood; the sweep reruns (it reads the generation params, for its optional
-    # accuracy sweep) but, that sweep being off here, writes the same bytes; figures reruns (it reads the per-problem
-    # grades for the likelihood's comparison with accuracy)
+    direct = dry_runs(repo, {f"models__{A}__layers": [0, 1], "evaluate__max_new_tokens": 4})
+    assert direct == {f"models__{A}__layers": {f"prepare@{A}", f"extract@{A}", "figures"} | repo.report | repo.explorer,
+                      "evaluate__max_new_tokens": {f"evaluate@{A}", f"evaluate@{B}", f"sweep@{A}", f"sweep@{B}"}}
+    repo.git("checkout", "-q", "--", "params.yaml")
+    proc = repo.dvc("exp", "run", "-n", "layers-tokens", "-S", f"models.{A}.layers=[0,1]",
+                    "-S", "evaluate.max_new_tokens=4")
     accuracy_changed = repo.git("diff", "--quiet", "--", "metrics/accuracy", check=False).returncode != 0
-    assert got == {f"evaluate@{A}", f"evaluate@{B}", f"sweep@{A}", f"sweep@{B}", "figures"} | repo.report | repo.reference
+    assert ran(proc) == ({f"prepare@{A}", f"extract@{A}", f"stats@{A}", f"evaluate@{A}", f"evaluate@{B}", f"sweep@{A}",
+                          f"sweep@{B}", "figures"} | repo.report | repo.explorer | repo.reference)
     assert repo.status() == {}
+    assert params_diff(repo) == {f"models.{A}.layers": {"old": "[0, 1, 2]", "new": "[0, 1]"},
+                                 "evaluate.max_new_tokens": {"old": 8, "new": 4}}
     diff = json.loads(repo.dvc("metrics", "diff", "--json").stdout)
     if accuracy_changed:  # with at most 4 new tokens instead of 8, fewer tokens are generated
         assert any(k.startswith("mean_tokens.") for k in diff[f"metrics/accuracy/{A}.json"])
@@ -317,16 +322,17 @@ def run_grid(repo: Repo) -> dict:
     return {"queued": queued.stdout, "queue_status": status}
 
 
-def test_span_grid_as_queued_experiments_compared(clean, tmp_path):
+def test_span_grid_as_queued_experiments_compared(tmp_path_factory, tmp_path):
     """docs/sharing.md's grid over any param: `dvc exp run --queue -S 'prompt.mless.count=0,25,55'`, `dvc queue
     start`, then `dvc exp show`, `dvc params diff`, `dvc metrics diff` and `dvc plots diff` across the queued
-    experiments (two experiments compared, as a user compares any two)."""
-    other = clean
+    experiments (two experiments compared, as a user compares any two). In a copy of the pipeline that ran the
+    count 0 before (tests/shared.py, SPAN0): the queued run restores those stages from the run-cache."""
+    other = copy_of_pipeline(tmp_path_factory, tmp_path / "pipeline", experiment=True)
     got = run_grid(other)
     queued = re.findall(r"Queued experiment '([^']+)' for future execution", got["queued"])
     assert len(queued) == len(GRID), got["queued"]
     assert len(re.findall(r"\bSuccess\b", got["queue_status"])) == len(GRID), got["queue_status"]
-    exps = exp_table(other)  # the grid's, and those other tests of this module ran in this copy
+    exps = exp_table(other)  # the grid's and SPAN0
     by_count = {e["params"]["params.yaml"]["data"]["prompt"]["mless"]["count"]: name for name, e in exps.items()
                 if name in queued}
     assert set(by_count) == set(GRID)
@@ -338,6 +344,9 @@ def test_span_grid_as_queued_experiments_compared(clean, tmp_path):
             assert acc["accuracy"]["mless"] == acc["accuracy"]["none"]
         assert data["metrics"][f"metrics/sweep/{A}.json"]["data"]["tokens"]["/"]["counts"]["55"]["span_tokens"] > 0
     names = [by_count[c] for c in GRID]
+    log = other.dvc("queue", "logs", by_count[0])
+    restored = set(re.findall(r"Stage '([^']+)' is cached - skipping run", log.stdout + log.stderr))
+    assert {f"extract@{A}", f"evaluate@{A}", f"extract@{B}", f"evaluate@{B}"} <= restored, log.stdout
     assert params_diff(other, *names) == {"prompt.mless.count": {"old": GRID[0], "new": GRID[1]}}
     metrics = json.loads(other.dvc("metrics", "diff", *names, "--all", "--json").stdout)
     assert {f"metrics/accuracy/{m}.json" for m in (A, B)} <= set(metrics)
@@ -349,7 +358,7 @@ def test_span_grid_as_queued_experiments_compared(clean, tmp_path):
         assert {v["rev"] for v in plot["content"]["data"]["values"]} == set(names)
     values = plots[f"artifacts/plots/full/{A}.csv"][0]["content"]["data"]["values"]
     length = {c: len({v["position"] for v in values if v["rev"] == by_count[c]}) for c in GRID}
-    assert length[0] < length[25]  # a longer span: longer prompts
+    assert length[0] < length[55]  # a longer span: longer prompts
     mless = {c: [float(v["mless"]) for v in values if v["rev"] == by_count[c] and v["mless"] != "nan"] for c in GRID}
     none = [float(v["none"]) for v in values if v["rev"] == by_count[0] and v["none"] != "nan"]
     assert mless[0] == none  # count 0: the mless curve is the none curve

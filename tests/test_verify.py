@@ -16,7 +16,7 @@ import yaml
 
 from meaningless_tokens.verify import TOLERANCES
 from tests.dvc_repo import Repo
-from tests.shared import A, copy_of_pipeline
+from tests.shared import A, SPAN0, copy_of_pipeline
 
 pytestmark = pytest.mark.slow  # runs the pipeline through dvc
 
@@ -303,9 +303,9 @@ def test_a_page_drawn_by_moved_code_is_compared_by_what_it_prints(clean):
     assert "drawn by other code (meaningless_tokens/report)" in row["detail"]
 
 
-def test_an_experiment_reports_exactly_what_its_parameter_changed(clean):
-    repo = clean
-    repo.dvc("exp", "run", "-n", "span5", "-S", "prompt.mless.count=5")
+def test_an_experiment_reports_exactly_what_its_parameter_changed(tmp_path_factory, tmp_path):
+    repo = copy_of_pipeline(tmp_path_factory, tmp_path / "pipeline", experiment=True)
+    repo.dvc("exp", "apply", SPAN0)  # the pipeline's experiment (tests/shared.py): prompt.mless.count=0
     before, after = lock_outputs(repo, repo.git("show", "HEAD:dvc.lock").stdout), lock_outputs(repo)
     changed = {p for p in after if after[p] != before[p] and not p.startswith("metrics/timing/")}
     code, got, line = verify(repo, "HEAD")
@@ -314,9 +314,9 @@ def test_an_experiment_reports_exactly_what_its_parameter_changed(clean):
     assert {p for p, r in got.items() if r["status"] == "identical"} == {
         p for p in after if p not in changed and not p.startswith("metrics/timing/")}
     assert f"artifacts/sweep/{A}.h5" not in changed  # the sweep sets its own span lengths
-    assert any("params.prompt.mless.count: 5 here, 55 in the revision" in r["detail"] for r in got.values())
+    assert any("params.prompt.mless.count: 0 here, 55 in the revision" in r["detail"] for r in got.values())
     # the experiment against itself, by name: reproduced
-    code, got, line = verify(repo, "span5")
+    code, got, line = verify(repo, SPAN0)
     assert code == 0 and "0 differ" in line
 
 
