@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 import time
 from pathlib import Path
 
@@ -22,7 +23,10 @@ from tests.shared import A, B, copy_of_pipeline
 from tests.test_explorer import check_loads
 from tests.test_report import chromium
 
-pytestmark = pytest.mark.slow  # every test here runs (part of) the pipeline through dvc
+# every test here runs (part of) the pipeline through dvc; one worker's, with tests/test_verify.py (xdist group
+# "pipeline"): the worker that builds the tiny pipeline runs its tests, and the other runs other work meanwhile
+# instead of waiting for the build
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("pipeline")]
 
 STORE = Path(".local/share/meaningless-tokens/dvc-store")  # the default remote, under $HOME
 # two points of docs/sharing.md's grid (0,25,55): 55 is the committed run's count, whose experiment reruns nothing (DVC
@@ -303,22 +307,37 @@ def test_a_folder_added_by_the_command_runs_through_dvc_and_joins_the_verdict(cl
 
 # ---- experiments queued and compared -----------------------------------------------------------------
 
+def start_queue(repo: Repo) -> None:
+    """`dvc queue start`, its output to a file: the worker it leaves running holds the stdout and stderr it was given,
+    so a pipe would stay open (and `dvc queue start` seem to hang) until the worker exits, which an idle DVC worker
+    has been seen not to do."""
+    log = repo.path / ".dvc/tmp/queue-start.log"
+    with open(log, "w") as out:
+        proc = subprocess.run([str(BIN / "dvc"), "queue", "start"], cwd=repo.path, env=repo.env, stdout=out,
+                              stderr=subprocess.STDOUT, timeout=120)
+    assert proc.returncode == 0, log.read_text()
+
+
 def run_grid(repo: Repo) -> dict:
-    """The DVC-native grid of docs/sharing.md: queue one experiment per count, run the queue, wait for it."""
+    """The DVC-native grid of docs/sharing.md: queue one experiment per count, run the queue, wait for it, stop the
+    queue's worker."""
     queued = repo.dvc("exp", "run", "--queue", "-S", f"prompt.mless.count={','.join(map(str, GRID))}")
-    repo.dvc("queue", "start")
+    start_queue(repo)
     deadline, idle, restarts = time.monotonic() + 900, 0, 0
-    while True:
-        status = repo.dvc("queue", "status").stdout
-        if not re.search(r"\b(Queued|Running)\b", status) or time.monotonic() > deadline:
-            break
-        # DVC's queue worker can stop as it finishes a task while the next is still queued (seen under load): after
-        # 10 s of queued tasks and no worker, a user starts it again, and so does the test
-        idle = idle + 1 if "Running" not in status and "Worker status: 0 active, 0 idle" in status else 0
-        if idle >= 5 and restarts < 2:
-            repo.dvc("queue", "start")
-            idle, restarts = 0, restarts + 1
-        time.sleep(2)
+    try:
+        while True:
+            status = repo.dvc("queue", "status").stdout
+            if not re.search(r"\b(Queued|Running)\b", status) or time.monotonic() > deadline:
+                break
+            # DVC's queue worker can stop as it finishes a task while the next is still queued (seen under load):
+            # after 10 s of queued tasks and no worker, a user starts it again, and so does the test
+            idle = idle + 1 if "Running" not in status and "Worker status: 0 active, 0 idle" in status else 0
+            if idle >= 5 and restarts < 2:
+                start_queue(repo)
+                idle, restarts = 0, restarts + 1
+            time.sleep(2)
+    finally:  # a worker left idle is no process of the test's to leave behind
+        repo.dvc("queue", "stop", check=False)
     return {"queued": queued.stdout, "queue_status": status}
 
 

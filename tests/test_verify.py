@@ -18,7 +18,7 @@ from meaningless_tokens.verify import TOLERANCES
 from tests.dvc_repo import Repo
 from tests.shared import A, SPAN0, copy_of_pipeline
 
-pytestmark = pytest.mark.slow  # runs the pipeline through dvc
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("pipeline")]  # runs the pipeline through dvc: tests/test_dvc.py's
 
 
 @pytest.fixture(scope="module")
