@@ -103,8 +103,9 @@ def pipeline_with_experiment(tmp_path_factory) -> Path:
         repo.dvc("exp", "run", "-n", SPAN0, "-S", "prompt.mless.count=0")
         repo.git("reset", "-q", "--hard")
         repo.dvc("checkout", "--force", "--quiet")
-        if repo.status():
-            raise AssertionError(f"the tiny pipeline after its experiment: not the commit's results: {repo.status()}")
+        status = repo.status()
+        if status:
+            raise AssertionError(f"the tiny pipeline after its experiment: not the commit's results: {status}")
 
     return once(tmp_path_factory, "pipeline-span0", build)
 

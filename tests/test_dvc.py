@@ -84,14 +84,12 @@ def test_figure_param_reruns_only_figures_and_report(clean):
 
 
 def dry_runs(repo: Repo, changes: dict) -> dict[str, set[str]]:
-    """{key: the stages `dvc repro --dry` names for that change alone}; the changes are then left in params.yaml."""
+    """{key: the stages `dvc repro --dry` names for that change alone}; params.yaml is the commit's again after."""
     direct = {}
     for key, value in changes.items():
-        repo.git("checkout", "-q", "--", "params.yaml")
         repo.set_params(**{key: value})
         direct[key] = repo.repro("--dry")
-    repo.git("checkout", "-q", "--", "params.yaml")
-    repo.set_params(**changes)
+        repo.git("checkout", "-q", "--", "params.yaml")
     return direct
 
 
@@ -104,10 +102,12 @@ def test_model_stage_params_rerun_their_stages_figures_and_report_only(clean):
     repo = clean
     acts, sweeps = {f"activations@{A}", f"activations@{B}"}, {f"sweep@{A}", f"sweep@{B}"}
     liks = {f"likelihood@{A}", f"likelihood@{B}"}
-    direct = dry_runs(repo, {"activations__bins": 60, "sweep__counts": [0, 5, 55], "likelihood__n_samples": 4,
-                             f"models__{A}__display_name": "Renamed model A"})
+    changes = {"activations__bins": 60, "sweep__counts": [0, 5, 55], "likelihood__n_samples": 4,
+               f"models__{A}__display_name": "Renamed model A"}
+    direct = dry_runs(repo, changes)
     assert direct == {"activations__bins": acts | repo.explorer, "sweep__counts": sweeps, "likelihood__n_samples": liks,
                       f"models__{A}__display_name": {f"prepare@{A}", "figures"} | repo.report | repo.explorer}
+    repo.set_params(**changes)
     assert params_diff(repo) == {"activations.bins": {"old": 360, "new": 60},
                                  "sweep.counts": {"old": "[0, 10, 55]", "new": "[0, 5, 55]"},
                                  "likelihood.n_samples": {"old": 3, "new": 4},
@@ -149,7 +149,6 @@ def test_extraction_and_evaluation_params_rerun_their_branches_only_in_an_experi
     direct = dry_runs(repo, {f"models__{A}__layers": [0, 1], "evaluate__max_new_tokens": 4})
     assert direct == {f"models__{A}__layers": {f"prepare@{A}", f"extract@{A}", "figures"} | repo.report | repo.explorer,
                       "evaluate__max_new_tokens": {f"evaluate@{A}", f"evaluate@{B}", f"sweep@{A}", f"sweep@{B}"}}
-    repo.git("checkout", "-q", "--", "params.yaml")
     proc = repo.dvc("exp", "run", "-n", "layers-tokens", "-S", f"models.{A}.layers=[0,1]",
                     "-S", "evaluate.max_new_tokens=4")
     accuracy_changed = repo.git("diff", "--quiet", "--", "metrics/accuracy", check=False).returncode != 0
