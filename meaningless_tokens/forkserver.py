@@ -8,7 +8,8 @@ stdin/stdout/stderr, and waits for the exit status; the stage then runs in a for
 the project imported before the fork (the stage imports the workspace's code as a fresh interpreter would). The
 client forwards SIGINT, SIGTERM and SIGHUP to the stage; if the client dies (SIGKILL), the stage kills itself.
 No server yet: the client starts one in the background and runs this stage in-process, cold; the next finds it.
-A server with no stage running exits after IDLE seconds. `MLESS_FORKSERVER=0` turns it off (every stage cold).
+A server with no stage running exits after IDLE seconds. `MLESS_FORKSERVER=0` turns it off (every stage cold);
+`MLESS_FORKSERVER_ANY_HOME=1`, with HF_HOME and MPLCONFIGDIR set, lets clients of different HOMEs share a server.
 Linux only (fork after torch's import, before any of its thread pools start, as multiprocessing's forkserver).
 
 Stdlib only: the server imports this module by path, and its forks must not hold a stale copy of the project.
@@ -40,6 +41,13 @@ PRELOAD = ("numpy", "h5py", "ruamel.yaml", "pydantic", "torch", "safetensors", "
 VOLATILE = ("_", "PWD", "OLDPWD", "SHLVL", "DVC_STAGE", "DVC_EXP_NAME", "DVC_EXP_BASELINE_REV", "DVC_CHECKPOINT",
             "DVC_ROOT", "PYTEST_CURRENT_TEST", "PYTEST_XDIST_WORKER", "TERM", "COLUMNS", "LINES")
 OURS = ("meaningless_tokens", "stages", "tests", "benchmarks")  # the project's packages: never kept across a fork
+# a user's own folders: left out of the key with MLESS_FORKSERVER_ANY_HOME=1 where the caller has set the folders a
+# preloaded module resolves from them at import (HF_HOME for huggingface_hub and transformers, MPLCONFIGDIR for
+# matplotlib), so that clients differing only in HOME share one server: the tests' throwaway repositories, each with
+# a HOME of its own for DVC's default remote under ~ (tests/dvc_repo.py); a server per HOME cost a preload (about 10
+# CPU-seconds) and a cold stage each
+HOMES = ("HOME", "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME")
+RESOLVED = ("HF_HOME", "MPLCONFIGDIR")
 
 
 def enabled() -> bool:
@@ -59,6 +67,8 @@ def key() -> str:
         site, site_mtime = [], 0
     # MLESS_* are read by the project's code only, which each fork imports afresh in the client's environment
     env = {k: v for k, v in os.environ.items() if k not in VOLATILE and not k.startswith("MLESS_")}
+    if os.environ.get("MLESS_FORKSERVER_ANY_HOME") == "1" and all(os.environ.get(k) for k in RESOLVED):
+        env = {k: v for k, v in env.items() if k not in HOMES}
     with open(__file__, "rb") as f:  # a server speaks its own version of the protocol
         own = hashlib.sha256(f.read()).hexdigest()
     parts = [os.path.realpath(sys.executable), sys.prefix, sys.version, repr(sys.flags), purelib, str(site_mtime),

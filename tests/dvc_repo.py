@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import yaml
@@ -150,6 +151,10 @@ def ran(proc: subprocess.CompletedProcess) -> set[str]:
     return {a or b for a, b in RAN.findall(proc.stdout + proc.stderr)}
 
 
+# huggingface_hub's folder, the same for every test repository (offline: nothing is downloaded into it)
+HF_HOME = Path(tempfile.gettempdir()) / f"meaningless-tokens-tests-hf-{os.getuid()}"
+
+
 def make_env(home: Path, model_cache: Path) -> dict[str, str]:
     import matplotlib
 
@@ -160,6 +165,10 @@ def make_env(home: Path, model_cache: Path) -> dict[str, str]:
         XDG_CONFIG_HOME=str(home / ".config"),
         XDG_CACHE_HOME=str(home / ".cache"),
         MPLCONFIGDIR=matplotlib.get_cachedir(),  # reuse the font cache instead of rebuilding it
+        # one warm-start server for every repository of the run (meaningless_tokens/forkserver.py): the HOMEs differ,
+        # the folders the preloaded modules read at import (HF_HOME, MPLCONFIGDIR) do not
+        HF_HOME=str(HF_HOME),
+        MLESS_FORKSERVER_ANY_HOME="1",
         MLESS_CACHE=str(model_cache),
         DVC_NO_ANALYTICS="1",
         HF_HUB_OFFLINE="1",

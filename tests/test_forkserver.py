@@ -156,3 +156,30 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
     except (OSError, IndexError):
         return False
+
+
+def test_homes_share_a_server_only_where_the_caller_set_the_folders_imports_read(monkeypatch, tmp_path):
+    """The tests' throwaway repositories differ in HOME (DVC's default remote under ~): with
+    MLESS_FORKSERVER_ANY_HOME=1 and the folders a preloaded module resolves at import set (HF_HOME, MPLCONFIGDIR)
+    they share one server's key; without the opt-in, or with one of those folders left to follow HOME, each HOME has
+    its own."""
+    from meaningless_tokens import forkserver
+
+    def key(home: str, **env) -> str:
+        for var in ("HOME", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "HF_HOME", "MPLCONFIGDIR",
+                    "MLESS_FORKSERVER_ANY_HOME"):
+            monkeypatch.delenv(var, raising=False)
+        monkeypatch.setenv("HOME", home)
+        monkeypatch.setenv("XDG_CACHE_HOME", f"{home}/.cache")
+        for var, value in env.items():
+            monkeypatch.setenv(var, value)
+        return forkserver.key()
+
+    shared = {"MLESS_FORKSERVER_ANY_HOME": "1", "HF_HOME": str(tmp_path / "hf"), "MPLCONFIGDIR": str(tmp_path / "mpl")}
+    assert key("/a", **shared) == key("/b", **shared)
+    assert key("/a", **shared) != key("/a", **{**shared, "HF_HOME": str(tmp_path / "other")})
+    assert key("/a", **{**shared, "MLESS_FORKSERVER_ANY_HOME": "0"}) != key("/b", **{**shared, "MLESS_FORKSERVER_ANY_HOME": "0"})
+    no_hf = {k: v for k, v in shared.items() if k != "HF_HOME"}
+    assert key("/a", **no_hf) != key("/b", **no_hf)
+    no_mpl = {k: v for k, v in shared.items() if k != "MPLCONFIGDIR"}
+    assert key("/a", **no_mpl) != key("/b", **no_mpl)
