@@ -169,6 +169,7 @@ def make_env(home: Path, model_cache: Path) -> dict[str, str]:
         # the folders the preloaded modules read at import (HF_HOME, MPLCONFIGDIR) do not
         HF_HOME=str(HF_HOME),
         MLESS_FORKSERVER_ANY_HOME="1",
+        MLESS_FORKSERVER_IDLE="300",  # a test between two stage runs can take more than the default minute
         MLESS_CACHE=str(model_cache),
         DVC_NO_ANALYTICS="1",
         HF_HUB_OFFLINE="1",
