@@ -42,10 +42,9 @@ VOLATILE = ("_", "PWD", "OLDPWD", "SHLVL", "DVC_STAGE", "DVC_EXP_NAME", "DVC_EXP
             "DVC_ROOT", "PYTEST_CURRENT_TEST", "PYTEST_XDIST_WORKER", "TERM", "COLUMNS", "LINES")
 OURS = ("meaningless_tokens", "stages", "tests", "benchmarks")  # the project's packages: never kept across a fork
 # a user's own folders: left out of the key with MLESS_FORKSERVER_ANY_HOME=1 where the caller has set the folders a
-# preloaded module resolves from them at import (HF_HOME for huggingface_hub and transformers, MPLCONFIGDIR for
-# matplotlib), so that clients differing only in HOME share one server: the tests' throwaway repositories, each with
-# a HOME of its own for DVC's default remote under ~ (tests/dvc_repo.py); a server per HOME cost a preload (about 10
-# CPU-seconds) and a cold stage each
+# preloaded module resolves from them at import (RESOLVED: HF_HOME for huggingface_hub and transformers, MPLCONFIGDIR
+# for matplotlib), so that clients differing only in HOME (the tests' repositories, each with its own HOME for DVC's
+# default remote under ~: tests/dvc_repo.py) share one server instead of each paying a preload and a cold stage
 HOMES = ("HOME", "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME")
 RESOLVED = ("HF_HOME", "MPLCONFIGDIR")
 
