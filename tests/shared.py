@@ -7,8 +7,8 @@ reads the same folder. Without xdist the folder is the run's own base temp.
 
 The tiny pipeline (`pipeline`): a throwaway git + DVC copy of the project (tests/dvc_repo.py) with two tiny local
 models, `tiny-a` (llama) and `tiny-b` (qwen2), through one `dvc repro` on the tests' profile, committed. A test
-module that needs a repository takes `copy_of_pipeline`: the whole folder copied (git, DVC cache, outputs, HOME and
-model cache), so whatever it runs or breaks there touches no other test; seconds instead of a `dvc repro`. A second
+that needs a repository takes `copy_of_pipeline`: the whole folder copied (git, DVC cache, outputs, HOME and model
+cache), so whatever it runs or breaks there touches no other test; a fraction of a second, not a `dvc repro`. A second
 build (`copy_of_pipeline(..., experiment=True)`), from a copy of the first, runs one experiment there (SPAN0: the
 span length 0, every model's extraction and evaluation branch) and puts the workspace back to the commit: a copy of
 it holds the experiment's ref, its outputs in the DVC cache and its stages in the run-cache, for the tests that
@@ -117,6 +117,16 @@ def _copy(src: Path, dest: Path):
     repo = Repo(dest / "project", make_env(dest / "home", dest / "model-cache"))
     repo.first_run = set(json.loads((dest / "ran.json").read_text()))
     return repo
+
+
+def readme(test):
+    """A README promise on the tiny pipeline (marker `readme`: `make test-fast` runs it), and one worker's (xdist group
+    "pipeline"): these come first in a run (tests/conftest.py), so the worker that builds the pipeline runs them while
+    the other runs other work instead of waiting on the build; the other tests on a copy of the pipeline go one by one
+    to whichever worker is free."""
+    import pytest
+
+    return pytest.mark.xdist_group("pipeline")(pytest.mark.readme(test))
 
 
 def copy_of_pipeline(tmp_path_factory, dest: Path, experiment: bool = False):

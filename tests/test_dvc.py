@@ -1,8 +1,8 @@
 """DVC as users drive it: the real `dvc` command on a copy of the project with two tiny models.
 
 The tests' shared tiny pipeline (tests/shared.py: one `dvc repro` of two tiny models for the whole run) is copied
-once per module and worker; every test leaves the copy as it found it (the committed results, checked out again
-from git and the DVC cache). The cold rerun of a fresh clone is tests/test_sharing.py's (a colleague's clone from
+for each test (a fraction of a second: the folder, its git and its DVC cache), so whatever a test runs or breaks
+there touches no other test and nothing is put back after it. The cold rerun of a fresh clone is tests/test_sharing.py's (a colleague's clone from
 a bare git remote), and so is the span-length experiment (pushed, pulled and restored from the run-cache there).
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -19,14 +20,12 @@ import pytest
 import yaml
 
 from tests.dvc_repo import BIN, Repo, exp_table, params_diff, plot_ids, ran
-from tests.shared import A, B, copy_of_pipeline
+from tests.shared import A, B, copy_of_pipeline, readme
 from tests.test_explorer import check_loads
 from tests.test_report import chromium
 
-# every test here runs (part of) the pipeline through dvc; one worker's, with tests/test_verify.py (xdist group
-# "pipeline"): the worker that builds the tiny pipeline runs its tests, and the other runs other work meanwhile
-# instead of waiting for the build
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("pipeline")]
+# every test here runs (part of) the pipeline through dvc, each in a copy of its own
+pytestmark = pytest.mark.slow
 
 STORE = Path(".local/share/meaningless-tokens/dvc-store")  # the default remote, under $HOME
 # two points of docs/sharing.md's grid (0,25,55): 55 is the committed run's count, whose experiment reruns nothing (DVC
@@ -35,28 +34,26 @@ GRID = (0, 55)
 
 
 @pytest.fixture(scope="module")
-def repo(tmp_path_factory) -> Repo:
-    r = copy_of_pipeline(tmp_path_factory, tmp_path_factory.mktemp("dvc") / "pipeline")
-    r.all = set(r.stages())
-    r.report = {"report"} if "report" in r.all else set()  # the report stage, once dvc.yaml has it
-    r.explorer = {"explorer"} & r.all  # reports/explorer.html: reads figures params, attention, activations, stats
-    r.reference = {"reference"} & r.all  # reference/: reruns whenever a cached output changes
-    return r
+def stage_names(tmp_path_factory) -> set[str]:
+    """Every stage the tiny pipeline's dvc.yaml defines (foreach expanded), from `dvc stage list` once per worker."""
+    return set(copy_of_pipeline(tmp_path_factory, tmp_path_factory.mktemp("dvc") / "pipeline").stages())
 
 
 @pytest.fixture
-def clean(repo):
-    """The shared repository with its committed results; put back afterwards, whatever the test did
-    (params, dvc.lock and git-tracked results from git, the rest from the DVC cache)."""
-    yield repo
-    repo.git("reset", "-q", "--hard")
-    repo.git("clean", "-q", "-f", "-d")
-    repo.dvc("checkout", "--force", "--quiet")
+def clean(tmp_path_factory, tmp_path, stage_names) -> Repo:
+    """A private copy of the tiny pipeline with its committed results, removed after the test."""
+    r = copy_of_pipeline(tmp_path_factory, tmp_path / "pipeline")
+    r.all = stage_names
+    r.report = {"report"} if "report" in r.all else set()  # the report stage, once dvc.yaml has it
+    r.explorer = {"explorer"} & r.all  # reports/explorer.html: reads figures params, attention, activations, stats
+    r.reference = {"reference"} & r.all  # reference/: reruns whenever a cached output changes
+    yield r
+    shutil.rmtree(r.path.parent, ignore_errors=True)
 
 
 # ---- repro, status, minimal reruns --------------------------------------------------------------
 
-@pytest.mark.readme
+@readme
 def test_repro_runs_every_stage_once_then_status_is_clean_and_repro_does_nothing(clean):
     repo = clean
     assert repo.first_run == repo.all
@@ -73,7 +70,7 @@ def test_repro_runs_every_stage_once_then_status_is_clean_and_repro_does_nothing
     assert repo.repro() == set()
 
 
-@pytest.mark.readme
+@readme
 def test_figure_param_reruns_only_figures_and_report(clean):
     repo = clean
     repo.set_params(figures__dpi=41)

@@ -1,13 +1,13 @@
 """`python -m meaningless_tokens.verify`: the workspace's outputs against a revision's, by value, on a real DVC repository.
 
-A copy of the tests' shared tiny pipeline (tests/shared.py: two tiny models, the whole pipeline through one `dvc
-repro`, committed) per module and worker; every test leaves it as it found it (git and the DVC cache put back the
-committed results).
+Each test takes a copy of the tests' shared tiny pipeline (tests/shared.py: two tiny models, the whole pipeline
+through one `dvc repro`, committed): whatever it edits or breaks there touches no other test.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import h5py
@@ -16,23 +16,17 @@ import yaml
 
 from meaningless_tokens.verify import TOLERANCES
 from tests.dvc_repo import Repo
-from tests.shared import A, SPAN0, copy_of_pipeline
+from tests.shared import A, SPAN0, copy_of_pipeline, readme
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("pipeline")]  # runs the pipeline through dvc: tests/test_dvc.py's
-
-
-@pytest.fixture(scope="module")
-def repo(tmp_path_factory) -> Repo:
-    return copy_of_pipeline(tmp_path_factory, tmp_path_factory.mktemp("verify") / "pipeline")
+pytestmark = pytest.mark.slow  # runs the pipeline's outputs through dvc and verify
 
 
 @pytest.fixture
-def clean(repo):
+def clean(tmp_path_factory, tmp_path) -> Repo:
+    """A private copy of the tiny pipeline with its committed results, removed after the test."""
+    repo = copy_of_pipeline(tmp_path_factory, tmp_path / "pipeline")
     yield repo
-    repo.git("reset", "-q", "--hard")
-    repo.git("clean", "-q", "-f", "-d")
-    repo.dvc("config", "--local", "--unset", "cache.dir", check=False)
-    repo.dvc("checkout", "--force", "--quiet")
+    shutil.rmtree(repo.path.parent, ignore_errors=True)
 
 
 def verify(repo: Repo, *args: str) -> tuple[int, dict[str, dict], str]:
@@ -58,7 +52,7 @@ def edit_h5(path: Path, name: str, fn) -> None:
         f[name].attrs.update(attrs)
 
 
-@pytest.mark.readme
+@readme
 def test_verify_against_itself_is_identical_with_a_row_per_output(clean):
     repo = clean
     proc = repo.run("python", "-m", "meaningless_tokens.verify")  # the table and verdict a user reads; exit 0
