@@ -27,11 +27,14 @@ from tests import params, tiny
 
 # what the CPU run shrinks (laid over the profile key by key); everything else is the GPU profile's
 # (a coarser activation histogram too: its chart takes most of the drawing time, and its bins are no figure param;
-# and the CPU's likelihood batch budget: the GPU's 16384 padded tokens per pass made the stand-ins' scoring 1.3x slower)
+# and the CPU's likelihood batch budget: the GPU's 16384 padded tokens per pass made the stand-ins' scoring 1.3x slower;
+# and the span sweep at three of the profile's six counts, none, the paper's 55 and the largest: at six, the sweep was
+# half of the stages' 200 s on one thread, two thirds of it the solution's scoring at every count)
 SMALL = {"extract": {"n_samples": 2, "showcase": 1}, "evaluate": {"n_samples": 2, "max_new_tokens": 2, "batch_size": 6,
                                                                  "sampling": {"n": 2, "max_new_tokens": 2}},
          "stats": {"n_boot": 50}, "activations": {"n_boot": 50, "showcase": 0, "bins": 60},
-         "sweep": {"attention_samples": 2, "accuracy_samples": 2, "likelihood_samples": 2, "n_boot": 50},
+         "sweep": {"counts": [0, 55, 70], "attention_samples": 2, "accuracy_samples": 2, "likelihood_samples": 2,
+                   "n_boot": 50},
          "likelihood": {"n_samples": 3, "solution_tokens": 16, "n_boot": 50, "batch_tokens": 1024}}
 CPU = {"runtime": {"device": "cpu", "dtype": "float32", "offline": True, "threads": 1}}
 
