@@ -10,6 +10,7 @@ THREADS = os.environ.setdefault("MLESS_TEST_THREADS", "1")
 for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
     os.environ[_var] = THREADS
 
+import shutil  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
@@ -25,6 +26,15 @@ def tiny_dirs(tmp_path_factory) -> dict[str, Path]:
     """One tiny saved model per architecture: {"llama": dir, "qwen2": dir, "gemma3": dir}, built once for the whole
     run and shared by its workers (tests/shared.py): read them, never write into them."""
     return shared.tiny_models(tmp_path_factory)
+
+
+@pytest.fixture
+def pipeline_copy(tmp_path_factory, tmp_path):
+    """A private copy of the tiny pipeline with its committed results (tests/shared.py, a fraction of a second):
+    whatever the test runs or breaks there touches no other test, and nothing is put back; removed after the test."""
+    repo = shared.copy_of_pipeline(tmp_path_factory, tmp_path / "pipeline")
+    yield repo
+    shutil.rmtree(repo.path.parent, ignore_errors=True)
 
 
 @pytest.fixture

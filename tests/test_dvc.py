@@ -1,9 +1,9 @@
 """DVC as users drive it: the real `dvc` command on a copy of the project with two tiny models.
 
 The tests' shared tiny pipeline (tests/shared.py: one `dvc repro` of two tiny models for the whole run) is copied
-for each test (a fraction of a second: the folder, its git and its DVC cache), so whatever a test runs or breaks
-there touches no other test and nothing is put back after it. The cold rerun of a fresh clone is tests/test_sharing.py's (a colleague's clone from
-a bare git remote), and so is the span-length experiment (pushed, pulled and restored from the run-cache there).
+for each test (`pipeline_copy`, tests/conftest.py), so whatever a test runs or breaks there touches no other test and
+nothing is put back after it. The cold rerun of a fresh clone is tests/test_sharing.py's (a colleague's clone from a
+bare git remote), and so is the span-length experiment (pushed, pulled and restored from the run-cache there).
 """
 
 from __future__ import annotations
@@ -36,19 +36,21 @@ GRID = (0, 55)
 @pytest.fixture(scope="module")
 def stage_names(tmp_path_factory) -> set[str]:
     """Every stage the tiny pipeline's dvc.yaml defines (foreach expanded), from `dvc stage list` once per worker."""
-    return set(copy_of_pipeline(tmp_path_factory, tmp_path_factory.mktemp("dvc") / "pipeline").stages())
+    r = copy_of_pipeline(tmp_path_factory, tmp_path_factory.mktemp("dvc") / "pipeline")
+    names = set(r.stages())
+    shutil.rmtree(r.path.parent, ignore_errors=True)
+    return names
 
 
 @pytest.fixture
-def clean(tmp_path_factory, tmp_path, stage_names) -> Repo:
-    """A private copy of the tiny pipeline with its committed results, removed after the test."""
-    r = copy_of_pipeline(tmp_path_factory, tmp_path / "pipeline")
+def clean(pipeline_copy, stage_names) -> Repo:
+    """The test's private copy of the tiny pipeline, with the stage sets the assertions name."""
+    r = pipeline_copy
     r.all = stage_names
     r.report = {"report"} if "report" in r.all else set()  # the report stage, once dvc.yaml has it
     r.explorer = {"explorer"} & r.all  # reports/explorer.html: reads figures params, attention, activations, stats
     r.reference = {"reference"} & r.all  # reference/: reruns whenever a cached output changes
-    yield r
-    shutil.rmtree(r.path.parent, ignore_errors=True)
+    return r
 
 
 # ---- repro, status, minimal reruns --------------------------------------------------------------

@@ -1,13 +1,13 @@
 """`python -m meaningless_tokens.verify`: the workspace's outputs against a revision's, by value, on a real DVC repository.
 
-Each test takes a copy of the tests' shared tiny pipeline (tests/shared.py: two tiny models, the whole pipeline
-through one `dvc repro`, committed): whatever it edits or breaks there touches no other test.
+Each test takes a private copy of the tests' shared tiny pipeline (`pipeline_copy`, tests/conftest.py; tests/shared.py:
+two tiny models, the whole pipeline through one `dvc repro`, committed): whatever it edits or breaks there touches no
+other test.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import h5py
@@ -19,14 +19,6 @@ from tests.dvc_repo import Repo
 from tests.shared import A, SPAN0, copy_of_pipeline, readme
 
 pytestmark = pytest.mark.slow  # runs the pipeline's outputs through dvc and verify
-
-
-@pytest.fixture
-def clean(tmp_path_factory, tmp_path) -> Repo:
-    """A private copy of the tiny pipeline with its committed results, removed after the test."""
-    repo = copy_of_pipeline(tmp_path_factory, tmp_path / "pipeline")
-    yield repo
-    shutil.rmtree(repo.path.parent, ignore_errors=True)
 
 
 def verify(repo: Repo, *args: str) -> tuple[int, dict[str, dict], str]:
@@ -53,8 +45,8 @@ def edit_h5(path: Path, name: str, fn) -> None:
 
 
 @readme
-def test_verify_against_itself_is_identical_with_a_row_per_output(clean):
-    repo = clean
+def test_verify_against_itself_is_identical_with_a_row_per_output(pipeline_copy):
+    repo = pipeline_copy
     proc = repo.run("python", "-m", "meaningless_tokens.verify")  # the table and verdict a user reads; exit 0
     outputs = lock_outputs(repo)
     rows = [line.split()[0] for line in proc.stdout.splitlines()[1:] if line and not line.startswith(("reproduced", " "))]
@@ -70,8 +62,8 @@ def test_verify_against_itself_is_identical_with_a_row_per_output(clean):
     assert sidecar["cpu_capability"] and sidecar["threads"] == 1 and sidecar["device"] == "cpu" and sidecar["cpu_model"]
 
 
-def test_hdf5_values_within_and_beyond_tolerance(clean):
-    repo = clean
+def test_hdf5_values_within_and_beyond_tolerance(pipeline_copy):
+    repo = pipeline_copy
     lik, att = repo.path / f"artifacts/likelihood/{A}.h5", repo.path / f"artifacts/attention/{A}.h5"
     rtol, atol = TOLERANCES["loglik"].rtol, TOLERANCES["attention-received"].atol  # recv_*: attention received
 
@@ -105,8 +97,8 @@ def test_hdf5_values_within_and_beyond_tolerance(clean):
     assert f"extract@{A}: device cpu; cpu_model" in proc.stdout
 
 
-def test_damaged_outputs_each_get_a_clear_status(clean):
-    repo = clean
+def test_damaged_outputs_each_get_a_clear_status(pipeline_copy):
+    repo = pipeline_copy
     edit_h5(repo.path / f"artifacts/stats/{A}.h5", "mless/drop", lambda v: v[:, :2])  # a changed shape
     with h5py.File(repo.path / f"artifacts/activations/{A}.h5", "r+") as f:  # a deleted dataset
         del f["none/original/gini"]
@@ -127,10 +119,10 @@ def test_damaged_outputs_each_get_a_clear_status(clean):
     assert got["reports/report.html"]["status"] == "identical"  # its bytes are the revision's
 
 
-def test_wall_times_inside_the_verdict_are_not_compared(clean):
+def test_wall_times_inside_the_verdict_are_not_compared(pipeline_copy):
     """metrics/verdict.json's power section records how long the run took (and what more problems would cost):
     a rerun elsewhere changes them without changing a result; every other number of it is compared."""
-    repo = clean
+    repo = pipeline_copy
     path = repo.path / "metrics/verdict.json"
     original = path.read_text()
 
@@ -160,9 +152,9 @@ def test_wall_times_inside_the_verdict_are_not_compared(clean):
     assert code == 1 and f"power.likelihood.{A}.mde_nats_per_token" in got["metrics/verdict.json"]["detail"]
 
 
-def test_a_revision_made_before_the_reference_is_compared_from_the_cache_alone(clean, tmp_path):
+def test_a_revision_made_before_the_reference_is_compared_from_the_cache_alone(pipeline_copy, tmp_path):
     """A revision whose pipeline had no reference stage: what no cache or remote holds is not compared, as it was."""
-    repo = clean
+    repo = pipeline_copy
     branch = repo.git("rev-parse", "--abbrev-ref", "HEAD").stdout.strip()
     repo.git("checkout", "-q", "-b", "before-reference")
     try:
@@ -212,9 +204,9 @@ def fresh_clone(repo: Repo, tmp_path: Path, rev: str = "HEAD") -> Repo:
     return clone
 
 
-def test_with_no_cache_or_remote_every_output_is_compared_from_the_reference(clean, tmp_path):
+def test_with_no_cache_or_remote_every_output_is_compared_from_the_reference(pipeline_copy, tmp_path):
     """A fresh clone elsewhere: the revision's cached outputs are nowhere, its reference (in git) stands for them."""
-    repo = fresh_clone(clean, tmp_path)
+    repo = fresh_clone(pipeline_copy, tmp_path)
     code, got, line = verify(repo)  # the same bytes: dvc.lock's md5s, the figures' listing from the reference
     assert code == 0 and line.startswith("reproduced:") and "not compared" not in line, line
     att = f"artifacts/attention/{A}.h5"
@@ -245,8 +237,8 @@ def test_with_no_cache_or_remote_every_output_is_compared_from_the_reference(cle
     assert got[att]["detail"].startswith("mless/recv_all[0, 1]: positions ") and "prompt 1's 0.." in got[att]["detail"]
 
 
-def test_a_hand_edited_reference_is_one_line_and_its_rows_are_not_compared(clean, tmp_path):
-    repo = clean
+def test_a_hand_edited_reference_is_one_line_and_its_rows_are_not_compared(pipeline_copy, tmp_path):
+    repo = pipeline_copy
     branch = repo.git("rev-parse", "--abbrev-ref", "HEAD").stdout.strip()
     held = repo.path / "reference" / f"artifacts/likelihood/{A}.h5"
     repo.git("checkout", "-q", "-b", "edited-reference")
@@ -269,12 +261,12 @@ def test_a_hand_edited_reference_is_one_line_and_its_rows_are_not_compared(clean
     assert len(notes) == 1 and notes[0].startswith(f"note: reference/artifacts/likelihood/{A}.h5 at HEAD: md5 "), proc.stdout
 
 
-def test_a_page_drawn_by_moved_code_is_compared_by_what_it_prints(clean):
+def test_a_page_drawn_by_moved_code_is_compared_by_what_it_prints(pipeline_copy):
     """The report's code moved (its dep's md5 differs) while its inputs reproduced: the page reproduces when it
     prints the same, the module paths it names and the run records set aside; a printed result moved differs."""
     import re
 
-    repo = clean
+    repo = pipeline_copy
     lock = yaml.safe_load((repo.path / "dvc.lock").read_text())
     dep = next(d for d in lock["stages"]["report"]["deps"] if d["path"] == "meaningless_tokens/report")
     dep["md5"] = "0" * 32 + ".dir"  # the code differs from the revision's
