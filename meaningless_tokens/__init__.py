@@ -7,7 +7,7 @@ LAYERS lists its modules lowest first; a module imports only from its own layer 
 from pathlib import Path
 
 LAYERS = (
-    ("errors", "config", "progress", "intervals", "grading", "paired", "draws"),  # exceptions, params schema, plain helpers, counter-based draws
+    ("errors", "config", "progress", "tolerances", "noise", "intervals", "grading", "paired", "draws"),  # exceptions, params schema, float noise per kind and its bounds, plain helpers, counter-based draws
     ("store", "cli", "envlock", "runcache", "forkserver"),  # artifacts on disk, command line, environment, warm start
     ("capture", "hooks", "dataset", "prompts", "sampling", "models", "arm", "stage", "generations"),  # attention capture, hooks, the dataset, prompts, model sources, ARM, stage prelude, kept generations
     ("engines", "scoring"),  # generation and scoring

@@ -94,3 +94,8 @@ class VerifyError(Exception):
 
 class Differs(Exception):
     """The first difference beyond tolerance found in a file: where, and both values."""
+
+
+class Beyond(Differs):
+    """A value beyond its tolerance where the two files are otherwise alike (the same objects, keys, shapes and
+    dtypes; a page's text the same but for its numbers): beyond float noise, and judged by the conclusions."""

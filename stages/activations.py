@@ -15,6 +15,7 @@ from meaningless_tokens.dataset import dataset_spec, extraction_problems, put_pr
 from meaningless_tokens.errors import names_the_file
 from meaningless_tokens.measures.activations import MEASURES, SETS, Measured, measure
 from meaningless_tokens.stage import INDEXING, header, stage_context
+from meaningless_tokens.tolerances import NOISE
 from meaningless_tokens.store import put, put_json_attr, write_h5, write_prompt_timing
 
 # what the artifact's `definitions` attribute says, and `--help`: a constant, not the docstring, so that an edit of the
@@ -33,10 +34,15 @@ edits), and stores in
   hist_<set>[l, bin]        counts (int64) of a over the set's tokens x channels, pooled over samples, on
                             the fixed bins `/bin_edges` (activations.range, activations.bins)
   outside_<set>[l, 2]       counts below and above the range
+  hist_<set>_noise[l, bin], outside_<set>_noise[l, 2]   how far float noise can move each count: the values of
+                            a within their tolerance (meaningless_tokens/tolerances.py, `activation`) of the
+                            bin's edges, pooled as the counts are (meaningless_tokens/noise.py)
   <set>/<measure>[s, l]     per sample, over the set's tokens x channels (MEASURES below)
   <set>/<measure>_mean[l], <set>/<measure>_ci[2, l]      mean over samples, bootstrap 95 % interval
   <set>/<measure>_diff[l], _diff_ci[2, l], _diff_p[l]     (mless / mful) paired difference to none:
                             mean, bootstrap 95 % interval, two-sided Wilcoxon signed-rank p
+  <set>/<measure>_diff_p_noise[l]   how far float noise can move that p: the ranks that can swap when each
+                            difference moves within its tolerance (`activation`; meaningless_tokens/noise.py)
   lambda[s, l, h]           attention mass the after-span original queries keep on original keys
                             (1 for none), from the same forward pass; lambda_mean[l, h]
 
@@ -95,6 +101,8 @@ def write_artifact(out: Path, params: Params, name: str, m: Measured, data_sha: 
             for s in SETS:
                 put(g, f"hist_{s}", m.hist[c][s], shape="[layer, bin]")
                 put(g, f"outside_{s}", m.outside[c][s], shape="[layer, below/above]")
+                put(g, f"hist_{s}{NOISE}", m.hist_noise[c][s], shape="[layer, bin]")
+                put(g, f"outside_{s}{NOISE}", m.outside_noise[c][s], shape="[layer, below/above]")
                 gs = g.create_group(s)
                 for meas in MEASURES:
                     put(gs, meas, m.per[c][s][meas], shape="[sample, layer]")

@@ -70,6 +70,8 @@ Outputs:
 Paired statistics of each contrast c - none, for the OUTCOMES (solution: mean log-prob per token; answer: the
 answer's summed log-prob): mean difference with a seeded bootstrap 95 % interval, two-sided Wilcoxon
 signed-rank p, the share of problems that improved, and the same per MATH level and per subject.
+Beside each p and share, how far float noise can move it (`p_noise`, `improved_noise`: every difference moved
+within its tolerance, meaningless_tokens/noise.py): the bound `make verify` compares it with.
 
 An interrupted run restarts from the beginning (the outputs are written only at the end, atomically).
 """
@@ -84,6 +86,10 @@ def _put_stats(g, prefix: str, stats: list[dict]) -> None:
     put(g, f"{prefix}ci", np.array([s["ci"] for s in stats]), shape="[group, low/high]")
     put(g, f"{prefix}p", np.array([s["p"] for s in stats]), note="two-sided Wilcoxon signed-rank")
     put(g, f"{prefix}improved", np.array([s["improved"] for s in stats]), note="share of problems with diff > 0")
+    put(g, f"{prefix}p_noise", np.array([s["p_noise"] for s in stats]),
+        note="how far float noise can move p (meaningless_tokens/noise.py)")
+    put(g, f"{prefix}improved_noise", np.array([s["improved_noise"] for s in stats]),
+        note="how far float noise can move improved: the share of differences within their tolerance of zero")
 
 
 @names_the_file

@@ -143,6 +143,8 @@ def write_artifact(out: Path, params: Params, name: str, att: AttentionSweep, ac
                 put(g, "likelihood_delta", np.array([r["delta"] for r in rows_l]), note="vs count 0 (none), nats/token")
                 put(g, "likelihood_delta_ci", np.array([r["ci"] for r in rows_l]), shape="[count, low/high]")
                 put(g, "likelihood_p", np.array([r["p"] for r in rows_l]), note="Wilcoxon signed-rank vs count 0")
+                put(g, "likelihood_p_noise", np.array([r["p_noise"] for r in rows_l]),
+                    note="how far float noise can move likelihood_p (meaningless_tokens/noise.py)")
         if acc.correct:
             put(f, "correct_none", acc.correct["none"], note="count 0: the none prompt, per accuracy problem")
 

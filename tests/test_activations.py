@@ -12,6 +12,7 @@ from meaningless_tokens.errors import ConfigError
 from meaningless_tokens.dataset import dataset_spec, load_math500, select_problems
 from meaningless_tokens.prompts import builder_for
 from meaningless_tokens.store import read_h5
+from meaningless_tokens.tolerances import allowed
 from tests.test_extract import ARCHS, tiny_params
 
 
@@ -58,6 +59,7 @@ def test_stored_activations_equal_a_plain_forward_with_a_hook(arch, tiny_dirs, w
         np.testing.assert_array_equal(f["bin_edges"][()], edges)
         for c in params.prompt.conditions:
             hist = {s: np.zeros((2, cfg.bins), np.int64) for s in activations.SETS}
+            near = {s: np.zeros((2, cfg.bins + 1), np.int64) for s in activations.SETS}
             for k, problem in enumerate(chosen):
                 pr = builder.build(problem)[c]
                 with torch.no_grad():
@@ -74,12 +76,18 @@ def test_stored_activations_equal_a_plain_forward_with_a_hook(arch, tiny_dirs, w
                     for s, rows in (("original", pos), ("after_span", pos[insertion:])):
                         a_s, z_s = a[rows].numpy(), z[rows].numpy()
                         hist[s][li] += np.histogram(a_s, bins=edges)[0]
+                        # values within the activation tolerance of each edge (its own tolerance, at |edge| + r)
+                        r = allowed("activation", np.abs(edges) + allowed("activation", edges))
+                        near[s][li] += ((a_s.ravel()[:, None] >= edges - r) & (a_s.ravel()[:, None] <= edges + r)).sum(0)
                         for m, v in direct_measures(a_s, z_s, cfg.mad_c, cfg.eps).items():
                             np.testing.assert_allclose(f[c][s][m][k, li], v, rtol=1e-9, atol=1e-12, err_msg=m)
                     if k < cfg.showcase:
                         np.testing.assert_array_equal(f[f"showcase/{k:03d}/{c}/a"][li], a.numpy().astype(np.float16))
             for s in activations.SETS:
                 np.testing.assert_array_equal(f[c][f"hist_{s}"][()], hist[s])
+                # how far float noise can move each count: the values near the bin's two edges, or the range's end
+                np.testing.assert_array_equal(f[c][f"hist_{s}_noise"][()], near[s][:, :-1] + near[s][:, 1:])
+                np.testing.assert_array_equal(f[c][f"outside_{s}_noise"][()], near[s][:, [0, -1]])
             if c == "none":
                 np.testing.assert_allclose(f[c]["lambda"][()], 1.0, atol=1e-6)
             else:

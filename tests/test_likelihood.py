@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from meaningless_tokens import scoring
-from meaningless_tokens import arm, dataset, hooks, measures, models, paired, store
+from meaningless_tokens import arm, dataset, hooks, measures, models, noise, paired, store
 from stages import likelihood
 from meaningless_tokens.config import load_params
 from meaningless_tokens.dataset import dataset_spec, load_math500, select_problems
@@ -77,10 +77,13 @@ def test_stored_logprobs_equal_a_plain_forward_with_log_softmax(arch, tiny_dirs,
         assert f["contrasts/mless-none/solution/mean"][0] == pytest.approx(d.mean())
         assert f["contrasts/mless-none/answer/improved"][0] == np.mean(
             f["mless/answer/sum"][()] > f["none/answer/sum"][()])
+        # beside each p and share, how far float noise can move it: from the stored differences and loglik's tolerance
+        assert f["contrasts/mless-none/solution/p_noise"][0] == noise.wilcoxon(d, "loglik")
+        assert f["contrasts/mless-none/solution/improved_noise"][0] == noise.share(d, "loglik")
     metrics = json.loads((tmp_path / "metrics/likelihood/tiny.json").read_text())
     assert metrics["n_problems"] == 3 and set(metrics["contrasts"]) == {"mless-none", "mful-none"}
     rows = (tmp_path / "artifacts/plots/likelihood/tiny.csv").read_text().splitlines()
-    assert rows[0] == "contrast,continuation,label,delta,low,high,improved,n" and len(rows) == 5
+    assert rows[0] == "contrast,continuation,label,delta,low,high,improved,n,improved_noise" and len(rows) == 5
 
 
 def arm_decoding_logprobs(model, setup, settings, index: int, ids: list[int], prompt_len: int, start: int) -> np.ndarray:
@@ -150,8 +153,10 @@ def test_rerun_is_byte_identical_and_leaves_no_partial_file(tiny_dirs, write_par
 
 def test_paired_statistics_on_known_inputs():
     diff = np.array([0.5, -0.15, 0.3, 0.2, 0.4, -0.25, 0.6, 0.1])
-    s = paired.paired_stats(diff, seed=0, n_boot=4000)
+    s = paired.paired_stats(diff, seed=0, n_boot=4000, kind="loglik")
     assert s["mean"] == pytest.approx(0.2125) and s["improved"] == 0.75 and s["n"] == 8
+    # no two |d| within the loglik tolerances of each other, none within its tolerance of zero: float noise moves neither
+    assert s["p_noise"] == 0 and s["improved_noise"] == 0
     # the bootstrap: the same as resampling by hand with the same generator
     rng = np.random.default_rng(0)
     means = np.concatenate([diff[rng.integers(0, 8, size=(1000, 8))].mean(axis=1) for _ in range(4)])
@@ -161,7 +166,7 @@ def test_paired_statistics_on_known_inputs():
     # = 2 * P(W <= 6) = 2 * 14 / 256 (subsets of 1..8 summing to at most 6: 1 + 1 + 1 + 2 + 2 + 3 + 4)
     assert wilcoxon_p(diff) == pytest.approx(2 * 14 / 256)
     assert wilcoxon_p(np.zeros(5)) == 1.0
-    keys, stats = paired.groups([1, 2, 1, 2, 1, 2, 1, 2], diff, 0, 200)
+    keys, stats = paired.groups([1, 2, 1, 2, 1, 2, 1, 2], diff, 0, 200, "loglik")
     assert keys == [1, 2] and [s["n"] for s in stats] == [4, 4]
     assert stats[0]["mean"] == pytest.approx(np.mean(diff[::2])) and stats[1]["improved"] == 0.5
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from meaningless_tokens import arm, hooks, models, progress
+from meaningless_tokens import arm, hooks, models, noise, progress
 from meaningless_tokens.capture import capturing, prompt_inputs
 from meaningless_tokens.config import Params
 from meaningless_tokens.errors import BadParam, ConfigError, StopForward
@@ -23,7 +23,9 @@ from meaningless_tokens.prompts import PromptBuilder, builder_for
 # How `make verify` compares this measure's outputs (meaningless_tokens/verify/kinds.py assembles KINDS from every
 # measure's): (artifact kind of store.PATHS, key glob, kind of quantity of verify's TOLERANCES), first match wins
 QUANTITIES = (
-    ("activations", "*/hist_*", "histogram"),
+    ("activations", "*/hist_*", "count"),
+    ("activations", "*/outside_*", "count"),
+    ("activations", "*_diff_p", "rank-p"),
     ("activations", "*", "activation"),
 )
 
@@ -96,9 +98,11 @@ def _merge(descending: np.ndarray, ascending: np.ndarray) -> np.ndarray:
     return np.sort(np.concatenate([descending[::-1], ascending]), kind="stable")
 
 
-def measures(a: np.ndarray, z: np.ndarray, mad_c: float, eps: float, edges: np.ndarray) -> tuple[dict, np.ndarray]:
-    """MEASURES of one sample's a and z ([tokens, channels], float32), and the histogram of a on `edges`
-    with the counts below and above them: [below, bin counts..., above].
+def measures(a: np.ndarray, z: np.ndarray, mad_c: float, eps: float, edges: np.ndarray
+             ) -> tuple[dict, np.ndarray, np.ndarray]:
+    """MEASURES of one sample's a and z ([tokens, channels], float32), the histogram of a on `edges`
+    with the counts below and above them: [below, bin counts..., above], and per edge how many values of a lie
+    within their tolerance of it (noise.near: a count moves by at most those at its edges on other float kernels).
 
     One sort of a serves the histogram (as np.histogram counts: bins closed on the left, the last one on
     both sides), the median and MAD of |a| and the Gini coefficient."""
@@ -115,6 +119,7 @@ def measures(a: np.ndarray, z: np.ndarray, mad_c: float, eps: float, edges: np.n
     at = np.searchsorted(signed, edges)
     at[-1] = np.searchsorted(signed, edges[-1], side="right")
     counts = np.concatenate([[at[0]], np.diff(at), [n - at[-1]]])
+    at_edges = noise.near(signed, edges, "activation", ordered=True)
     zz = z.astype(np.float64)
     return {
         "near_zero_robust": np.searchsorted(absolute, np.float32(robust)) / n,
@@ -124,7 +129,7 @@ def measures(a: np.ndarray, z: np.ndarray, mad_c: float, eps: float, edges: np.n
         "gini": float(2 * np.dot(np.arange(1, n + 1, dtype=np.float64), x) / (n * total) - (n + 1) / n)
         if total > 0 else 0.0,
         "z_var": float(zz.var(axis=1).mean()),
-    }, counts
+    }, counts, at_edges
 
 
 def summarize(per: dict, conditions: list[str], seed: int, n_boot: int) -> dict:
@@ -143,6 +148,8 @@ def summarize(per: dict, conditions: list[str], seed: int, n_boot: int) -> dict:
                     out[(c, s, f"{m}_diff")] = diff.mean(axis=0)
                     out[(c, s, f"{m}_diff_ci")] = np.stack([lo, hi])
                     out[(c, s, f"{m}_diff_p")] = np.array([wilcoxon_p(diff[:, k]) for k in range(diff.shape[1])])
+                    out[(c, s, f"{m}_diff_p{noise.NOISE}")] = np.array([noise.wilcoxon(diff[:, k], "activation")
+                                                                        for k in range(diff.shape[1])])
     return out
 
 
@@ -158,6 +165,8 @@ class Measured:
     per: dict                    # condition -> set -> measure -> [sample, layer]
     hist: dict                   # condition -> set -> [layer, bin]
     outside: dict                # condition -> set -> [layer, below/above]
+    hist_noise: dict             # condition -> set -> [layer, bin]: values within their tolerance of the bin's edges
+    outside_noise: dict          # condition -> set -> [layer, below/above]: of the range's first and last edge
     lam: dict                    # condition -> [sample: [layer, head]]
     summary: dict                # `summarize`
     showcase: dict               # (problem k, condition) -> (a, z) [layer, token, channel]
@@ -198,6 +207,8 @@ def _measure(params: Params, setup: models.ModelSetup, chosen: list, model, toke
     per = {c: {s: {m: [] for m in MEASURES} for s in SETS} for c in conditions}
     hist = {c: {s: np.zeros((len(layers), cfg.bins), np.int64) for s in SETS} for c in conditions}
     outside = {c: {s: np.zeros((len(layers), 2), np.int64) for s in SETS} for c in conditions}
+    hist_noise = {c: {s: np.zeros((len(layers), cfg.bins), np.int64) for s in SETS} for c in conditions}
+    outside_noise = {c: {s: np.zeros((len(layers), 2), np.int64) for s in SETS} for c in conditions}
     lam = {c: [] for c in conditions}
     showcase = {}
     started = time.perf_counter()
@@ -213,10 +224,12 @@ def _measure(params: Params, setup: models.ModelSetup, chosen: list, model, toke
             for s, r in rows.items():
                 values = []
                 for li, layer in enumerate(layers):
-                    v, counts = measures(a[layer][r], z[layer][r], cfg.mad_c, cfg.eps, edges)
+                    v, counts, at_edges = measures(a[layer][r], z[layer][r], cfg.mad_c, cfg.eps, edges)
                     values.append(v)
                     hist[c][s][li] += counts[1:-1]
                     outside[c][s][li] += counts[[0, -1]]
+                    hist_noise[c][s][li] += at_edges[:-1] + at_edges[1:]
+                    outside_noise[c][s][li] += at_edges[[0, -1]]
                 for m in MEASURES:
                     per[c][s][m].append([v[m] for v in values])
             if k < cfg.showcase:
@@ -224,6 +237,7 @@ def _measure(params: Params, setup: models.ModelSetup, chosen: list, model, toke
     seconds = time.perf_counter() - started
     per = {c: {s: {m: np.array(v, dtype=np.float64) for m, v in ms.items()} for s, ms in sets.items()}
            for c, sets in per.items()}  # [sample, layer]
-    return Measured(chosen, layers, conditions, builder, arm_settings, mlps[0], edges, per, hist, outside, lam,
+    return Measured(chosen, layers, conditions, builder, arm_settings, mlps[0], edges, per, hist, outside, hist_noise,
+                    outside_noise, lam,
                     summarize(per, conditions, cfg.seed, cfg.n_boot), showcase, seconds,
                     setup.prepared.manifest())

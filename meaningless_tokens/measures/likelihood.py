@@ -25,6 +25,11 @@ from meaningless_tokens.scoring import Seq, TeacherForcedArm, check_head
 # How `make verify` compares this measure's outputs (meaningless_tokens/verify/kinds.py assembles KINDS from every
 # measure's): (artifact kind of store.PATHS, key glob, kind of quantity of verify's TOLERANCES), first match wins
 QUANTITIES = (
+    ("likelihood", "contrasts/*p", "rank-p"),  # p, level_p, subject_p: Wilcoxon signed-rank
+    ("likelihood", "contrasts/*improved", "count"),  # shares of problems with a difference above zero
+    ("metrics/likelihood", "*.wilcoxon_p", "rank-p"),
+    ("metrics/likelihood", "*.improved", "count"),
+    ("plots/likelihood", "improved", "count"),
     ("likelihood", "arm/*", "loglik-arm"),
     ("likelihood", "contrasts/arm-*", "loglik-arm"),
     ("likelihood", "*", "loglik"),
@@ -32,6 +37,10 @@ QUANTITIES = (
     ("metrics/likelihood", "*", "loglik"),
     ("likelihood_links", "*", "loglik"),  # correlations and intervals of likelihood gains
 )
+
+# the kind QUANTITIES gives a contrast's paired differences (contrasts/<c>-none/*/diff): how far float noise moves
+# them, from which their Wilcoxon p's and improved shares' noise follows
+DIFF_KINDS = {"arm": "loglik-arm", "other": "loglik"}
 
 CONTINUATIONS = ("solution", "answer")
 # what each continuation's contrasts compare: the solution's mean log-prob per token (nats/token), the
@@ -74,9 +83,10 @@ def summarize(per: dict, conditions: list[str], chosen: list[Problem], seed: int
         for k in CONTINUATIONS:
             m = OUTCOMES[k]
             diff = per[(c, k)][m] - per[("none", k)][m]
-            out[(f"{c}-none", k)] = {"diff": diff, "all": paired_stats(diff, seed, n_boot),
-                                     "level": groups(levels, diff, seed, n_boot),
-                                     "subject": groups(subjects, diff, seed, n_boot)}
+            kind = DIFF_KINDS["arm" if c == "arm" else "other"]
+            out[(f"{c}-none", k)] = {"diff": diff, "all": paired_stats(diff, seed, n_boot, kind),
+                                     "level": groups(levels, diff, seed, n_boot, kind),
+                                     "subject": groups(subjects, diff, seed, n_boot, kind)}
     return out
 
 
@@ -144,7 +154,8 @@ def metrics_summary(per: dict, summary: dict, conditions: list[str], n: int) -> 
         a = res["all"]
         out["contrasts"].setdefault(contrast, {})[k] = {
             "delta": r(a["mean"]), "ci95": [r(x) for x in a["ci"]], "ci95_width": r(a["ci"][1] - a["ci"][0]),
-            "wilcoxon_p": r(a["p"]), "improved": r(a["improved"])}
+            "wilcoxon_p": r(a["p"]), "wilcoxon_p_noise": r(a["p_noise"]), "improved": r(a["improved"]),
+            "improved_noise": r(a["improved_noise"])}
     return out
 
 
@@ -154,5 +165,5 @@ def table(summary: dict) -> tuple[list[str], list[list]]:
     for (contrast, k), res in summary.items():
         a = res["all"]
         rows.append([contrast, k, f"{contrast} / {k} ({UNITS[k]})", f"{a['mean']:.6g}", f"{a['ci'][0]:.6g}",
-                     f"{a['ci'][1]:.6g}", f"{a['improved']:.6g}", a["n"]])
-    return ["contrast", "continuation", "label", "delta", "low", "high", "improved", "n"], rows
+                     f"{a['ci'][1]:.6g}", f"{a['improved']:.6g}", a["n"], f"{a['improved_noise']:.6g}"])
+    return ["contrast", "continuation", "label", "delta", "low", "high", "improved", "n", "improved_noise"], rows

@@ -15,7 +15,7 @@ from typing import Callable
 
 import numpy as np
 
-from meaningless_tokens import arm, generations, models, progress, scoring
+from meaningless_tokens import arm, generations, models, noise, progress, scoring
 from meaningless_tokens.measures.extract import QUERY_VECTOR, reduce, sample_stats
 from meaningless_tokens.capture import attention, compare
 from meaningless_tokens.config import Params, Prompt, Stats, Sweep
@@ -29,6 +29,7 @@ from meaningless_tokens.prompts import PromptBuilder, check_context
 # How `make verify` compares this measure's outputs (meaningless_tokens/verify/kinds.py assembles KINDS from every
 # measure's): (artifact kind of store.PATHS, key glob, kind of quantity of verify's TOLERANCES), first match wins
 QUANTITIES = (
+    ("sweep", "*likelihood_p", "rank-p"),  # Wilcoxon signed-rank vs count 0
     ("sweep", "*likelihood*", "loglik"),
     ("metrics/sweep", "*_pct*", "percent"),
     ("metrics/sweep", "*", "attention"),  # span mass and lambda (fractions)
@@ -315,7 +316,8 @@ def measure_likelihood(params: Params, whole: models.ModelSetup, problems) -> Li
         for c in cfg.counts:
             d = mean[(t, c)] - mean["none"]
             lo, hi = bootstrap_mean_ci(d, cfg.seed, n_boot=cfg.n_boot)
-            rows[(t, c)] = {"delta": float(d.mean()), "ci": (float(lo), float(hi)), "p": wilcoxon_p(d)}
+            rows[(t, c)] = {"delta": float(d.mean()), "ci": (float(lo), float(hi)), "p": wilcoxon_p(d),
+                            "p_noise": noise.wilcoxon(d, "loglik")}  # QUANTITIES' kind of the likelihoods
     return LikelihoodSweep(chosen, mean, rows)
 
 

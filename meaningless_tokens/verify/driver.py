@@ -13,9 +13,11 @@ REV's outputs are read through DVC (`dvc.api.DVCFileSystem`): git-tracked metric
 the DVC cache or the default remote, and where neither holds them, from the revision's reference (`reference/`, in
 git: meaningless_tokens/verify/reference.py), whose rows say so. What none of them holds is "not compared", never
 taken as equal. The answer is
-one row per output and a verdict line; exit status 0 when everything was compared and reproduced, 1 when an
-output differs or is missing, 3 when nothing differs but some outputs could not be compared. The tolerances,
-and the measured differences they rest on: docs/sharing.md#reproduced-or-not-make-verify.
+one row per output (identical, within tolerance, beyond tolerance: values moved in a file otherwise alike, differs:
+in structure), the conclusions judged apart (verify/conclusions.py) and a final line; its exit status is EXIT's:
+0 reproduced, 4 reproduced in its conclusions (values beyond float noise, every conclusion equal), 1 not reproduced,
+3 not verified (outputs not compared), 2 an error. The tolerances, and the measured differences they rest on:
+docs/sharing.md#reproduced-or-not-make-verify.
 """
 
 from __future__ import annotations
@@ -29,15 +31,19 @@ from pathlib import Path
 
 from meaningless_tokens import store
 from meaningless_tokens.config import yaml12
-from meaningless_tokens.errors import ArtifactError, ConfigError, Differs, VerifyError
+from meaningless_tokens.errors import ArtifactError, Beyond, ConfigError, Differs, VerifyError
 from meaningless_tokens.progress import bar
 from meaningless_tokens.verify.compare import Largest, changed_keys, compare_file
+from meaningless_tokens.verify.conclusions import Conclusions, judge
 from meaningless_tokens.verify.kinds import is_run_record
 from meaningless_tokens.verify.pages import compare_page
 from meaningless_tokens.verify.reference import DRAWN, FOLDER, RevisionReference, compare_held, md5_file
 
-IDENTICAL, WITHIN, DIFFERS, MISSING, NOT_COMPARED, RUN_RECORD = (
-    "identical", "within tolerance", "differs", "missing", "not compared", "run record")
+IDENTICAL, WITHIN, BEYOND, DIFFERS, MISSING, NOT_COMPARED, RUN_RECORD = (
+    "identical", "within tolerance", "beyond tolerance", "differs", "missing", "not compared", "run record")
+# the exit status of each answer (docs/sharing.md#reproduced-or-not-make-verify)
+EXIT = {"reproduced": 0, "not reproduced": 1, "error": 2, "not verified": 3, "reproduced in its conclusions": 4,
+        "interrupted": 130}
 
 
 # ---- the pipeline's outputs on both sides -------------------------------------------------------------
@@ -67,10 +73,13 @@ def _covers(dep: str, out: str) -> bool:
 
 
 class Verifier:
-    def __init__(self, root: Path, rev: str):
+    def __init__(self, root: Path, rev: str, here: Path | None = None):
+        """The workspace `root`'s outputs against revision `rev`'s; `here`: read the workspace's files from another
+        copy of the project (a calibration's variant), its dvc.lock still `root`'s."""
         from dvc.api import DVCFileSystem
 
         self.root, self.rev = root, rev
+        self.here = here or root
         self.sha = self._resolve(rev)
         self.fs = DVCFileSystem(str(root), rev=self.sha)
         try:
@@ -158,7 +167,7 @@ class Verifier:
     # -- one output
 
     def check(self, out: Output, results: dict[str, Output]) -> None:
-        here = self.root / out.path
+        here = self.here / out.path
         if is_run_record(out.path):
             out.status, out.detail = RUN_RECORD, "wall times and the machine; not a result"
             return
@@ -179,7 +188,7 @@ class Verifier:
                 out.status, out.detail = NOT_COMPARED, f"its listing is in no cache or remote ({type(e).__name__}); {why}"
                 return
             out.via = "reference"
-        mine = ({str(p.relative_to(self.root)): p for p in sorted(here.rglob("*")) if p.is_file()}
+        mine = ({str(p.relative_to(self.here)): p for p in sorted(here.rglob("*")) if p.is_file()}
                 if here.is_dir() else {out.path: here})
         gone = sorted(set(theirs) - set(mine))
         if gone:
@@ -213,20 +222,33 @@ class Verifier:
                         out.status, out.detail = NOT_COMPARED, f"{p}: in no cache or remote ({type(e).__name__}); {why}"
                         return
                     out.via = "reference"
-                    compare_held(p, mine[p], held, largest)
+                    try:
+                        compare_held(p, mine[p], held, largest)
+                    except Beyond:  # kept in `largest`; the output's other files are compared too
+                        pass
                     continue
-                compare_file(p, mine[p], theirs_path, largest)
+                try:
+                    compare_file(p, mine[p], theirs_path, largest)
+                except Beyond:
+                    pass
         except Differs as e:
             out.status, out.detail = DIFFERS, str(e)
             return
         except ArtifactError as e:  # a reduction the reference holds that this code cannot read
             out.status, out.detail = NOT_COMPARED, str(e)
             return
+        inherited = ""  # a figure or the reference drawn from outputs beyond tolerance: judged by what it draws from
         if drawn:
             status, why, code = self.drawn_from(out, results)
-            if status == WITHIN and code and not describes:
-                # drawn by other code from the same inputs: a page is compared by what it prints
+            if status not in (WITHIN, BEYOND):
+                out.status, out.detail = status, f"{drawn[0]}: {why}"
+                return
+            if not describes and (code or status == BEYOND):
+                # drawn by other code, or from values beyond tolerance: a page is compared by what it prints
                 for p in drawn:
+                    if status == BEYOND and not code and Path(p).suffix not in (".md", ".html"):
+                        inherited = inherited or f"{p}: {why}"
+                        continue
                     try:
                         theirs_path = self.fetch(p)
                     except Exception as e:  # noqa: BLE001 - not in the cache, not on the remote, remote unreachable
@@ -236,18 +258,30 @@ class Verifier:
                         return
                     try:
                         compare_page(p, mine[p], theirs_path, largest)
+                    except Beyond as e:  # kept in `largest`; from inputs within tolerance it prints the same, or differs
+                        if status != BEYOND:
+                            out.status, out.detail = DIFFERS, f"{e}; drawn by other code ({code})"
+                            return
                     except Differs as e:
-                        out.status, out.detail = DIFFERS, f"{e}; drawn by other code ({code})"
+                        out.status, out.detail = DIFFERS, f"{e}; drawn by other code ({code})" if code else f"{e}; {why}"
                         return
-                why = f"drawn by other code ({code}) from the same inputs; compared as text, the code's names and run records set aside"
-            if status != WITHIN:
-                out.status, out.detail = status, f"{drawn[0]}: {why}"
-                return
-            if largest.share < 0:
+                why = (f"drawn by other code ({code}) from the same inputs; compared as text, the code's names and run "
+                       "records set aside" if code else f"{why}; compared as text, the run records set aside")
+            elif status == BEYOND:
+                inherited = f"{drawn[0]}: {why}"
+            if not largest.beyond and not inherited and largest.share < 0:
                 out.status, out.detail = WITHIN, f"{len(drawn)} drawn file(s) differ in bytes; {why}"
+                out.detail += _added(largest)
                 return
+        out.largest = largest
+        if largest.beyond or inherited:
+            out.status = BEYOND
+            out.detail = (f"{largest.n_beyond} value(s) beyond tolerance, the first: {largest.beyond[0]}"
+                          if largest.beyond else inherited) + _added(largest)
+            return
         out.status, out.largest = WITHIN, largest if largest.share >= 0 else None
         out.detail = f"largest: {largest.text}" if largest.share >= 0 else "values and attributes equal; only the bytes differ (provenance keys, wall times or layout)"
+        out.detail += _added(largest)
 
     def drawn_from(self, out: Output, results: dict[str, Output]) -> tuple[str, str, str]:
         """Whether a figure or page counts as reproduced: (status, why, the first of its stage's code inputs that
@@ -274,9 +308,27 @@ class Verifier:
                 return DIFFERS, f"drawn from {r.path}, which {r.status.replace('missing', 'is missing')}", code
             if r.status == NOT_COMPARED:
                 return NOT_COMPARED, f"drawn from {r.path}, which was not compared", code
+        beyond = next((r for r in read if r.status == BEYOND), None)
+        if beyond is not None:
+            return BEYOND, f"drawn from {beyond.path}, which is beyond tolerance", code
         if code and out.path == FOLDER:
             return WITHIN, f"describes outputs that are identical or within tolerance (its code differs: {code})", code
         return WITHIN, "drawn from outputs that are identical or within tolerance, same code and params", code
+
+    def conclusions(self) -> Conclusions:
+        """The workspace's verdict file against the revision's (verify/conclusions.py)."""
+        path = store.path("verdict").as_posix()
+        try:
+            here = json.loads((self.root / path).read_text())
+        except (OSError, ValueError) as e:
+            return Conclusions(problem=f"{path}: cannot read it here ({type(e).__name__}): the conclusions cannot be "
+                                       "judged; the numbers alone are")
+        try:
+            theirs = json.loads(self.fs.read_text(path))
+        except Exception as e:  # noqa: BLE001 - not at that revision, or not JSON
+            return Conclusions(problem=f"{self.rev}:{path}: cannot read it ({type(e).__name__}): the conclusions cannot "
+                                       "be judged; the numbers alone are")
+        return judge(here, theirs, path)
 
     def run_facts(self, out: Output) -> tuple[dict, dict] | None:
         """Both sides' run facts from the stage's sidecar (metrics/timing/<stage>-<model>.json)."""
@@ -313,6 +365,19 @@ class Verifier:
 # ---- the answer -----------------------------------------------------------------------------------------
 
 
+def _added(largest: Largest) -> str:
+    """What only the workspace has, for a row's detail."""
+    if not largest.added:
+        return ""
+    more = f" and {len(largest.added) - 1} more" if len(largest.added) > 1 else ""
+    return f"; added here: {largest.added[0]}{more}"
+
+
+def _name(text: str) -> str:
+    """The value a difference's text names: its file and key (`file: key[index]`)."""
+    return ": ".join(text.split(": ")[:2])
+
+
 def shown(r: Output) -> str:
     """The status as the table prints it: compared from the reference says so."""
     return f"{r.status} ({r.via})" if r.via and r.status in (IDENTICAL, WITHIN, DIFFERS) else r.status
@@ -326,19 +391,51 @@ def table(rows: list[Output]) -> str:
     return "\n".join(lines)
 
 
-def verdict(rows: list[Output]) -> tuple[str, int]:
-    count = {s: sum(r.status == s for r in rows) for s in (IDENTICAL, WITHIN, DIFFERS, MISSING, NOT_COMPARED, RUN_RECORD)}
-    if count[DIFFERS] or count[MISSING]:
-        word, code = "not reproduced", 1
-    elif count[NOT_COMPARED]:
-        word, code = "not verified", 3
-    else:
-        word, code = "reproduced", 0
-    parts = [f"{len(rows)} outputs", f"{count[IDENTICAL]} identical", f"{count[WITHIN]} within tolerance",
-             f"{count[DIFFERS]} differ"]
+def numbers(rows: list[Output]) -> str:
+    """The numbers' answer: how many outputs are identical, within tolerance, beyond it, differ."""
+    count = {s: sum(r.status == s for r in rows) for s in (IDENTICAL, WITHIN, BEYOND, DIFFERS, MISSING, NOT_COMPARED,
+                                                            RUN_RECORD)}
+    parts = [f"{len(rows)} outputs", f"{count[IDENTICAL]} identical", f"{count[WITHIN]} within tolerance"]
+    parts += [f"{count[BEYOND]} beyond tolerance"] if count[BEYOND] else []
+    parts.append(f"{count[DIFFERS]} differ")
     parts += [f"{count[s]} {s}" for s in (MISSING, NOT_COMPARED) if count[s]]
     parts.append(f"{count[RUN_RECORD]} run records")
-    return f"{word}: {', '.join(parts)}", code
+    return ", ".join(parts)
+
+
+def verdict(rows: list[Output], conclusions: Conclusions | None = None) -> tuple[str, int]:
+    """The final line and the exit status (EXIT): `reproduced` when every number is within tolerance and every
+    conclusion equal; `reproduced in its conclusions` when values moved beyond tolerance, the files otherwise alike,
+    and every conclusion is equal; `not reproduced` when an output differs in structure or is missing, a conclusion
+    moved, or values moved and the conclusions could not be judged; `not verified` when outputs were not compared."""
+    conclusions = conclusions or Conclusions(problem="the conclusions were not judged")
+    count = {s: sum(r.status == s for r in rows) for s in (BEYOND, DIFFERS, MISSING, NOT_COMPARED)}
+    line = numbers(rows)
+    if count[DIFFERS] or count[MISSING] or conclusions.moved:
+        why = f"; a conclusion moved: {conclusions.moved[0]}" if conclusions.moved else ""
+        more = f" (and {len(conclusions.moved) - 1} more)" if len(conclusions.moved) > 1 else ""
+        return f"not reproduced: {line}{why}{more}", EXIT["not reproduced"]
+    if count[BEYOND] and conclusions.problem:
+        return f"not reproduced: {line}; {conclusions.problem}", EXIT["not reproduced"]
+    if count[NOT_COMPARED]:
+        return f"not verified: {line}", EXIT["not verified"]
+    if count[BEYOND]:
+        values = [v for r in rows if r.status == BEYOND and r.largest and r.largest.beyond for v in r.largest.beyond[:1]]
+        n = sum(r.largest.n_beyond for r in rows if r.status == BEYOND and r.largest)
+        named = "; ".join(_name(v) for v in values[:6]) + (f"; and {len(values) - 6} more outputs" if len(values) > 6 else "")
+        return (f"reproduced in its conclusions: {n} value(s) beyond float noise ({named}), every conclusion equal, "
+                f"largest move {conclusions.largest:.2g} SE ({conclusions.where or 'no estimate moved'}); {line}",
+                EXIT["reproduced in its conclusions"])
+    return f"reproduced: {line}", EXIT["reproduced"]
+
+
+def conclusions_line(c: Conclusions) -> str:
+    if c.problem:
+        return f"conclusions: not judged: {c.problem}"
+    if c.moved:
+        return f"conclusions: {len(c.moved)} moved: " + "; ".join(c.moved[:3]) + (" ..." if len(c.moved) > 3 else "")
+    return (f"conclusions: every verdict word, sign, Holm decision and pooled decision equal; the largest move of an "
+            f"estimate {c.largest:.2g} standard errors ({c.where or 'none moved'}; at most 0.1)")
 
 
 def project_root() -> Path:
@@ -361,21 +458,27 @@ def main(argv: list[str] | None = None) -> int:
         v = Verifier(project_root(), args.rev)
         try:
             rows = v.run()
+            judged = v.conclusions()
         finally:
             v.tmp.cleanup()
     except VerifyError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return EXIT["error"]
     except KeyboardInterrupt:
-        return 130
-    line, code = verdict(rows)
+        return EXIT["interrupted"]
+    line, code = verdict(rows, judged)
     notes = v.notes()
     if args.json:
         print(json.dumps({"rev": args.rev, "commit": v.sha, "verdict": line, "notes": notes,
+                          "conclusions": {"equal": judged.equal, "moved": judged.moved, "problem": judged.problem or None,
+                                          "largest_move_se": judged.largest, "where": judged.where or None},
                           "outputs": [{"path": r.path, "status": r.status, "via": r.via or None, "detail": r.detail,
                                        "largest_share_of_tolerance": r.largest.share if r.largest else None,
                                        "largest_by_kind": ({k: share for k, (share, _) in sorted(r.largest.by_kind.items())}
-                                                           if r.largest else {})}
+                                                           if r.largest else {}),
+                                       "beyond_by_kind": ({k: share for k, (share, _) in sorted(r.largest.beyond_by_kind.items())}
+                                                          if r.largest else {}),
+                                       "values_beyond": r.largest.n_beyond if r.largest else 0}
                                       for r in rows]}, indent=2))
         return code
     for note in notes:
@@ -383,7 +486,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table(rows))
     facts = []
     for r in rows:
-        if r.status in (WITHIN, DIFFERS):
+        if r.status in (WITHIN, BEYOND, DIFFERS):
             got = v.run_facts(r)
             if got:
                 facts.append(f"  {r.stage}: " + "; ".join(
@@ -392,10 +495,11 @@ def main(argv: list[str] | None = None) -> int:
     if facts:
         print(f"\nRun facts of the stages whose outputs are not identical (workspace vs {args.rev}):")
         print("\n".join(dict.fromkeys(facts)))
-    within = [r for r in rows if r.status == WITHIN and r.largest]
+    within = [r for r in rows if r.status in (WITHIN, BEYOND) and r.largest and r.largest.share >= 0]
     if within:
         top = max(within, key=lambda r: r.largest.share)
         print(f"\nLargest difference within tolerance ({top.largest.share:.0%} of its tolerance): {top.largest.text}")
+    print(f"\n{conclusions_line(judged)}")
     print(f"\n{line}")
     return code
 

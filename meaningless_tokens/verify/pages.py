@@ -12,10 +12,10 @@ from pathlib import Path
 
 import numpy as np
 
-from meaningless_tokens.errors import Differs
+from meaningless_tokens.errors import Beyond, Differs
 from meaningless_tokens.verify.compare import (Largest, code_names_aside, compare_arrays, compare_printed,
                                                first_difference, is_run_key)
-from meaningless_tokens.verify.kinds import is_run_record, kind_of
+from meaningless_tokens.verify.kinds import PRINTED, is_run_record, kind_of
 
 RUN = "<run>"
 # A number of report.html (results/trace.Num): its file, key, reduction, scale and value, then its printed text
@@ -37,11 +37,13 @@ def compare_page(file: str, path_a: Path, path_b: Path, largest: Largest) -> Non
     """A page (Markdown or HTML) drawn by other code than the revision's, from inputs that reproduced: its text
     equal line by line once what names the code (code_names_aside) and what records the run (RUN) are set aside,
     each printed number within one unit of its last digit (compare_printed), and each number report.html tags
-    with its file and key within its kind's tolerance; raises Differs. A figure has no reader of values: its
+    with its file and key within its kind's tolerance; raises Differs for other words, keeps a number beyond its
+    tolerance in `largest`. A figure has no reader of values: its
     bytes must be equal."""
     if Path(file).suffix not in (".md", ".html"):
         raise Differs(f"{file}: drawn by other code than the revision's, and its bytes differ (no reader of "
                       f"values for '{Path(file).suffix}')")
+    since = len(largest.beyond)
     nums_a, text_a = _page(path_a.read_text(encoding="utf-8", errors="replace"))
     nums_b, text_b = _page(path_b.read_text(encoding="utf-8", errors="replace"))
     lines_a, lines_b = text_a.splitlines(), text_b.splitlines()
@@ -52,6 +54,8 @@ def compare_page(file: str, path_a: Path, path_b: Path, largest: Largest) -> Non
         if x != y:
             try:
                 compare_printed(f"{file}: line {i}", x, y)
+            except Beyond as e:  # the same words, a number beyond one unit of its last digit: a value
+                largest.beyond_tolerance(str(e), 1, PRINTED)
             except Differs:
                 raise Differs(f"{file}: line {i}: {first_difference(x, y)} (the code's names and the run records "
                               "set aside)") from None
@@ -63,6 +67,7 @@ def compare_page(file: str, path_a: Path, path_b: Path, largest: Largest) -> Non
                           "in the revision")
         kind = "exact" if op.startswith("arg") else kind_of(src, key.partition("[")[0])
         compare_arrays(f"{file}: {src}: {key}", np.float64(a), np.float64(b), kind, largest)
+    largest.raise_beyond(since)
 
 
 def _page(text: str) -> tuple[list[tuple[str, str, str, float]], str]:

@@ -268,9 +268,13 @@ def compare_reduced(file: str, name: str, here, held, largest: Largest) -> bool:
         if offsets is not None:  # one prompt's positions: say which prompt, and where in it
             p = int(np.searchsorted(offsets, starts[b], side="right")) - 1
             span += f" (prompt {p}'s {starts[b] - offsets[p]}..{end - 1 - offsets[p]})"
-        raise Differs(f"{where}{list(map(int, row)) if row else ''}: {span}: their "
-                      f"{what} {got[which, r, b]:.6g} here, {kept[which, r, b]:.6g} in the reference (allowed "
-                      f"{allowed[which, r, b] + grid[which, 0, 0] / 2:.2g}; {kind}, compared by blocks)")
+        with np.errstate(divide="ignore", invalid="ignore"):
+            worst = float(np.max(np.where(bad, (off - grid / 2) / allowed, 0)))
+        largest.beyond_tolerance(f"{where}{list(map(int, row)) if row else ''}: {span}: their "
+                                 f"{what} {got[which, r, b]:.6g} here, {kept[which, r, b]:.6g} in the reference (allowed "
+                                 f"{allowed[which, r, b] + grid[which, 0, 0] / 2:.2g}; {kind}, compared by blocks)",
+                                 int(bad.sum()), kind, worst)
+        return True
     # what moved beyond the grid's uncertainty, as a share of what the elements' tolerances allow
     beyond = np.maximum(off - grid / 2, 0)
     if beyond.size and beyond.max() > 0:
