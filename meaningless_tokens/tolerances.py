@@ -24,12 +24,14 @@ class Tolerance:
 # (docs/sharing.md#tolerances-and-their-basis).
 TOLERANCES = {
     "exact": Tolerance(0.0, 0.0, "counts, token ids, indices, grades and accuracies, generated text, any non-float"),
-    # rtol measured AVX2 against AVX-512 (docs/sharing.md): a weight of 0.486 moved by 9.3e-06, 93 % of atol alone
-    "attention": Tolerance(1e-5, 5e-5, "attention weights and what is averaged from them: means, drops, span mass, "
+    # measured on another vendor's CPU (docs/calibration.md): a block of 32 span weights of qwen2.5-coder-1.5b moved by
+    # 1.1e-03 in sum, 4.65x the tolerance of 1e-5 + 5e-5 x |w| it then had: 10x that, a margin of 2.1
+    "attention": Tolerance(1e-4, 5e-4, "attention weights and what is averaged from them: means, drops, span mass, "
                                        "lambda, their intervals (fractions, 0..1)"),
-    "percent": Tolerance(1e-3, 0.0, "the same measures in percent (`*_pct`)"),
-    # measured AVX2 against AVX-512 (docs/sharing.md): float32 sums of hundreds of weights move by 5.5e-05
-    "attention-received": Tolerance(2e-4, 0.0, "the attention each position receives, summed over the queries "
+    # measured on another vendor's CPU (docs/calibration.md): an interval's end moved by 1.4e-03, 1.42x 1e-3: 3x that
+    "percent": Tolerance(3e-3, 0.0, "the same measures in percent (`*_pct`)"),
+    # measured on another vendor's CPU (docs/calibration.md): a block of recv sums used 95 % of 2e-4: 2x that
+    "attention-received": Tolerance(4e-4, 0.0, "the attention each position receives, summed over the queries "
                                                "(`recv_*`: up to a few hundred)"),
     "activation": Tolerance(1e-3, 5e-3, "layer 0's MLP activations (float16) and the measures and intervals "
                                         "computed from them"),
@@ -52,10 +54,10 @@ TOLERANCES = {
     "residual": Tolerance(1e-3, 0.0, "a numerical check's residual recorded in provenance (the likelihood's "
                                      "`head_check_max_abs_diff`, which the stage requires below 1e-3)"),
     # the verdict's derived statistics (metrics/verdict.json): each from the tolerance t of the cells it reads
-    "points": Tolerance(2e-3, 0.0, "the difference of two `percent` values in percentage points: the verdict's span "
+    "points": Tolerance(6e-3, 0.0, "the difference of two `percent` values in percentage points: the verdict's span "
                                    "growth (d)"),
-    "pooled-points": Tolerance(5e-3, 0.0, "pooled estimates and intervals of the claims in percent or points (a)-(d)"),
-    "tau2": Tolerance(0.01, 1e-3, "the between-model variance tau^2 of the claims in percent or points (a)-(d), "
+    "pooled-points": Tolerance(1.5e-2, 0.0, "pooled estimates and intervals of the claims in percent or points (a)-(d)"),
+    "tau2": Tolerance(0.03, 3e-3, "the between-model variance tau^2 of the claims in percent or points (a)-(d), "
                                   "points^2"),
     "i2": Tolerance(0.02, 0.0, "I^2, the share of the spread between models that is not sampling error (0..1)"),
     "p": Tolerance(1e-3, 0.05, "the verdict's p-values, each from its cell's estimate and interval"),

@@ -252,6 +252,9 @@ class Verifier:
                     try:
                         theirs_path = self.fetch(p)
                     except Exception as e:  # noqa: BLE001 - not in the cache, not on the remote, remote unreachable
+                        if status == BEYOND and not code:  # nothing to read it against: judged by what it draws from
+                            inherited = inherited or f"{p}: {why} (its copy at the revision is in no cache or remote)"
+                            continue
                         out.status, out.detail = NOT_COMPARED, (f"{p}: drawn by other code ({code}), and the "
                                                                 f"revision's copy is in no cache or remote "
                                                                 f"({type(e).__name__})")
@@ -264,6 +267,9 @@ class Verifier:
                             return
                     except Differs as e:
                         out.status, out.detail = DIFFERS, f"{e}; drawn by other code ({code})" if code else f"{e}; {why}"
+                        return
+                    except OSError as e:  # the workspace's copy unreadable
+                        out.status, out.detail = DIFFERS, f"{p}: cannot be read here ({e})"
                         return
                 why = (f"drawn by other code ({code}) from the same inputs; compared as text, the code's names and run "
                        "records set aside" if code else f"{why}; compared as text, the run records set aside")
