@@ -34,7 +34,7 @@ from meaningless_tokens.errors import ArtifactError, Beyond, Differs, VerifyErro
 from meaningless_tokens.store import atomic_path
 from meaningless_tokens.tolerances import TOLERANCES
 from meaningless_tokens.verify.compare import Largest, compare_file
-from meaningless_tokens.verify.driver import BEYOND, DIFFERS, IDENTICAL, WITHIN, Verifier, project_root
+from meaningless_tokens.verify.driver import BEYOND, IDENTICAL, WITHIN, Verifier, numbers, project_root
 from meaningless_tokens.verify.kinds import is_run_record
 from meaningless_tokens.verify.reference import DRAWN
 
@@ -184,25 +184,26 @@ class Calibration:
             Path(tmp).write_text(json.dumps(result, indent=2))
         return result
 
-    def against_revision(self, here: Path) -> tuple[Measured, dict[str, str]]:
-        """The outputs under `here` against the revision's, as `make verify` compares them; each output's status."""
+    def against_revision(self, here: Path) -> tuple[Measured, str]:
+        """The outputs under `here` against the revision's, as `make verify` compares them; verify's numbers line of
+        those outputs."""
         v = Verifier(self.root, self.rev, here=here)
         try:
             rows = {r.path: r for r in v.outputs()}
-            measured, status = Measured(), {}
+            measured, checked = Measured(), []
             for path in self.outputs:
                 row = rows.get(path)
                 if row is None:
                     continue
                 v.check(row, rows)
-                status[path] = row.status
+                checked.append(row)
                 if row.largest is not None:
                     measured.take(row.largest)
                 if row.status not in (IDENTICAL, WITHIN, BEYOND):
                     measured.differs.append(f"{path}: {row.status}: {row.detail}")
                 elif row.status == BEYOND and row.largest and "exact" in row.largest.beyond_by_kind:
                     measured.differs.append(f"{path}: {row.largest.beyond_by_kind['exact'][1]}")
-            return measured, status
+            return measured, numbers(checked)
         finally:
             v.tmp.cleanup()
 
@@ -222,28 +223,31 @@ class Calibration:
                     pass
                 except (Differs, ArtifactError) as e:
                     measured.differs.append(str(e))
+                if "exact" in largest.beyond_by_kind:  # a count, token id or text that no tolerance admits
+                    measured.differs.append(largest.beyond_by_kind["exact"][1])
                 measured.take(largest)
         return measured
 
 
 def table(cal: Calibration, runs: dict[str, dict], skipped: dict[str, str], measured: dict[tuple[str, str], Measured],
-          facts: dict) -> str:
+          facts: dict, lines_of: dict[str, str]) -> str:
     """The calibration as Markdown: the variants, then per kind its largest share of today's tolerance."""
     lines = [f"# Calibration at `{cal.commit[:7]}`", "",
              f"Made by `python -m meaningless_tokens.verify.calibrate` on {facts['cpu']} (torch capability "
              f"{facts['capability']}, {facts['cores']} cores), {facts['date']}. Stages rerun: "
              f"{', '.join(s for s, *_ in cal.stages)}. Each variant's outputs are compared with the committed run "
              f"(`{cal.rev}`, as `make verify` reads it), with the workspace's and with every other variant's.", "",
-             "| variant | environment | seconds | against the committed run |", "|---|---|---|---|"]
+             "| variant | environment | seconds | against the committed run: verify's numbers of these outputs | largest "
+             "share of a tolerance |", "|---|---|---|---|---|"]
     for name, run in runs.items():
         env = " ".join(f"`{k}={v}`" for k, v in run.get("env", {}).items()) or "as found"
         m = measured.get((name, "committed"))
         top = max(m.by_kind.values(), key=lambda x: x[0])[0] if m and m.by_kind else 0.0
-        lines.append(f"| {name} | {env} | {run.get('seconds', '')} | largest share of a tolerance {top:.3g}"
+        lines.append(f"| {name} | {env} | {run.get('seconds', '')} | {lines_of.get(name, '')} | {top:.3g}"
                      f"{'; ' + str(len(m.differs)) + ' not measured by a tolerance' if m and m.differs else ''} |")
     for name, why in skipped.items():
         lines.append(f"| {name} | {' '.join(f'`{k}={v}`' for k, v in VARIANTS.get(name, {}).items())} | | "
-                     f"skipped: {why} |")
+                     f"skipped: {why} | |")
     lines += ["", "Largest difference per kind of quantity, as a share of its tolerance today (1: at the tolerance; "
               "above 1: beyond it):", "", "| kind | atol | rtol | largest share | between | where |",
               "|---|---|---|---|---|---|"]
@@ -308,14 +312,15 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             runs[name] = run
         measured: dict[tuple[str, str], Measured] = {}
+        lines_of: dict[str, str] = {}
         sides = {"workspace": root, **{n: cal.tree(n) for n in runs}}
         for name, here in sides.items():
             print(f"calibrate: comparing {name} with the committed run", flush=True)
-            measured[(name, "committed")], _ = cal.against_revision(here)
+            measured[(name, "committed")], lines_of[name] = cal.against_revision(here)
         for a, b in itertools.combinations(sides, 2):
             print(f"calibrate: comparing {a} with {b}", flush=True)
             measured[(a, b)] = cal.between(sides[a], sides[b])
-        text = table(cal, {"workspace": {}, **runs}, skipped, measured, machine_facts())
+        text = table(cal, {"workspace": {}, **runs}, skipped, measured, machine_facts(), lines_of)
         with atomic_path(root / args.out) as tmp:
             Path(tmp).write_text(text)
         if args.json:
