@@ -35,7 +35,7 @@ edits), and stores in
                             the fixed bins `/bin_edges` (activations.range, activations.bins)
   outside_<set>[l, 2]       counts below and above the range
   hist_<set>_noise[l, bin], outside_<set>_noise[l, 2]   how far float noise can move each count: the values of
-                            a within their tolerance (meaningless_tokens/tolerances.py, `activation`) of the
+                            a within their tolerance (meaningless_tokens/tolerances.py, `activation-f32`) of the
                             bin's edges, pooled as the counts are (meaningless_tokens/noise.py)
   <set>/<measure>[s, l]     per sample, over the set's tokens x channels (MEASURES below)
   <set>/<measure>_mean[l], <set>/<measure>_ci[2, l]      mean over samples, bootstrap 95 % interval

@@ -77,7 +77,7 @@ def test_stored_activations_equal_a_plain_forward_with_a_hook(arch, tiny_dirs, w
                         a_s, z_s = a[rows].numpy(), z[rows].numpy()
                         hist[s][li] += np.histogram(a_s, bins=edges)[0]
                         # values within the activation tolerance of each edge (its own tolerance, at |edge| + r)
-                        r = allowed("activation", np.abs(edges) + allowed("activation", edges))
+                        r = allowed("activation-f32", np.abs(edges) + allowed("activation-f32", edges))
                         near[s][li] += ((a_s.ravel()[:, None] >= edges - r) & (a_s.ravel()[:, None] <= edges + r)).sum(0)
                         for m, v in direct_measures(a_s, z_s, cfg.mad_c, cfg.eps).items():
                             np.testing.assert_allclose(f[c][s][m][k, li], v, rtol=1e-9, atol=1e-12, err_msg=m)

@@ -51,15 +51,15 @@ def test_a_count_past_thresholds_moves_by_at_most_the_values_near_them():
     rng = np.random.default_rng(0)
     values = np.round(rng.normal(0, 1, 20000), 2).astype(np.float32)  # many values on and near the edges
     edges = np.linspace(-2, 2, 9)
-    near = noise.near(values, edges, "activation")
+    near = noise.near(values, edges, "activation-f32")
     counts = np.histogram(values, edges)[0]
     bins = near[:-1] + near[1:]
     assert near.sum() > 0
     for k in range(20):
-        again = np.histogram(moved(values.astype(np.float64), "activation", rng, edge=k % 2 == 0), edges)[0]
+        again = np.histogram(moved(values.astype(np.float64), "activation-f32", rng, edge=k % 2 == 0), edges)[0]
         assert np.all(np.abs(again - counts) <= bins)
     # the same counted on sorted values, as the activations stage does
-    assert np.array_equal(noise.near(np.sort(values), edges, "activation", ordered=True), near)
+    assert np.array_equal(noise.near(np.sort(values), edges, "activation-f32", ordered=True), near)
 
 
 def test_the_improved_share_moves_by_at_most_its_noise():

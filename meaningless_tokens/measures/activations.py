@@ -119,7 +119,7 @@ def measures(a: np.ndarray, z: np.ndarray, mad_c: float, eps: float, edges: np.n
     at = np.searchsorted(signed, edges)
     at[-1] = np.searchsorted(signed, edges[-1], side="right")
     counts = np.concatenate([[at[0]], np.diff(at), [n - at[-1]]])
-    at_edges = noise.near(signed, edges, "activation", ordered=True)
+    at_edges = noise.near(signed, edges, "activation-f32", ordered=True)
     zz = z.astype(np.float64)
     return {
         "near_zero_robust": np.searchsorted(absolute, np.float32(robust)) / n,
