@@ -49,12 +49,15 @@ def test_verify_against_itself_is_identical_with_a_row_per_output(pipeline_copy)
     repo = pipeline_copy
     proc = repo.run("python", "-m", "meaningless_tokens.verify")  # the table and verdict a user reads; exit 0
     outputs = lock_outputs(repo)
-    rows = [line.split()[0] for line in proc.stdout.splitlines()[1:] if line and not line.startswith(("reproduced", " "))]
+    rows = [line.split()[0] for line in proc.stdout.splitlines()[1:]
+            if line and not line.startswith(("reproduced", " ", "conclusions: "))]
     assert sorted(rows) == sorted(outputs)
     timing = [p for p in outputs if p.startswith("metrics/timing/")]
     assert proc.stdout.strip().endswith(
         f"reproduced: {len(outputs)} outputs, {len(outputs) - len(timing)} identical, 0 within tolerance, 0 differ, "
         f"{len(timing)} run records")
+    assert "\nconclusions: every verdict word, sign, Holm decision and pooled decision equal; the largest move of an " \
+           "estimate 0 standard errors" in proc.stdout
     code, got, _ = verify(repo, "HEAD")
     assert code == 0 and {r["status"] for p, r in got.items() if p not in timing} == {"identical"}
     # the run's sidecar records the machine facts that explain a float's last digits
@@ -155,7 +158,8 @@ def test_wall_times_inside_the_verdict_are_not_compared(pipeline_copy):
     data["power"]["likelihood"][A]["mde_nats_per_token"] += 0.01  # a result, not a time
     path.write_text(json.dumps(data))
     code, got, _ = verify(repo)
-    assert code == 1 and f"power.likelihood.{A}.mde_nats_per_token" in got["metrics/verdict.json"]["detail"]
+    row = got["metrics/verdict.json"]  # beyond its tolerance, named; no conclusion rests on it
+    assert code == 4 and row["status"] == "beyond tolerance" and f"power.likelihood.{A}.mde_nats_per_token" in row["detail"]
 
 
 def test_a_revision_made_before_the_reference_is_compared_from_the_cache_alone(pipeline_copy, tmp_path):
@@ -239,8 +243,8 @@ def test_with_no_cache_or_remote_every_output_is_compared_from_the_reference(pip
     assert f"{att}" in proc.stdout and "within tolerance (reference)" in proc.stdout
     edit_h5(repo.path / att, "mless/recv_all", shifted(3 / 0.3))  # now 3x in all
     code, got, line = verify(repo)
-    assert code == 1 and got[att]["status"] == "differs" and got[att]["via"] == "reference"
-    assert got[att]["detail"].startswith("mless/recv_all[0, 1]: positions ") and "prompt 1's 0.." in got[att]["detail"]
+    assert code == 4 and got[att]["status"] == "beyond tolerance" and got[att]["via"] == "reference"
+    assert "the first: mless/recv_all[0, 1]: positions " in got[att]["detail"] and "prompt 1's 0.." in got[att]["detail"]
 
 
 def test_a_hand_edited_reference_is_one_line_and_its_rows_are_not_compared(pipeline_copy, tmp_path):
@@ -302,7 +306,9 @@ def test_an_experiment_reports_exactly_what_its_parameter_changed(tmp_path_facto
     changed = {p for p in after if after[p] != before[p] and not p.startswith("metrics/timing/")}
     code, got, line = verify(repo, "HEAD")
     assert code == 1 and line.startswith("not reproduced:")
-    assert {p for p, r in got.items() if r["status"] == "differs"} == changed
+    # made from other params: an artifact differs (its provenance), a metrics file's moved values are beyond tolerance
+    assert {p for p, r in got.items() if r["status"] in ("differs", "beyond tolerance")} == changed
+    assert got[f"artifacts/attention/{A}.h5"]["status"] == "differs"
     assert {p for p, r in got.items() if r["status"] == "identical"} == {
         p for p in after if p not in changed and not p.startswith("metrics/timing/")}
     assert f"artifacts/sweep/{A}.h5" not in changed  # the sweep sets its own span lengths
