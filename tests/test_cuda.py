@@ -38,6 +38,7 @@ from meaningless_tokens import models
 from stages import activations, evaluate, extract, likelihood
 from meaningless_tokens.config import load_params
 from meaningless_tokens.errors import ConfigError
+from meaningless_tokens.tolerances import NOISE
 from tests import tiny
 
 pytestmark = pytest.mark.cuda
@@ -177,8 +178,10 @@ def float_datasets(path, kind, names=None) -> dict[str, np.ndarray]:
 def assert_close(got: dict, want: dict, dtype: str, what: str):
     """Every key compared (none stops the others) and every mismatch reported in one failure: integers exactly,
     except histogram counts (hist*, outside*), whose row totals must agree (a value within rounding of a bin edge
-    changes bins between cuBLAS and the CPU, in float32 too, but every value is still counted once); floats
-    within the dtype's tolerance."""
+    changes bins between cuBLAS and the CPU, in float32 too, but every value is still counted once); the float noise
+    recorded beside a count or a p-value (`<name>_noise`) by its shape and sign alone (it bounds how far the run's own
+    float kernels move the value, from the values it counts, so another dtype's run records its own); floats within
+    the dtype's tolerance."""
     tol = tolerance(dtype)
     failures = [f"{name}: missing" for name in sorted(want.keys() - got.keys())]
     failures += [f"{name}: not in the reference" for name in sorted(got.keys() - want.keys())]
@@ -186,7 +189,9 @@ def assert_close(got: dict, want: dict, dtype: str, what: str):
         a, b = np.asarray(got[name]), np.asarray(want[name])
         try:
             assert a.shape == b.shape, f"shape {a.shape} != {b.shape}"
-            if b.dtype.kind in "iub":
+            if name.endswith(NOISE):
+                assert (a >= 0).all() and (b >= 0).all(), "a negative bound"
+            elif b.dtype.kind in "iub":
                 if not name.split("/")[-1].startswith(("hist", "outside")):
                     np.testing.assert_array_equal(a, b)
                 else:
@@ -203,6 +208,11 @@ def test_assert_close_reports_every_mismatching_key_and_compares_histograms_by_r
             "none/l1": np.array([0.5, 0.25]), "none/tokens": np.array([4, 5], dtype=np.int32)}
     moved = {**want, "mful/hist_original": np.array([[2, 2, 0]])}  # a value across a bin edge: still counted once
     assert_close(moved, want, "float32", "same")
+    # each run's bound on its own float noise: another dtype counts other values near the edges
+    bound = {**want, "mful/hist_original_noise": np.array([[1, 0, 2]])}
+    assert_close({**bound, "mful/hist_original_noise": np.array([[4, 1, 0]])}, bound, "bfloat16", "noise")
+    with pytest.raises(AssertionError, match="hist_original_noise: a negative bound"):
+        assert_close({**bound, "mful/hist_original_noise": np.array([[-1, 1, 0]])}, bound, "bfloat16", "noise")
     got = {**moved, "mless/l1": np.array([0.5, 0.3]), "none/l1": np.array([0.6, 0.25]),
            "none/tokens": np.array([4, 6], dtype=np.int32), "arm/l1": np.array([1.0])}
     del got["mful/hist_original"]

@@ -176,7 +176,15 @@ def test_the_kinds_assembled_from_each_measures_declarations_are_the_hand_kept_l
 # verify/kinds.py's KINDS as it was written by hand before each measure declared its own (2026-11)
 HAND_KEPT_KINDS = (
     ('*', '*head_check_max_abs_diff*', 'residual'),
-    ('*', '*_noise', 'noise'),
+    ('artifacts/activations/*.h5', '*/hist_*_noise', 'noise'),
+    ('artifacts/activations/*.h5', '*/outside_*_noise', 'noise'),
+    ('artifacts/activations/*.h5', '*_diff_p_noise', 'noise'),
+    ('artifacts/likelihood/*.h5', 'contrasts/*p_noise', 'noise'),
+    ('artifacts/likelihood/*.h5', 'contrasts/*improved_noise', 'noise'),
+    ('metrics/likelihood/*.json', '*.wilcoxon_p_noise', 'noise'),
+    ('metrics/likelihood/*.json', '*.improved_noise', 'noise'),
+    ('artifacts/plots/likelihood/*.csv', 'improved_noise', 'noise'),
+    ('artifacts/sweep/*.h5', '*likelihood_p_noise', 'noise'),
     ('metrics/accuracy/*.json', '*', 'exact'),
     ('artifacts/eval/*.h5', '*', 'exact'),
     ('reports/accuracy.csv', '*', 'exact'),

@@ -28,10 +28,8 @@ import numpy as np
 from meaningless_tokens import store
 from meaningless_tokens.errors import ArtifactError, Beyond, Differs
 from meaningless_tokens.tolerances import ALPHA, NOISE
-from meaningless_tokens.verify.kinds import PRINTED, TOLERANCES, VERDICT, _match, kind_of
-
-# kinds compared within the noise recorded beside each value (`<name>_noise`), not within a float tolerance alone
-BOUNDED = ("count", "rank-p")
+# BOUNDED: kinds compared within the noise recorded beside each value (`<name>_noise`), not within a float tolerance
+from meaningless_tokens.verify.kinds import BOUNDED, PRINTED, TOLERANCES, VERDICT, _match, kind_of
 
 
 # A text dataset's attributes that say how its elements are escaped (store.put_texts): left out, as the texts are

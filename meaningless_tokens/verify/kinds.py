@@ -45,8 +45,9 @@ def is_run_record(path: str) -> bool:
 # the entries for any file, which FIRST precede and LAST follow. CATCH_ALL comes last:
 # tests/test_verify_kinds.py fails on a committed metrics key that only it, or another file's entry, matches.
 CATCH_ALL = ("*", "*", "attention")
-FIRST = (("*", "*head_check_max_abs_diff*", "residual"), ("*", f"*{NOISE}", "noise"))
+FIRST = (("*", "*head_check_max_abs_diff*", "residual"),)
 LAST = (("*", "*_pct*", "percent"), CATCH_ALL)
+BOUNDED = ("count", "rank-p")  # kinds whose float noise is recorded beside each value (`<name>_noise`)
 
 
 def declared() -> tuple[tuple[str, str, str], ...]:
@@ -57,7 +58,14 @@ def declared() -> tuple[tuple[str, str, str], ...]:
                  for kind, key, quantity in getattr(module, "QUANTITIES", ()))
 
 
-KINDS = FIRST + declared() + LAST
+def noise_entries(entries) -> tuple[tuple[str, str, str], ...]:
+    """The `<name>_noise` beside each value of a bounded kind, in the same file: kind `noise`. Derived from the
+    declarations, so each precedes the entry of its own file that would otherwise take it (`*/hist_*` matches
+    `none/hist_original_noise` too)."""
+    return tuple((f, f"{k}{NOISE}", "noise") for f, k, kind in entries if kind in BOUNDED)
+
+
+KINDS = FIRST + noise_entries(declared()) + declared() + LAST
 _unknown = sorted({k for *_, k in KINDS} - set(TOLERANCES))
 if _unknown:
     raise ValueError(f"verify: QUANTITIES name no kind of TOLERANCES: {_unknown}")
