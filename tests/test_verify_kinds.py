@@ -193,6 +193,7 @@ HAND_KEPT_KINDS = (
     ('metrics/likelihood/*.json', '*.wilcoxon_p', 'rank-p'),
     ('metrics/likelihood/*.json', '*.improved', 'count'),
     ('artifacts/likelihood/*.h5', 'arm/*', 'loglik-arm'),
+    ('artifacts/likelihood/*.h5', 'showcase/*/arm/*', 'loglik-arm'),
     ('artifacts/likelihood/*.h5', 'contrasts/arm-*', 'loglik-arm'),
     ('artifacts/likelihood/*.h5', '*', 'loglik'),
     ('artifacts/plots/likelihood/*.csv', 'improved', 'count'),

@@ -31,6 +31,7 @@ QUANTITIES = (
     ("metrics/likelihood", "*.improved", "count"),
     ("plots/likelihood", "improved", "count"),
     ("likelihood", "arm/*", "loglik-arm"),
+    ("likelihood", "showcase/*/arm/*", "loglik-arm"),  # a showcase problem's per-token log-probs under ARM
     ("likelihood", "contrasts/arm-*", "loglik-arm"),
     ("likelihood", "*", "loglik"),
     ("plots/likelihood", "*", "loglik"),
