@@ -43,8 +43,8 @@ def test_the_tolerances_keep_their_calibrated_values():
     """Each kind's tolerance as docs/calibration.md's measured spread and its stated margin set it (attention and
     attention-received twice what MKL_CBWR=COMPATIBLE moved element by element; percent x3 on another vendor's CPU; what
     follows from percent x3), the others as before; a change here is a person's, with a calibration behind it."""
-    before = {"exact": (0.0, 0.0), "attention": (7e-4, 2e-3), "percent": (3e-3, 0.0), "activation": (1e-3, 5e-3),
-              "attention-received": (1.4e-3, 2e-3), "loglik": (5e-4, 1e-4), "loglik-arm": (5e-3, 1e-3),
+    before = {"exact": (0.0, 0.0), "attention": (6e-5, 8e-3), "percent": (3e-3, 0.0), "activation": (1e-3, 5e-3),
+              "attention-received": (4e-4, 8e-3), "loglik": (5e-4, 1e-4), "loglik-arm": (5e-3, 1e-3),
               "residual": (1e-3, 0.0), "points": (6e-3, 0.0), "pooled-points": (1.5e-2, 0.0), "tau2": (0.03, 3e-3),
               "count": (1e-6, 0.0), "rank-p": (1e-6, 0.0), "noise": (0.0, 0.0), "activation-f32": (1e-4, 1e-4)}
     assert {k: (TOLERANCES[k].atol, TOLERANCES[k].rtol) for k in before} == before
