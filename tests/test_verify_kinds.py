@@ -112,6 +112,9 @@ def test_printed_numbers_may_differ_by_one_unit_of_their_last_digit():
     compare_printed("detail", "4 models, tau² 54, I² 99 %; detects 1.3e-05 or more",
                     "4 models, tau² 54, I² 100 %; detects 1.2e-05 or more")
     compare_printed("md", "\u22120.0 points", "+0.0 points")
+    compare_printed("md", "answer +0.1 nats, p = 0.03.", "answer +0.1 nats, p = 0.026.")  # a number ending a sentence
+    with pytest.raises(Differs, match="text"):  # a dotted version is words, not a number
+        compare_printed("md", "transformers 4.57.1.", "transformers 4.57.2.")
     for a, why in (("+4.3 points [-7.7, +15.7]", "more than one unit"), ("+4.0 percent [-7.7, +15.7]", "text"),
                    ("+4.0 points [-7.7, +15.7, +1.0]", "text"), ("+4.0 points [-7.7, +15.7]!", "text")):
         with pytest.raises(Differs, match=why):

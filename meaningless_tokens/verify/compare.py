@@ -62,7 +62,8 @@ def code_names_aside(text: str) -> str:
 
 # A printed number: a sign (ASCII or U+2212) only where it starts the number, digits, a fraction, an exponent; not
 # part of a word or a name ("gemma3-270m", "Qwen2.5", "verdict.sesoi.g1")
-NUMBER = re.compile(r"(?<![\w.])[+\-\u2212]?\d+(?:\.\d+)?(?:[eE][+\-]?\d+)?(?![\w.])")
+# a printed number: not inside a word or a dotted version ("1.2.3"), but at a sentence's end ("p = 0.03.")
+NUMBER = re.compile(r"(?<![\w.])[+\-\u2212]?\d+(?:\.\d+)?(?:[eE][+\-]?\d+)?(?!\w|\.\d)")
 
 
 def _unit(printed: str) -> float:
