@@ -61,8 +61,8 @@ def code_names_aside(text: str) -> str:
 # ---- strings that print numbers -------------------------------------------------------------------------
 
 # A printed number: a sign (ASCII or U+2212) only where it starts the number, digits, a fraction, an exponent; not
-# part of a word or a name ("gemma3-270m", "Qwen2.5", "verdict.sesoi.g1")
-# a printed number: not inside a word or a dotted version ("1.2.3"), but at a sentence's end ("p = 0.03.")
+# part of a word, a name or a dotted version ("gemma3-270m", "Qwen2.5", "verdict.sesoi.g1", "4.57.1"), but one that
+# ends a sentence ("p = 0.03.") is
 NUMBER = re.compile(r"(?<![\w.])[+\-\u2212]?\d+(?:\.\d+)?(?:[eE][+\-]?\d+)?(?!\w|\.\d)")
 
 
