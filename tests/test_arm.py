@@ -92,8 +92,7 @@ def paper_llama(a, c, percentage, k, pmin, pmax, u):
     top = np.percentile(x, percentage)
     neg = abs(x[x < 0].min()) if (x < 0).any() else 0.0
     idx = np.sort(np.argsort(absx, kind="stable")[:n])  # ties at the cut by position
-    s = np.sign(x[idx])
-    s[s == 0] = 1
+    s = np.where(np.signbit(x[idx]), -1.0, 1.0).astype(np.float32)  # +0 counts as +1, -0.0 as -1 (its sign bit)
     uu = u(idx)
     out = x.copy()
     out[idx] = s * np.where(s > 0, uu * top, uu * neg)
@@ -107,8 +106,7 @@ def paper_gemma(a, c, percentage, u):
     idx = np.nonzero(absx <= np.float32(np.quantile(absx, c)))[0]
     top = np.quantile(absx, percentage)
     neg = abs(x[x < 0].min()) if (x < 0).any() else 0.0
-    s = np.sign(x[idx])
-    s[s == 0] = 1
+    s = np.where(np.signbit(x[idx]), -1.0, 1.0).astype(np.float32)  # +0 counts as +1, -0.0 as -1 (its sign bit)
     uu = u(idx)
     out = x.copy()
     out[idx] = s * np.where(s > 0, uu * top, uu * neg)
@@ -122,7 +120,10 @@ def fixed_tensors():
     ties[0, :7] = 0.0
     positive = np.abs(smooth) + np.float32(0.01)               # no negatives: |min a| = 0
     silu = (smooth / (1 + np.exp(-smooth))).astype(np.float32)  # the shape ARM sees on SiLU models
-    return {"smooth": smooth, "ties": ties, "positive": positive, "silu": silu}
+    underflow = silu.copy()  # activations far below zero rounded to -0.0, beside exact +0's
+    underflow[:, :5] = -0.0
+    underflow[1, 5:8] = 0.0
+    return {"smooth": smooth, "ties": ties, "positive": positive, "silu": silu, "underflow": underflow}
 
 
 def settings(variant, c, percentage, k=1.0, pmin=0.02, pmax=0.25, pool="row", apply="all"):
@@ -160,11 +161,26 @@ def test_edit_equals_the_papers_pseudo_code(name, variant, c, percentage, pmin, 
         assert moved.sum() == (np.abs(a) <= cut).sum() > round(c * a.size)  # ties at the cut all move
 
 
+@pytest.mark.parametrize("variant,c,percentage", [("llama", 0.13, 99.5), ("gemma", 0.25, 0.85)])
+def test_an_activation_that_underflowed_moves_where_its_unrounded_value_does(variant, c, percentage, path):
+    """A negative activation that one CPU's kernels round to -0.0 and another's to -1e-7 (GELU's and SiLU's tail far
+    below zero) moves to the same side on both, -u * |min a|: by the sign bit, not `a >= 0`, which sent -0.0 to
+    +u * top and made ARM's log-likelihoods differ between machines by whole tenths of a nat."""
+    a = fixed_tensors()["silu"].copy()
+    here, there = a.copy(), a.copy()
+    here[:, :5], there[:, :5] = -0.0, np.float32(-1e-7)
+    s = settings(variant, c, percentage)
+    state = draws.stream(SEED, [(5,)], 0)
+    got = [arm.edit(torch.from_numpy(x), s, state).numpy() for x in (here, there)]
+    assert (got[0][:, :5] < 0).all() and (got[1][:, :5] < 0).all()
+    np.testing.assert_array_equal(got[0], got[1])
+
+
 @pytest.mark.parametrize("variant,c,percentage", [("llama", 0.13, 99.5), ("llama", 2.0, 50.0), ("gemma", 0.25, 0.85)])
 def test_batched_rows_equal_the_edit_row_by_row(variant, c, percentage, path):
     """edit_rows (a decode step's rows at once) is `edit` of each row, bit for bit, ties and all."""
     t = fixed_tensors()
-    v = torch.from_numpy(np.concatenate([t["smooth"], t["ties"], t["positive"], t["silu"]])[:, None, :])
+    v = torch.from_numpy(np.concatenate([t["smooth"], t["ties"], t["positive"], t["silu"], t["underflow"]])[:, None, :])
     s = settings(variant, c, percentage, pmax=0.9 if c == 2.0 else 0.25)
     states = [draws.stream(SEED, [(k,)], 1 + k % 3) for k in range(len(v))]
     rows = arm.edit_rows(v, s, draws.lanes(states))

@@ -10,7 +10,7 @@ edit into copied model files for three families). Two variants, as in that code:
   gemma (its Gemma 3 file)  every element with |a| <= the c-quantile of |a| moves (ties included), to
         u * top (top = the `percentage` quantile of |a|, 0..1) or -u * |min a|; k, pmin, pmax unused
 
-with u uniform on [0, 1) and 0 counted as positive. Every element has its own u, a pure function of (arm.seed, the
+with u uniform on [0, 1), +0 counted as positive and -0.0 as negative (by the sign bit). Every element has its own u, a pure function of (arm.seed, the
 row's key, step, the element's index) computed by integer hashing on the tensor's device: the same numbers on any
 device, and an element crossing the cut changes no other element's draw. Key: the problem index of a greedy row,
 (problem index, sample index) of a sampled one; under `pool: batch` the arm rows' keys in batch order. Step 0 is the

@@ -58,6 +58,16 @@ def _count(frac, n_all: int):
     return torch.round(frac.double() * n_all).clamp_min(1).long()
 
 
+def _moved_to(a, u, top, neg):
+    """A moved element's new value: u * top where a is positive or +0, -u * |min a| where negative, -0.0 included.
+    By the sign bit, not `a >= 0`: -0.0 is a negative activation that underflowed (GELU's and SiLU's tail far below
+    zero), and which kernels round such an activation to -0.0 and which to -1e-7 differs between CPUs and kernel
+    sets; by `>= 0` that rounding would send it to +u * top on one machine and -u * |min a| on another."""
+    import torch
+
+    return torch.where(torch.signbit(a), -u * neg, u * top)
+
+
 def _first_n(absx, cut, n):
     """The n elements of smallest |a| along the last dimension, ties at the cut broken by position (the first
     ones move): all below the cut, then the first n - (count below) of those equal to it."""
@@ -101,12 +111,12 @@ def edit(v, s: ArmSettings, state, identity: bool = False):
         idx = torch.nonzero(moved).flatten()
         picked = flat[idx]
         u = uniforms(state, idx)
-        new = picked if identity else torch.where(picked >= 0, u * top, -u * neg)  # sign(0) counts as +1
+        new = picked if identity else _moved_to(picked, u, top, neg)
         out = v.reshape(-1).clone()
         out[idx] = new.to(v.dtype)
         return out.view_as(v)
     u = uniforms(state, torch.arange(n_all, device=flat.device))
-    new = flat if identity else torch.where(flat >= 0, u * top, -u * neg)
+    new = flat if identity else _moved_to(flat, u, top, neg)
     return torch.where(moved, new.to(v.dtype), v.reshape(-1)).view_as(v)
 
 
@@ -145,10 +155,10 @@ def edit_rows(v, s: ArmSettings, states, identity: bool = False):
         picked = flat[r, i]
         u = uniforms(states[r], i[:, None])[:, 0]
         out = v.reshape(rows, -1).clone()
-        out[r, i] = torch.where(picked >= 0, u * top[r], -u * neg[r]).to(v.dtype)
+        out[r, i] = _moved_to(picked, u, top[r], neg[r]).to(v.dtype)
         return out.view_as(v)
     u = uniforms(states, torch.arange(n_all, device=flat.device)[None, :])
-    new = torch.where(flat >= 0, u * top[:, None], -u * neg[:, None])
+    new = _moved_to(flat, u, top[:, None], neg[:, None])
     return torch.where(moved, new.to(v.dtype), v.reshape(rows, -1)).view_as(v)
 
 
@@ -224,5 +234,5 @@ def edit_pooled(v, keep, s: ArmSettings, state, identity: bool = False):
         return v.clone()
     rank = (keep.long().cumsum(0) - 1).clamp_min(0)  # each kept row's place among the kept rows
     u = uniforms(state, rank[:, None] * per + torch.arange(per, device=flat.device)[None, :])
-    new = torch.where(flat >= 0, u * top, -u * neg)
+    new = _moved_to(flat, u, top, neg)
     return torch.where(mask & moved, new.to(v.dtype), v.reshape(rows, -1)).view_as(v)

@@ -24,6 +24,10 @@ DIFFERENCES = (
     "Ties in |a| at the llama variant's cut are broken by position (the first ones move); the paper's torch.topk "
     "leaves that to the kernel. Each element has its own draw, so an element crossing the cut changes its own "
     "value and its partner's, no other.",
+    "A moved element's side is its sign bit: -0.0 moves to -u * |min a| as a negative activation (the paper's code "
+    "counts every 0 as +1). -0.0 is an activation far below zero that underflowed (GELU's and SiLU's tail), and which "
+    "kernels round it to -0.0 and which to -1e-7 differs between CPUs and kernel sets: counted as +1 it goes to +u * top "
+    "on one machine and to -u * |min a| on another.",
     "A tensor without negative activations gets |min a| = 0 (the paper's llama variant raises an error there: "
     "it reads `device` before assigning it).",
     "Both variants draw one uniform per element of the tensor and use those at the moved positions, as the "
