@@ -67,7 +67,8 @@ TOLERANCES = {
     "pooled-points": Tolerance(1.5e-2, 0.0, "pooled estimates and intervals of the claims in percent or points (a)-(d)"),
     "tau2": Tolerance(0.03, 3e-3, "the between-model variance tau^2 of the claims in percent or points (a)-(d), "
                                   "points^2"),
-    "i2": Tolerance(0.02, 0.0, "I^2, the share of the spread between models that is not sampling error (0..1)"),
+    # I^2 of (f2) at fff1819 moves by up to 0.032 when each cell moves within `loglik` (all 512 corners); margin 1.5
+    "i2": Tolerance(0.05, 0.0, "I^2, the share of the spread between models that is not sampling error (0..1)"),
     "p": Tolerance(1e-3, 0.05, "the verdict's p-values, each from its cell's estimate and interval"),
     "activation-points": Tolerance(0.1, 5e-3, "`activation` shares in percentage points (x 100): the verdict's "
                                               "near-zero shares (e1), (e2)"),
