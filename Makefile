@@ -126,7 +126,7 @@ test-fast: install-test system-packages
 # The fault-injection cases alone (docs/faults.md; `make test` runs them too); FAULT_SEED=<n> replays a kill
 # sequence, FAULT_KILLS=<n> sets how many kills.
 faults: install-test
-	$(BIN)/python -m pytest $(PYTEST_ARGS) tests/test_faults.py
+	$(BIN)/python -m pytest $(PYTEST_ARGS) tests/test_faults.py tests/test_bad_input.py
 
 # The tests of the vLLM engine (tests/test_vllm.py) in the vLLM environment; `make test` skips them.
 test-vllm: install-vllm

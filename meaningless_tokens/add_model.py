@@ -67,11 +67,11 @@ def with_model(params: Params, name: str, entry: dict) -> Params:
 
 def parameter_count(path: Path) -> int:
     """Parameters held in a model folder's safetensors (from their headers; no tensor is read)."""
+    from meaningless_tokens.models.sources import safetensors_header
+
     total = 0
     for f in sorted(path.glob("*.safetensors")):
-        with f.open("rb") as fh:
-            n = int.from_bytes(fh.read(8), "little")
-            header = json.loads(fh.read(n))
+        header = safetensors_header(path.name, f)
         for k, v in header.items():
             if k != "__metadata__":
                 count = 1

@@ -45,7 +45,7 @@ from meaningless_tokens.config import Params
 from meaningless_tokens.dataset import put_problems
 from meaningless_tokens.errors import BadParam, names_the_file
 from meaningless_tokens.stage import header, stage_context
-from meaningless_tokens.store import put, put_json_attr, write_h5, write_json_atomic, write_timing
+from meaningless_tokens.store import put, put_json_attr, write_h5, write_metrics, write_timing
 
 OUTPUTS = {"out": "arm_tuning", "metrics": "metrics/arm_tuning", "timing": "timing/arm_tuning"}
 
@@ -62,7 +62,7 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
     setup = ctx.setup()
     t = arm_tuning.tune(params, setup, (tuning, tested))
     write_artifact(where["out"], params, name, setup, t, data_sha)
-    write_json_atomic(where["metrics"], t.summary)
+    write_metrics(where["metrics"], t.summary)
     write_timing(where["timing"], {"seconds": ctx.seconds(),
                                    "scoring_seconds": round(t.seconds, 2), "settings": len(t.settings),
                                    "problems": len(tuning) + len(tested), "tokens": t.tokens,

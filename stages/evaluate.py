@@ -45,7 +45,7 @@ from meaningless_tokens.engines import Item, check_engine
 from meaningless_tokens.errors import BadParam, ConfigError, names_the_file
 from meaningless_tokens.measures.evaluate import Evaluation, Plan
 from meaningless_tokens.stage import header, stage_context
-from meaningless_tokens.store import put, put_json_attr, put_texts, write_h5, write_json_atomic, write_timing
+from meaningless_tokens.store import put, put_json_attr, put_texts, write_h5, write_metrics, write_timing
 
 # the stage's outputs (and its journal): role -> artifact kind (store.PATHS)
 OUTPUTS = {"out": "eval", "kept": "generations", "metrics": "metrics/accuracy", "timing": "timing/evaluate",
@@ -77,7 +77,7 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
         generations.write(where["kept"], plan.engine.row_key(), getattr(plan.engine, "shape", None),
                           [(Item(p.index, c, plan.built[p.index][c].input_ids), r.output, r.n_tokens, r.stop)
                            for c in conditions for p, r in zip(chosen, e.by_cond[c])])
-        write_json_atomic(where["metrics"], e.metrics)
+        write_metrics(where["metrics"], e.metrics)
         write_run_timing(where["timing"], params, plan, e)
         where["journal"].unlink(missing_ok=True)
         for p in e.merged:

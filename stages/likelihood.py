@@ -14,7 +14,7 @@ from meaningless_tokens.config import Params
 from meaningless_tokens.dataset import Problem, dataset_spec, load_problems, put_problems, require_field, select_problems
 from meaningless_tokens.errors import BadParam, names_the_file
 from meaningless_tokens.stage import header, stage_context
-from meaningless_tokens.store import put, put_json_attr, write_csv_atomic, write_h5, write_json_atomic, write_timing
+from meaningless_tokens.store import put, put_json_attr, write_csv_atomic, write_h5, write_metrics, write_timing
 from meaningless_tokens.measures.likelihood import (CONTINUATIONS, OUTCOMES, UNITS, Scored, measure, metrics_summary,
                                                summarize, table)
 
@@ -108,7 +108,7 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
     summary = summarize(m.per, list(cfg.conditions), chosen, cfg.seed, cfg.n_boot)
 
     write_artifact(where["out"], params, name, chosen, m, summary, data_sha)
-    write_json_atomic(where["metrics"], metrics_summary(m.per, summary, list(cfg.conditions), len(chosen)))
+    write_metrics(where["metrics"], metrics_summary(m.per, summary, list(cfg.conditions), len(chosen)))
     write_csv_atomic(where["table"], *table(summary))
     tokens = sum(len(s.input_ids) for s in m.seqs)
     write_timing(where["timing"], {"seconds": ctx.seconds(),

@@ -47,8 +47,9 @@ def write_results(root: Path, summary: dict, fig_dir: Path) -> None:
     """metrics/verdict.json, the key charts' PNG copies under docs/results/ and docs/results.md rendered from them."""
     path = root / VERDICT
     path.parent.mkdir(parents=True, exist_ok=True)
+    summary = {**summary, "stage": "report"}  # what wrote it, as every metrics file says (store.metrics)
     with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(summary, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+        tmp.write_text(json.dumps(summary, indent=1, ensure_ascii=False, allow_nan=False) + "\n", encoding="utf-8")
     (root / RESULT_FIGURES).mkdir(parents=True, exist_ok=True)
     for kind in KEY_CHARTS:
         png = fig_dir / f"{kind}.png"

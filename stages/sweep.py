@@ -16,7 +16,7 @@ from meaningless_tokens.errors import names_the_file
 from meaningless_tokens.measures.sweep import (AccuracySweep, AttentionSweep, LikelihoodSweep, measure, metrics_summary,
                                           table)
 from meaningless_tokens.stage import INDEXING, header, stage_context
-from meaningless_tokens.store import (put, put_json_attr, write_csv_atomic, write_h5, write_json_atomic,
+from meaningless_tokens.store import (put, put_json_attr, write_csv_atomic, write_h5, write_metrics,
                                       write_timing)
 
 # what the artifact's `definitions` attribute says, and `--help`: a constant, not the docstring, so that an edit of the
@@ -72,7 +72,7 @@ def run(params: Params, name: str, root: Path | None = None) -> Path:
     att, acc, lik = s.attention, s.accuracy, s.likelihood
 
     write_artifact(where["out"], params, name, att, acc, lik, data_sha)
-    write_json_atomic(where["metrics"], metrics_summary(cfg, att.summary, att.tokenization, acc.rows,
+    write_metrics(where["metrics"], metrics_summary(cfg, att.summary, att.tokenization, acc.rows,
                                                         len(att.problems), len(acc.problems), lik.rows, len(lik.problems)))
     write_csv_atomic(where["table"], *table(cfg, att.summary, att.tokenization, acc.rows, lik.rows))
     write_timing(where["timing"], {"seconds": ctx.seconds(),

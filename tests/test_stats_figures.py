@@ -154,9 +154,11 @@ def metrics_from_records(root, name="tiny"):
 
     recs = {c: [Record(i, c, "", 1, "eos", "", ok, None, False, 0.0) for i, ok in enumerate(pattern)]
             for c, pattern in {"none": [1, 0, 0, 1], "mless": [1, 1, 0, 1], "mful": [0, 0, 0, 1]}.items()}
+    from meaningless_tokens.store import write_metrics
+
     m = summarize(recs, seed=0)
     (root / "metrics/accuracy").mkdir(parents=True, exist_ok=True)
-    (root / "metrics/accuracy" / f"{name}.json").write_text(json.dumps(m))
+    write_metrics(root / "metrics/accuracy" / f"{name}.json", m)  # as the stage writes it: with its stage and model
     return m
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, model_validator
 
 
 ROOT = Path(__file__).resolve().parents[2]  # the project: meaningless_tokens/config/ is two folders below it
@@ -25,6 +25,11 @@ FAMILIES = {"gemma3": ("gemma3", "gemma3_text"), "gemma3_text": ("gemma3", "gemm
 Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 # model names become DVC stage keys (extract@<name>) and file names: DVC allows only [A-Za-z0-9_-]
 ModelName = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_-]*$", max_length=64)]
+
+
+# a pair written as a YAML list: a tuple accepts a list only where strictness is lifted, so lift it for the
+# container alone and keep both numbers strict
+Pair = Annotated[tuple[StrictFloat, StrictFloat], Field(strict=False)]
 
 
 def duplicated(v: list) -> bool:
@@ -53,7 +58,9 @@ def sorted_unique(v: list) -> list:
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: a count is an int (not `true`, not `2.0`), a flag a bool (not 1), a number a number (an int is one);
+    # YAML gives every type as written, so nothing is converted behind the user's back
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     @model_validator(mode="before")
     @classmethod

@@ -21,6 +21,8 @@ def _format_error(path: Path, err: dict) -> str:
     loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-"))
     # discriminated unions add the tag to the location; drop it so the key is the file's key
     loc = re.sub(r"\.(pypi_gguf|gguf_file|local_dir|hf)(?=\.|$)", "", loc)
+    if err["type"] in ("union_tag_invalid", "union_tag_not_found"):  # the key is the tag's own: source.kind
+        loc = f"{loc}.{err['ctx']['discriminator'].strip(chr(39))}"
     msg = err["msg"].removeprefix("Value error, ")
     got = err.get("input")
     shown = "" if isinstance(got, dict) or err["type"] == "missing" else f" (got {got!r})"

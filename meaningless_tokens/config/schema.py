@@ -9,7 +9,7 @@ from pydantic import (Field, NonNegativeInt, PositiveFloat, PositiveInt, Private
                       field_validator, model_validator)
 from pydantic_core import PydanticCustomError
 
-from meaningless_tokens.config.base import PARAMS_FILE, Condition, ModelName, Sha256, Strict, conditions_with_none, duplicated, resolve_path, sorted_unique, unique
+from meaningless_tokens.config.base import PARAMS_FILE, Condition, Pair, ModelName, Sha256, Strict, conditions_with_none, duplicated, resolve_path, sorted_unique, unique
 from meaningless_tokens.config.model import ModelSpec
 
 
@@ -157,7 +157,7 @@ class Evaluate(Strict):
         if v == "auto":
             return v
         try:  # an int's own error alone, not one per member of the union
-            return TypeAdapter(PositiveInt).validate_python(v)
+            return TypeAdapter(PositiveInt).validate_python(v, strict=True)
         except ValidationError as e:
             err = e.errors()[0]
             raise PydanticCustomError(err["type"], err["msg"] + " (or 'auto')") from None
@@ -177,7 +177,7 @@ class Activations(Strict):
     layers: list[NonNegativeInt] = Field(
         min_length=1, description="0-based layers whose MLP is measured; the model runs no further")
     bins: PositiveInt = Field(description="histogram bins of a = act_fn(gate_proj(x))")
-    range: tuple[float, float] = Field(description="histogram range; values outside are counted apart")
+    range: Pair = Field(description="histogram range; values outside are counted apart")
     mad_c: float = Field(gt=0, description="near-zero radius eps = 1.4826 * MAD(|a|) * mad_c (the paper's ARM rule)")
     eps: float = Field(gt=0, description="a fixed near-zero radius, the same for every condition")
     showcase: NonNegativeInt = Field(description="samples whose full a and z vectors are stored")
@@ -314,7 +314,7 @@ class ArmTuning(Strict):
     n_samples: PositiveInt = Field(
         description="tuning problems, seeded and stratified by level among the problems outside likelihood's subset")
     seed: int = Field(description="tuning subset and bootstrap seed")
-    grid: dict[Literal["llama", "gemma"], list[tuple[float, float]]] = Field(
+    grid: dict[Literal["llama", "gemma"], list[Pair]] = Field(
         description="per variant the (c, percentage) pairs tried; each holds the variant's fallback")
     n_boot: PositiveInt = Field(description="bootstrap resamples for the intervals")
 

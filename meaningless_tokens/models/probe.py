@@ -49,8 +49,10 @@ def check_architecture(entry: ModelEntry, model_dir: Path) -> None:
     trust_remote_code = entry.spec.trust_remote_code
     try:
         config = AutoConfig.from_pretrained(model_dir, trust_remote_code=trust_remote_code, local_files_only=True)
-    except Exception as e:  # noqa: BLE001 - unknown model_type, remote code not trusted, bad json
-        model_type = json.loads((model_dir / "config.json").read_text()).get("model_type", "?")
+    except Exception as e:  # noqa: BLE001 - unknown model_type, remote code not trusted
+        from meaningless_tokens.models.sources import read_config
+
+        model_type = read_config(entry.name, model_dir / "config.json").get("model_type", "?")
         raise _refusal(entry, model_type, f"transformers cannot read its config: "
                        f"{' '.join(str(e).split())[:300]}") from None
     reason, _ = _architecture(model_dir, trust_remote_code)

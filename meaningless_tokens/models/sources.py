@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import subprocess
@@ -27,6 +28,8 @@ HUB_PATTERNS = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "token
 def local_dir(entry: ModelEntry) -> Path:
     """The folder of a `local_dir` source, which must exist."""
     path, name = entry.path(entry.spec.source.path), entry.name
+    if path.exists() and not path.is_dir():
+        raise ModelSourceError(f"model '{name}': {path} is a file, not a model folder (models.{name}.source.path)")
     if not path.is_dir():
         raise ModelSourceError(f"model '{name}': folder {path} not found (models.{name}.source.path)")
     return path
@@ -41,10 +44,55 @@ def gguf_file(entry: ModelEntry) -> Path:
 
 
 def check_hf_dir(name: str, model_dir: Path) -> None:
-    if not (model_dir / "config.json").is_file():
+    """A Hugging Face model folder whose config.json is a JSON object and whose safetensors files are whole: each a
+    ModelSourceError naming the file, before transformers reads them (its errors name neither file nor cause)."""
+    config = model_dir / "config.json"
+    if not config.is_file():
         raise ModelSourceError(f"model '{name}': {model_dir} has no config.json (not a Hugging Face model folder)")
-    if not any(model_dir.glob("*.safetensors")):
+    read_config(name, config)
+    weights = sorted(model_dir.glob("*.safetensors"))
+    if not weights:
         raise ModelSourceError(f"model '{name}': {model_dir} has no *.safetensors weights (only safetensors are loaded)")
+    for f in weights:
+        safetensors_header(name, f)
+
+
+def read_config(name: str, config: Path) -> dict:
+    """A model's config.json as a dict, or one ModelSourceError saying what is wrong with the file."""
+    try:
+        data = json.loads(config.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise ModelSourceError(f"model '{name}': {config}: cannot be read ({e.strerror or e})") from None
+    except UnicodeDecodeError as e:
+        raise ModelSourceError(f"model '{name}': {config}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except json.JSONDecodeError as e:
+        raise ModelSourceError(f"model '{name}': {config}: not JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    if not isinstance(data, dict):
+        raise ModelSourceError(f"model '{name}': {config}: expected a JSON object, found {type(data).__name__}")
+    return data
+
+
+def safetensors_header(name: str, path: Path) -> dict:
+    """The header of a safetensors file (tensor name -> dtype, shape, data_offsets), after checking that the file
+    holds every byte the header describes: a truncated or damaged file is one ModelSourceError naming it."""
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        prefix = f.read(8)
+        n = int.from_bytes(prefix, "little") if len(prefix) == 8 else -1
+        if not 0 < n <= size - 8:
+            raise ModelSourceError(f"model '{name}': {path}: not a safetensors file, or truncated ({size} bytes; "
+                                   f"its header length field says {n})")
+        try:
+            header = json.loads(f.read(n))
+            ends = [int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"]
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+            raise ModelSourceError(f"model '{name}': {path}: its safetensors header is not valid JSON listing "
+                                   f"tensors (damaged?)") from None
+    need = 8 + n + max(ends, default=0)
+    if size < need:
+        raise ModelSourceError(f"model '{name}': {path}: truncated: {size} bytes, its header describes {need} "
+                               f"(an interrupted download or copy?)")
+    return header
 
 
 def fetch_hub(name: str, source, cache: Path, offline: bool) -> tuple[Path, str]:

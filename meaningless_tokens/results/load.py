@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from meaningless_tokens.errors import ArtifactError
-from meaningless_tokens.store import read_h5
+from meaningless_tokens.store import read_h5, read_metrics
 
 
 def load_stats(path: Path) -> dict:
@@ -36,13 +36,11 @@ def mless_span(path: Path, provenance: str) -> dict:
 
 
 def load_metrics(path: Path, name: str) -> dict:
-    """Model `name`'s evaluation metrics (metrics/accuracy/<name>.json at `path`)."""
+    """Model `name`'s evaluation metrics (metrics/accuracy/<name>.json at `path`), refused when written by another
+    stage or for another model, or holding a NaN (store.read_metrics)."""
     if not path.is_file():
         raise ArtifactError(f"{path}: missing evaluation metrics (run: dvc repro evaluate@{name})")
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ArtifactError(f"{path}: not valid JSON ({e})") from None
+    return read_metrics(path)
 
 
 def load_likelihood(file: Path) -> dict:

@@ -6,7 +6,6 @@ axes in the order its file stores them); the key a reader sees, `ds[i,j]`, is wr
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +15,7 @@ from markupsafe import Markup, escape
 
 from meaningless_tokens import store
 from meaningless_tokens.errors import ArtifactError
-from meaningless_tokens.store import read_h5
+from meaningless_tokens.store import read_h5, read_metrics
 
 
 @dataclass(frozen=True)
@@ -193,13 +192,7 @@ class Sources:
 
     def json(self, src: str) -> dict:
         if src not in self._json:
-            path = self.root / src
-            if not path.is_file():
-                raise ArtifactError(f"{path}: missing (run: dvc repro)")
-            try:
-                self._json[src] = json.loads(path.read_text())
-            except json.JSONDecodeError as e:
-                raise ArtifactError(f"{path}: not valid JSON ({e})") from None
+            self._json[src] = read_metrics(self.root / src)
         return self._json[src]
 
 

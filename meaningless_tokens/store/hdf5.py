@@ -5,6 +5,7 @@ refuses a file of another kind, stage, model or params, and texts that round-tri
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 from pathlib import Path
@@ -58,8 +59,9 @@ def _close_quietly(f) -> None:
         pass
 
 
-def check_finite(data, where: str) -> None:
-    """Raise NonFiniteError naming `where` and the first non-finite value's index, if `data` holds one."""
+def check_finite(data, where: str, read: bool = False) -> None:
+    """Raise NonFiniteError naming `where` and the first non-finite value's index, if `data` holds one (`read`: in
+    an artifact being read, which its stage never writes: the file was changed since)."""
     import numpy as np
 
     data = np.asarray(data)
@@ -68,8 +70,10 @@ def check_finite(data, where: str) -> None:
     bad = ~np.isfinite(data)
     if bad.any():
         first = np.unravel_index(int(np.argmax(bad)), data.shape) if data.ndim else ()
+        why = "; no stage writes one: the file was changed after its stage wrote it (dvc repro reruns that stage)" \
+            if read else ""
         raise NonFiniteError(f"{where}: non-finite value {data[first].item()!r} at index {list(map(int, first))} "
-                             f"({int(bad.sum())} of {data.size} values)")
+                             f"({int(bad.sum())} of {data.size} values){why}")
 
 
 def put(group, name: str, data, compress: bool = True, **attrs):
@@ -205,11 +209,87 @@ def read_h5(path: str | os.PathLike, kind: str, required: tuple[str, ...] = (), 
         missing = [name for name in required if name not in f]
         if missing:
             raise ArtifactError(f"{path}: missing datasets {missing} (truncated or written by another version?)")
-        yield f
+        yield Checked(f, path)
     except (OSError, KeyError) as e:  # a damaged chunk surfaces only when read
         raise ArtifactError(f"{path}: cannot read ({type(e).__name__}: {e}); corrupt or truncated?") from None
     finally:
         f.close()
+
+
+class Checked:
+    """An artifact opened by `read_h5`: h5py's file, but a group or dataset it hands out is h5py's own class made to
+    check what it reads for NaN and infinity (`checked`), as `put` checked it when it was written. So a value changed
+    after its stage wrote it is one NonFiniteError naming the file, the dataset and the first index, where it is
+    read: never averaged away or drawn as a gap. (No artifact holds a non-finite value by design: `put` refuses
+    them all.)"""
+
+    __slots__ = ("_file", "_path")
+
+    def __init__(self, f, path: Path):
+        self._file, self._path = f, path
+
+    def __getitem__(self, key):
+        return checked(self._file[key], self._path)
+
+    def __getattr__(self, name):
+        return getattr(self._file, name)
+
+    def __contains__(self, key) -> bool:
+        return key in self._file
+
+    def __iter__(self):
+        return iter(self._file)
+
+    def __len__(self) -> int:
+        return len(self._file)
+
+    def items(self):
+        return [(k, self[k]) for k in self._file]
+
+    def values(self):
+        return [self[k] for k in self._file]
+
+    def visititems(self, func):
+        return self._file.visititems(lambda key, obj: func(key, checked(obj, self._path)))
+
+
+def checked(obj, path: Path):
+    """An h5py group or dataset of the artifact at `path` as its checking subclass (`Checked`); anything else as is."""
+    import h5py
+
+    group, dataset = _checking_classes()
+    if isinstance(obj, h5py.Dataset):
+        out = dataset(obj.id)
+    elif isinstance(obj, h5py.Group):
+        out = group(obj.id)
+    else:
+        return obj
+    out._artifact = path
+    return out
+
+
+@functools.cache
+def _checking_classes():
+    import h5py
+    import numpy as np
+
+    class CheckedGroup(h5py.Group):
+        def __getitem__(self, name):
+            return checked(super().__getitem__(name), self._artifact)
+
+        def visititems(self, func):
+            return super().visititems(lambda key, obj: func(key, checked(obj, self._artifact)))
+
+    class CheckedDataset(h5py.Dataset):
+        def __getitem__(self, args, new_dtype=None):
+            data = super().__getitem__(args, new_dtype=new_dtype)
+            check_finite(data, f"{self._artifact}: {self.name}", read=True)
+            return data
+
+        def __array__(self, dtype=None, copy=None):
+            return np.asarray(self[()], dtype=dtype)
+
+    return CheckedGroup, CheckedDataset
 
 
 KIND_STAGE = {"attention": "extract", "eval": "evaluate"}  # the stage that writes an artifact kind, where its name differs

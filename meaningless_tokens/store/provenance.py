@@ -7,7 +7,7 @@ import json
 import os
 from pathlib import Path
 
-from meaningless_tokens.store.files import write_json_atomic
+from meaningless_tokens.store.metrics import write_metrics
 from meaningless_tokens.store.stages import CODE_PATHS, ROOT, code_hashes
 from meaningless_tokens.store.view import stage_params
 
@@ -116,7 +116,7 @@ def write_timing(path: str | os.PathLike, data: dict) -> None:
 
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     peak_mb = rss / (1 << 20) if sys.platform == "darwin" else rss / 1024
-    write_json_atomic(path, {**data, **run_info(), "peak_rss_mb": round(peak_mb, 1)})
+    write_metrics(path, {**data, **run_info(), "peak_rss_mb": round(peak_mb, 1)})
 
 
 def write_prompt_timing(path: str | os.PathLike, seconds: float, n_prompts: int, artifact: Path,

@@ -175,7 +175,7 @@ class Verifier:
             out.status, out.detail = MISSING, "in the revision's dvc.lock, not in the workspace's"
             return
         if not here.exists():
-            out.status, out.detail = MISSING, "not in the workspace (dvc checkout, dvc pull or dvc repro)"
+            out.status, out.detail = MISSING, f"not in the workspace (restore it: {self.restore(out.path)})"
             return
         if out.md5 is None:
             out.status, out.detail = NOT_COMPARED, f"not in {self.rev}'s dvc.lock"
@@ -275,6 +275,10 @@ class Verifier:
                        "records set aside" if code else f"{why}; compared as text, the run records set aside")
             elif status == BEYOND:
                 inherited = f"{drawn[0]}: {why}"
+            if describes and self.edited(out):  # the reference stands for the outputs: it must be what its stage wrote
+                out.status, out.detail = DIFFERS, (f"{drawn[0]}: changed after its stage wrote it (dvc status: "
+                                                   f"modified; restore it: {self.restore(out.path)})")
+                return
             if not largest.beyond and not inherited and largest.share < 0:
                 out.status, out.detail = WITHIN, f"{len(drawn)} drawn file(s) differ in bytes; {why}"
                 out.detail += _added(largest)
@@ -288,6 +292,26 @@ class Verifier:
         out.status, out.largest = WITHIN, largest if largest.share >= 0 else None
         out.detail = f"largest: {largest.text}" if largest.share >= 0 else "values and attributes equal; only the bytes differ (provenance keys, wall times or layout)"
         out.detail += _added(largest)
+
+    def restore(self, path: str) -> str:
+        """The command that puts the workspace's `path` back as its stage wrote it: git keeps a `cache: false`
+        output (metrics, the reference, docs/results), DVC's cache the others."""
+        import subprocess
+
+        tracked = subprocess.run(["git", "ls-files", "--error-unmatch", "--", path], cwd=self.root,
+                                 capture_output=True).returncode == 0
+        return f"git checkout -- {path}" if tracked else f"dvc checkout {path}"
+
+    def edited(self, out: Output) -> bool:
+        """Whether the workspace's `out` is not what its stage wrote (its hash differs from the workspace's
+        dvc.lock's), as `dvc status` says: the reference edited by hand. (A page is judged by what it prints.)"""
+        from dvc.repo import Repo
+
+        if self.here != self.root:  # a calibration's copy: the workspace's dvc.lock is not the one it ran with
+            return False
+        with Repo(str(self.root)) as repo:  # only this output is hashed, not the stage's inputs
+            return any(o.changed_checksum() for st in repo.index.stages if st.addressing == out.stage
+                       for o in st.outs if o.def_path == out.path)
 
     def drawn_from(self, out: Output, results: dict[str, Output]) -> tuple[str, str, str]:
         """Whether a figure or page counts as reproduced: (status, why, the first of its stage's code inputs that
