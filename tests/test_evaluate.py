@@ -85,7 +85,7 @@ def test_evaluate_writes_graded_records_metrics_and_is_deterministic(arch, tiny_
     assert all(0 < n <= 12 for n in data["mful/n_tokens"])
     assert set(s.decode() for s in data["none/stop"]) <= {"eos", "boxed", "length"}
     on_disk = json.loads((tmp_path / "a/metrics/accuracy/tiny.json").read_text())
-    assert on_disk == metrics and on_disk["n_problems"] == 4
+    assert on_disk == {**metrics, "stage": "evaluate", "model": "tiny"} and on_disk["n_problems"] == 4
     assert on_disk["accuracy"]["none"] == pytest.approx(data["none/correct"].mean())
     delta = data["mless/correct"].astype(float) - data["none/correct"].astype(float)
     assert on_disk["mless-none"]["delta"] == pytest.approx(delta.mean())

@@ -156,4 +156,4 @@ def test_the_sweep_runs_without_the_stage(tiny_dirs, write_params, cache_dir, tm
             for ds in ("drop", "drop_ci", "span_mass", "drop_top_pct"):
                 np.testing.assert_array_equal(f[f"token_0/{ds}"][k], att.summary["/"]["rows"][c][ds], err_msg=ds)
     metrics = measures.sweep.metrics_summary(params.sweep, att.summary, att.tokenization, {}, len(att.problems), 0)
-    assert metrics == json.loads((tmp_path / "metrics/sweep/tiny.json").read_text())
+    assert {**metrics, "stage": "sweep", "model": "tiny"} == json.loads((tmp_path / "metrics/sweep/tiny.json").read_text())
