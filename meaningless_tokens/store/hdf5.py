@@ -209,63 +209,28 @@ def read_h5(path: str | os.PathLike, kind: str, required: tuple[str, ...] = (), 
         missing = [name for name in required if name not in f]
         if missing:
             raise ArtifactError(f"{path}: missing datasets {missing} (truncated or written by another version?)")
-        yield Checked(f, path)
+        yield checked(f, path)
     except (OSError, KeyError) as e:  # a damaged chunk surfaces only when read
         raise ArtifactError(f"{path}: cannot read ({type(e).__name__}: {e}); corrupt or truncated?") from None
     finally:
         f.close()
 
 
-class Checked:
-    """An artifact opened by `read_h5`: h5py's file, but a group or dataset it hands out is h5py's own class made to
-    check what it reads for NaN and infinity (`checked`), as `put` checked it when it was written. So a value changed
-    after its stage wrote it is one NonFiniteError naming the file, the dataset and the first index, where it is
-    read: never averaged away or drawn as a gap. (No artifact holds a non-finite value by design: `put` refuses
-    them all.)"""
-
-    __slots__ = ("_file", "_path")
-
-    def __init__(self, f, path: Path):
-        self._file, self._path = f, path
-
-    def __getitem__(self, key):
-        return checked(self._file[key], self._path)
-
-    def __getattr__(self, name):
-        return getattr(self._file, name)
-
-    def __contains__(self, key) -> bool:
-        return key in self._file
-
-    def __iter__(self):
-        return iter(self._file)
-
-    def __len__(self) -> int:
-        return len(self._file)
-
-    def items(self):
-        return [(k, self[k]) for k in self._file]
-
-    def values(self):
-        return [self[k] for k in self._file]
-
-    def visititems(self, func):
-        return self._file.visititems(lambda key, obj: func(key, checked(obj, self._path)))
-
-
 def checked(obj, path: Path):
-    """An h5py group or dataset of the artifact at `path` as its checking subclass (`Checked`); anything else as is."""
+    """An h5py file, group or dataset of the artifact at `path` as h5py's own class made to check what it reads for
+    NaN and infinity, as `put` checked it when it was written: a group hands out checking groups and datasets, and a
+    dataset's read raises NonFiniteError naming the file, the dataset and the first index. So a value changed after
+    its stage wrote it is refused where it is read, never averaged away or drawn as a gap. (No artifact holds a
+    non-finite value by design: `put` refuses them all.) Anything else is returned as is."""
     import h5py
 
-    group, dataset = _checking_classes()
-    if isinstance(obj, h5py.Dataset):
-        out = dataset(obj.id)
-    elif isinstance(obj, h5py.Group):
-        out = group(obj.id)
-    else:
-        return obj
-    out._artifact = path
-    return out
+    file, group, dataset = _checking_classes()
+    for h5, cls in ((h5py.File, file), (h5py.Group, group), (h5py.Dataset, dataset)):
+        if isinstance(obj, h5):
+            out = cls(obj.id)
+            out._artifact = path
+            return out
+    return obj
 
 
 @functools.cache
@@ -273,12 +238,18 @@ def _checking_classes():
     import h5py
     import numpy as np
 
-    class CheckedGroup(h5py.Group):
+    class Checks:  # a group's or file's members read through `checked`
         def __getitem__(self, name):
             return checked(super().__getitem__(name), self._artifact)
 
         def visititems(self, func):
             return super().visititems(lambda key, obj: func(key, checked(obj, self._artifact)))
+
+    class CheckedFile(Checks, h5py.File):
+        pass
+
+    class CheckedGroup(Checks, h5py.Group):
+        pass
 
     class CheckedDataset(h5py.Dataset):
         def __getitem__(self, args, new_dtype=None):
@@ -289,7 +260,7 @@ def _checking_classes():
         def __array__(self, dtype=None, copy=None):
             return np.asarray(self[()], dtype=dtype)
 
-    return CheckedGroup, CheckedDataset
+    return CheckedFile, CheckedGroup, CheckedDataset
 
 
 KIND_STAGE = {"attention": "extract", "eval": "evaluate"}  # the stage that writes an artifact kind, where its name differs
