@@ -135,31 +135,39 @@ test-vllm: install-vllm
 # The CUDA tier (tests/test_cuda.py, marker `cuda`) on a GPU machine whose python3 already holds CUDA torch:
 # nothing is installed from the locks there (such a machine may have no network). The packages its image
 # lacks or holds too old travel as wheels in .whl/ (made here by `make gpu-wheels`, at the versions of
-# locks/cuda.txt; a pure-Python sdist is built into a wheel here); no DVC: the tier runs the stages in-process.
+# locks/cuda.txt, for CPython 3.11-3.13 on x86-64 and aarch64: pip there picks the file that fits its python);
+# no DVC: the tier runs the stages in-process. The preflight (benchmarks/gpu_preflight.py) names, one line each,
+# any module the check imports that is still missing or too old, and the wheel that would bring it.
 GPU_PYTHON ?= python3
 GPU_SITE   ?= /tmp/meaningless-tokens-gpu-site
-# The image's own package names (no versions) are in locks/gpu-image.txt: `make gpu-wheels` fails naming any
-# requirement of a carried wheel that neither another carried wheel nor the image provides.
+# The image's own package names (and the versions read from it) are in locks/gpu-image.txt: `make gpu-wheels`
+# fails naming any requirement of a carried wheel that neither another carried wheel nor the image provides.
 GPU_WHEELS := transformers tokenizers huggingface-hub safetensors httpx2 httpcore2 truststore pydantic pydantic-core \
               annotated-types typing-inspection math-verify latex2sympy2-extended antlr4-python3-runtime ruamel-yaml
 GPU_IMAGE  := locks/gpu-image.txt
-# The carried wheels into $(GPU_SITE), then pip check with that folder on the path (printed, not fatal: the
-# image's own packages may conflict among themselves).
+# The carried packages, by name at the lock's versions, from .whl alone (pip chooses the file that fits this python),
+# into $(GPU_SITE); pip check with that folder on the path (printed, not fatal: the image's own packages may conflict
+# among themselves); then the preflight.
 define gpu_site
-	if ls .whl/*.whl >/dev/null 2>&1; then $(GPU_PYTHON) -m pip install -q --no-index --no-deps --no-compile --upgrade --target $(GPU_SITE) .whl/*.whl; fi
+	if ls .whl/*.whl >/dev/null 2>&1; then \
+	  pins=$$(for n in $(GPU_WHEELS); do grep -iE "^$$n==" locks/cuda.txt | cut -d' ' -f1; done); \
+	  $(GPU_PYTHON) -m pip install -q --no-index --find-links .whl --only-binary=:all: --no-deps --no-compile --upgrade \
+	    --target $(GPU_SITE) $$pins || exit 1; fi
 	@echo "pip check with $(GPU_SITE) on the path (version conflicts between the wheels and the image):"
 	-PYTHONPATH=$(GPU_SITE) $(GPU_PYTHON) -m pip check
 endef
 
 test-gpu:
 	$(gpu_site)
+	PYTHONPATH=$(GPU_SITE):$(CURDIR) $(GPU_PYTHON) benchmarks/gpu_preflight.py
 	PYTHONPATH=$(GPU_SITE):$(CURDIR) $(GPU_PYTHON) -m pytest -p no:cacheprovider -m cuda tests/test_cuda.py $(PYTEST_ARGS)
 
-# One command for whoever is lent a GPU (docs/gpu.md, "make gpu-check"): the CUDA tier, then every model stage on
-# random-weight models with the real configs of Qwen2.5-Math-1.5B and -7B (ALL=1: Llama-3.1-8B-Instruct and
-# Gemma-3-4b-it too), timed, each part within its time limit (6 minutes in all); gpu-check.json, gpu-check.md and
-# tier.log in GPU_CHECK_OUT, written as each row finishes. Installs the wheels as test-gpu does. TINY=1: tiny widths
-# on the CPU in this project's venv; GPU_CHECK_ARGS: more options of benchmarks/gpu_check.py.
+# One command for whoever is lent a GPU (docs/gpu.md, "make gpu-check"): the preflight, the CUDA tier, then every
+# model stage on random-weight models with the real configs of Qwen2.5-Math-1.5B and -7B (ALL=1: Llama-3.1-8B-Instruct
+# and Gemma-3-4b-it too), timed, each part within its time limit (9 minutes in all, the install included: one command
+# of a GPU slot); gpu-check.json, gpu-check.md and tier.log in GPU_CHECK_OUT, written as each row finishes. Installs the
+# wheels as test-gpu does. TINY=1: tiny widths on the CPU in this project's venv; GPU_CHECK_ARGS: more options of
+# benchmarks/gpu_check.py.
 GPU_CHECK_OUT ?= /tmp/gpu-check$(if $(TINY),-tiny)
 gpu-check: $(if $(TINY),install)
 ifdef TINY
@@ -169,15 +177,11 @@ else
 	PYTHONPATH=$(GPU_SITE):$(CURDIR) $(GPU_PYTHON) benchmarks/gpu_check.py --out $(GPU_CHECK_OUT) $(if $(ALL),--all-models) $(GPU_CHECK_ARGS)
 endif
 
+# Every wheel of GPU_WHEELS at locks/cuda.txt's versions for each (CPython, machine) of envlock's TARGETS, then the
+# closure check per target (aarch64 best effort: a package without a wheel there is named). A package with no wheel
+# on the index is built here only if it is pure Python.
 gpu-wheels:
-	mkdir -p .whl
-	for name in $(GPU_WHEELS); do \
-	  pin=$$(grep -iE "^$$name==" locks/cuda.txt | cut -d' ' -f1); [ -n "$$pin" ] || { echo "error: $$name is not in locks/cuda.txt" >&2; exit 2; }; \
-	  $(PYTHON) -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-	    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl "$$pin" 2>/dev/null \
-	  || $(PYTHON) -m pip wheel --quiet --no-deps -w .whl "$$pin" || exit 1; \
-	done
-	$(PYTHON) -m meaningless_tokens.envlock wheels .whl $(GPU_IMAGE)
+	$(PYTHON) -m meaningless_tokens.envlock gpu-wheels .whl $(GPU_IMAGE) locks/cuda.txt $(GPU_WHEELS)
 	du -sh .whl
 
 clean-venv:

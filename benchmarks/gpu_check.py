@@ -1,36 +1,45 @@
 """`make gpu-check`: one command that shows whether the GPU path works on this machine, and how fast.
 
 Its parts, in order, each with a time limit (LIMITS; `--limit PART=SECONDS`, `--total SECONDS`), the default sized
-to finish within 6 minutes of one H100: the tier, then per model its build, stages and benchmark (2-3 below). A
-limit is checked between batches (meaningless_tokens/progress.py's deadline): a stage past it is "timed out" and
-the part's later steps "timed out (not started)", then the next part runs; a step starts only with MIN_START
-seconds of its part left (the step in flight, a cold compile, cannot be stopped).
+to finish within 9 minutes of one H100 or H200, the machine's interpreter start, the wheels' install and the
+preflight included (ESTIMATES: each step's expected seconds, from the one GPU run on record; docs/gpu.md). First the
+preflight (benchmarks/gpu_preflight.py: every third-party module the check imports, one line each that is missing or
+too old, exit 2), then the tier, then per model its build, stages and benchmark (2-3 below). A limit is checked
+between batches (meaningless_tokens/progress.py's deadline): a stage past it is "timed out" and the part's later
+steps "timed out (not started)", then the next part runs. The time left is shared among the parts still to run in
+proportion to their limits, so that a part's overrun (a cold compile in flight cannot be stopped) is borne by every
+later part alike, not by the next alone. A step starts only with MIN_START[its kind] seconds of its part left: a cold
+compile (evaluate's first run per model) needs most of a minute, a step whose compile is done a few seconds.
 
 1. The CUDA tier (`pytest -v -m cuda tests/test_cuda.py`, a subprocess, its output streamed into tier.log; killed
-   at its limit, counted from what it printed): passed, failed, skipped.
+   at its limit, counted from what it printed against the cases pytest collected: those it did not reach are named
+   "not run (time limit)"). Its cases run in the order of benchmarks/gpu_tier.py (what only a GPU checks first).
 2. Every model stage in-process (`run(params, name, root=...)`: prepare, extract, stats, activations, likelihood,
    evaluate, evaluate once more in the same process (evaluate_warm: the shared model, hook, compiled step and
    cache: no compile, no warm-up), sweep (taking evaluate's rows, in evaluate's shape),
    arm_tuning) on random-weight models with the real configs of the paper's models (tests/tiny.py,
-   REAL_CONFIGS; the tests' tokenizer), bfloat16, built on the GPU and saved once into the work folder; the
+   REAL_CONFIGS; the tests' tokenizer), bfloat16, built on the GPU and saved once into the work folder (their
+   digest the build's identity, so prepare does not hash weights the check has just written); the
    GPU profile's params (profiles/gpu.yaml) with its sizes bounded (SIZES) and the `arm` condition added.
    Default: Qwen2.5-Math-1.5B and -7B; --all-models adds Llama-3.1-8B-Instruct and Gemma-3-4b-it.
 3. Per model, benchmarks/bench_gpu_generate.py: the evaluate engine against plain `model.generate` (dynamic cache)
    at batch 64 on the same prompts, greedy and sampled, steady tokens/s and the warm-up apart (BENCH).
 4. In the out folder (`--out`), rewritten whole after every row: gpu-check.json and gpu-check.md, a Markdown table:
-   the parts; per model and stage the wall seconds, the stage's own work seconds
+   each step's expected and measured seconds side by side (the table LIMITS is retuned from); the parts;
+   per model and stage the wall seconds, the stage's own work seconds
    (its timing sidecar: the model's passes, the load excluded), peak CUDA memory, host-device syncs, tokens and
    tokens per second (extract's and likelihood's from their sidecars); the tier's result; the generation
    benchmark's rows; per model the GPU profile's projected hours at 500 problems; the GPU plan's targets beside
    what was measured.
 5. Exit 1 unless every part ran through (a stage raising or timing out, the tier failing or timing out, a
-   non-finite value in an artifact), after writing what it measured.
+   non-finite value in an artifact), after writing what it measured. SIGTERM or SIGINT ends the tier's process
+   group and the step in flight, rewrites both files with what finished, and exits 128 + the signal's number.
 
---tiny: tests/tiny.py-sized widths of the same families on the CPU, the same code path (syncs: n/a);
-tests/test_gpu_check.py runs it inside `make test`.
+--tiny: tests/tiny.py-sized widths of the same families on the CPU, the same code path (syncs: n/a; no expected
+seconds: those are a GPU's); tests/test_gpu_check.py runs it inside `make test`.
 
     python benchmarks/gpu_check.py [--all-models] [--tiny] [--no-tier] [--no-bench] [--bench KEY=N] [--out DIR]
-                                   [--limit PART=SECONDS] [--total SECONDS] [--min-start SECONDS] [--work DIR]
+                                   [--limit PART=SECONDS] [--total SECONDS] [--min-start [KIND=]SECONDS] [--work DIR]
                                    [--set KEY=VALUE]
 """
 
@@ -57,7 +66,6 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # `python benchmarks/gpu_check.py` puts only benchmarks/ on the path
     sys.path.insert(0, str(ROOT))
 
-from meaningless_tokens.config import yaml12  # noqa: E402 - YAML as DVC reads it (1.2: `on` a string)
 
 DEFAULT_MODELS = ("qwen2_5-math-1_5b", "qwen2_5-math-7b")
 MORE_MODELS = ("llama3_1-8b-instruct", "gemma3-4b-it")
@@ -96,16 +104,41 @@ NOT_RUN = "not run (--no-tier: tests/test_cuda.py runs in the same `make test`)"
 # 2 modes x (warm-up + steady) x 32 steps is about 6 s of it per model; tiny: the CPU's seconds
 BENCH = {"batch_size": 64, "new_tokens": 32, "batches": 1}
 TINY_BENCH = {"batch_size": 16, "new_tokens": 8, "batches": 1}
+# Each step's expected seconds on one H100 or H200 at the sizes above: estimates from the one GPU run on record (an
+# H200, ../shared/gpu/, docs/gpu.md "The check's budget"), scaled to these sizes, the model's load included; the first
+# run prints each beside what it measured (gpu-check.md, "Steps"), and these are retuned from that table.
+# The tier: the record ran 12 CUDA cases in 132 s with the 5 CPU bfloat16 ones (now left out: TIER_CASES), two of them
+# a cold inductor compile of evaluate's decode step (tiny models: about 30 s each); the 7 cases added since are 6
+# compiled-ARM cases (an inductor compile of a small graph each, about 12 s) and the draws' bits (seconds).
+# The 1.5B width (H200, 64 problems; the check runs 4-8): prepare 2.9 s (the hash of 3 GB: the check skips it),
+# extract 5.1 s, activations 14.2 s, likelihood 11.2 s, evaluate 75 s (the first batch's compile 44-67 s), about
+# 2 s of each stage the model's load. The 7B width: prepare 14.0 s (the hash of 15 GB), extract 9.1 s, activations
+# 28.3 s, likelihood 17.4 s, evaluate's compile about 46 s, each full load of 15 GB about 4 s.
+# Llama-3.1-8B and Gemma-3-4b (--all-models): the 7B's, scaled by their weights (16 GB, 8.6 GB); never measured.
+_WIDE = {"build": 15, "prepare": 2, "extract": 4, "stats": 1, "activations": 4, "likelihood": 7, "evaluate": 60,
+         "evaluate_warm": 6, "sweep": 15, "arm_tuning": 12, "benchmark": 13}
+ESTIMATES = {"tier": {"tier": 190},
+             "qwen2_5-math-1_5b": {"build": 6, "prepare": 2, "extract": 3, "stats": 1, "activations": 2,
+                                   "likelihood": 3, "evaluate": 75, "evaluate_warm": 4, "sweep": 8, "arm_tuning": 6,
+                                   "benchmark": 10},
+             "qwen2_5-math-7b": _WIDE,
+             "llama3_1-8b-instruct": {k: math.ceil(v * 1.1) for k, v in _WIDE.items()},
+             "gemma3-4b-it": {k: math.ceil(v * 0.7) if k != "evaluate" else 55 for k, v in _WIDE.items()}}
+STARTUP = 25  # seconds of the 9 minutes before the check's clock starts: the interpreter, the wheels' install
+MARGIN = 0.1  # each part's limit: its expected seconds and a tenth (the 540 s are 1.14 times the expected 474)
 # The parts' time limits in seconds (`--limit PART=SECONDS`): a model's part is its build, its stages and its
-# benchmark. The default run (the tier, the 1.5B and 7B widths) adds up to 340 s, the total: 20 s of the 6 minutes of
-# one H100 left for the interpreter's start and the wheels' install. A limit is checked between batches; the step in
-# flight (a cold compile of the decode step: about a minute at the 1.5B width) runs to its end.
-LIMITS = {"tier": 110, "qwen2_5-math-1_5b": 100, "qwen2_5-math-7b": 130, "llama3_1-8b-instruct": 150,
-          "gemma3-4b-it": 130}
+# benchmark. The default run (the tier, the 1.5B and 7B widths) adds up to 494 s, the total: with STARTUP, 519 s of the
+# 540. A limit is checked between batches; the step in flight (a cold compile) runs to its end.
+LIMITS = {part: math.ceil(round(sum(steps.values()) * (1 + MARGIN), 6)) for part, steps in ESTIMATES.items()}
+BUDGET = 540  # seconds: the one command on a lent GPU (at most 10 minutes a command, about 15 a slot, its start included)
 # the tier's CUDA cases: its CPU cases (the bfloat16 comparisons on the CPU, the comparison's own checks) run in every
 # `make test`, and would cost the GPU's minutes for nothing new
 TIER_CASES = "not cpu-bfloat16 and not on_the_cpu and not assert_close"
-MIN_START = 30  # a stage, the benchmark or the tier starts only with this many seconds of its part left
+# A step starts only with this many seconds of its part left, by its kind (`--min-start [KIND=]SECONDS`): evaluate's
+# first run per model compiles the decode step (44-67 s on the record's H200; it cannot be stopped midway, so starting
+# it with less left only overruns the part); every other step is seconds, or runs a step already compiled.
+MIN_START = {"tier": 30, "compile": 45, "step": 5}
+KIND = {"tier": "tier", "evaluate": "compile"}  # a step's kind; any other: "step"
 TIMED_OUT, NOT_STARTED = "timed out", "timed out (not started)"
 TIER_LINE = re.compile(r"^(\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b", re.M)  # pytest -v, a test's line
 # the GPU plan's projected hours of the GPU profile: (models, at most hours)
@@ -117,7 +150,10 @@ SIDECAR_RATES = ("extract", "likelihood")
 # ---- models and params ----------------------------------------------------------------------------
 
 def build_models(names, work: Path, tiny: bool, device: str) -> None:
-    """Each model saved once into work/models/<name> (a folder without `done` is rebuilt: an interrupted save)."""
+    """Each model saved once into work/models/<name> (a folder without `done` is rebuilt: an interrupted save), its
+    digest in the check's model cache (work/cache) the build's identity (`built_identity`), so that prepare does not
+    hash the weights just written (gpu-check.md says so on prepare's row)."""
+    from meaningless_tokens.models.cache import identify_built
     from tests import tiny as tiny_models
 
     for name in names:
@@ -132,12 +168,26 @@ def build_models(names, work: Path, tiny: bool, device: str) -> None:
             if device == "cuda":
                 import torch
                 torch.cuda.empty_cache()
-            (out / "done").write_text("")
+            (out / "done").write_text(built_identity(name, out, device))
+            identify_built(out, work / "cache", (out / "done").read_text())
             print(f"gpu-check: built {name} ({'tiny' if tiny else 'real'} config) in {time.perf_counter() - t0:.1f} s")
+
+
+def built_identity(name: str, out: Path, device: str) -> str:
+    """What a built model's weights are a function of (its config, seed 0, the device and torch that drew them) and
+    when they were drawn, as sha256 hex: the digest prepare records for them in place of hashing them."""
+    import hashlib
+
+    import torch
+
+    return hashlib.sha256(json.dumps(["gpu-check build", name, (out / "config.json").read_text(), "seed 0", device,
+                                      torch.__version__, time.time_ns()]).encode()).hexdigest()
 
 
 def check_params(dirs: dict[str, Path], tiny: bool, overrides: list[str]) -> dict:
     """profiles/gpu.yaml with local random-weight sources, SIZES, the arm condition and `overrides` (KEY=VALUE)."""
+    from meaningless_tokens.config import yaml12  # YAML as DVC reads it (1.2: `on` a string)
+
     raw = yaml12.load((ROOT / "profiles" / "gpu.yaml").read_text())
     raw["profile"] = "gpu-check-tiny" if tiny else "gpu-check"
     raw["runtime"].update(device="cpu" if tiny else "cuda", dtype="bfloat16", offline=True,
@@ -368,6 +418,8 @@ def run_stage(params, project: Path, stage: str, name: str, cuda: bool, at: floa
         row["syncs"] = None if syncs is None else len(syncs)
         row["syncs_unit"] = n["unit"]
         row["syncs_per_unit"] = (round(len(syncs) / n["per"], 2) if syncs is not None and n["per"] else None)
+        if stage == "prepare" and (out.path / "done").is_file() and (out.path / "done").read_text() == out.weights_sha256:
+            row["note"] = "weights not hashed: their digest is the check's build's identity (it wrote them)"
         if isinstance(out, Path) and out.suffix == ".h5":
             bad = nonfinite(out)
             if bad:
@@ -384,41 +436,70 @@ def run_stage(params, project: Path, stage: str, name: str, cuda: bool, at: floa
     return row
 
 
+def _die_with_parent() -> None:
+    """In the tier's child, before pytest starts: the kernel kills it if this process dies, however it dies (a
+    SIGKILL runs no handler and no `finally`; the tier, in a session of its own, would keep the GPU)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG (Linux)
+    except (OSError, AttributeError):
+        pass
+
+
 def run_tier(out: Path, at: float = math.inf, tests: tuple[str, ...] = ("tests/test_cuda.py",)) -> dict:
-    """The CUDA tier (marker cuda of `tests`) as a subprocess, its output streamed into out/tier.log (-v: a line per
-    test as it ends); killed at the deadline `at` (time.monotonic()): "timed out", with the counts of the lines it
-    wrote; otherwise its result read from pytest's JUnit XML (out/tier.xml)."""
-    report, log = out / "tier.xml", out / "tier.log"
+    """The CUDA tier (marker cuda of `tests`, in benchmarks/gpu_tier.py's order) as a subprocess, its output streamed
+    into out/tier.log (-v: a line per test as it ends); killed at the deadline `at` (time.monotonic()): "timed out",
+    counted from the lines it wrote against the cases it collected (out/tier-collected.txt), the rest named in
+    `not_run`; otherwise its result read from pytest's JUnit XML (out/tier.xml). SIGTERM or SIGINT (Stopped) while it
+    runs: its process group killed, the result "stopped (SIG...)" counted as a timed-out tier is, with `signal`."""
+    report, log, collected = out / "tier.xml", out / "tier.log", out / "tier-collected.txt"
     report.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v", "-m", "cuda", "-k", TIER_CASES, *tests,
-           f"--junitxml={report}"]
+    collected.unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "benchmarks.gpu_tier", "-v", "-m", "cuda",
+           "-k", TIER_CASES, *tests, f"--junitxml={report}"]
     t0 = time.perf_counter()
+    stop = None
     with open(log, "w") as f:
         # a session of its own: the kill reaches whatever the tier started; unbuffered: a killed tier's lines are in
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                preexec_fn=_die_with_parent,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1", "MLESS_TIER_COLLECTED": str(collected)})
         try:
             rc = proc.wait(timeout=None if math.isinf(at) else max(left(at), 0))
         except subprocess.TimeoutExpired:
             rc = None
+        except Stopped as e:
+            rc, stop = None, e
         finally:  # timed out, or this process interrupted: the tier does not outlive it
             if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
     result = {"command": " ".join(cmd[2:-1]), "returncode": rc, "wall_s": round(time.perf_counter() - t0, 1),
               "log": str(log)}
+    names = collected.read_text().split() if collected.is_file() else None
+    result["collected"] = None if names is None else len(names)
     if rc is None:
         seen = TIER_LINE.findall(log.read_text(errors="replace"))
         n = {s: sum(1 for _, x in seen if x == s) for s in ("PASSED", "FAILED", "ERROR", "SKIPPED", "XFAIL", "XPASS")}
-        result.update(status=TIMED_OUT, passed=n["PASSED"] + n["XPASS"], failed=n["FAILED"], errors=n["ERROR"],
-                      skipped=n["SKIPPED"] + n["XFAIL"], failing=[t.split("::", 1)[1] for t, x in seen if x in ("FAILED", "ERROR")])
+        # -v prints a case's path relative to the working folder, its node id relative to pytest's rootdir
+        case = lambda t: Path(t.partition("::")[0]).name + "::" + t.partition("::")[2]  # noqa: E731
+        done = {case(t) for t, _ in seen}
+        result.update(status=TIMED_OUT if stop is None else f"stopped ({stop.name})", passed=n["PASSED"] + n["XPASS"],
+                      failed=n["FAILED"], errors=n["ERROR"], skipped=n["SKIPPED"] + n["XFAIL"],
+                      failing=[t.split("::", 1)[1] for t, x in seen if x in ("FAILED", "ERROR")],
+                      not_run=None if names is None else [t.split("::", 1)[1] for t in names if case(t) not in done],
+                      not_run_why="time limit" if stop is None else f"stopped by {stop.name}")
+        if stop is not None:
+            result["signal"] = stop.signum  # the caller writes this row, then stops (Stopped again)
         return result
     try:
         suite = ET.parse(report).getroot()
         suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
         n = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
         result.update(passed=n["tests"] - n["failures"] - n["errors"] - n["skipped"], failed=n["failures"],
-                      errors=n["errors"], skipped=n["skipped"],
+                      errors=n["errors"], skipped=n["skipped"], not_run=[],
                       failing=[f"{c.get('name')}" for c in suite.iter("testcase")
                                if c.find("failure") is not None or c.find("error") is not None])
     except (OSError, ET.ParseError, AttributeError) as e:
@@ -488,6 +569,8 @@ def machine() -> dict:
 def projection(rows: list[dict], name: str) -> dict:
     """The GPU profile's hours for model `name` at PROBLEMS problems, from this run's tokens per second: every
     generated row runs to its token limit (random weights write no end-of-sequence; a real model stops earlier)."""
+    from meaningless_tokens.config import yaml12
+
     gpu = yaml12.load((ROOT / "profiles" / "gpu.yaml").read_text())
     ev, sw, lk = gpu["evaluate"], gpu["sweep"], gpu["likelihood"]
     by = {r["stage"]: r for r in rows if r["model"] == name and r["status"] == "ok"}
@@ -560,6 +643,27 @@ def fmt(value, digits=1) -> str:
     return bench_module()._fmt(value, digits)
 
 
+def step_rows(result: dict) -> list[tuple]:
+    """(part, step, expected s, measured s, status) of every step run or not started so far, in order."""
+    expected = result.get("expected") or {}
+    rows = []
+    tier = result.get("tier")
+    if tier and tier.get("status") != "not run":
+        rows.append(("tier", "tier", expected.get("tier", {}).get("tier"), tier.get("wall_s"), tier["status"]))
+    for part in result.get("parts", []):
+        name = part["part"]
+        if name == "tier":
+            continue
+        e = expected.get(name, {})
+        rows.append((name, "build", e.get("build"), part.get("build_s"), "ok" if "build_s" in part else part["status"]))
+        rows += [(name, r["stage"], e.get(r["stage"]), r.get("wall_s"), r["status"])
+                 for r in result["stages"] if r["model"] == name]
+        rows += [(name, "benchmark", e.get("benchmark"), b.get("wall_s"), b["status"])
+                 for b in result["generate"] if b["model"] == name]
+        rows.append((name, "(part)", sum(e.values()) if e else None, part.get("wall_s"), part["status"]))
+    return rows
+
+
 def table(result: dict) -> str:
     m, tier, tiny = result["machine"], result["tier"], result["tiny"]
     lines = [f"gpu-check on {m['gpu'] or 'the CPU'}" + (f" ({m['gpu_memory_gib']} GiB)" if m["gpu"] else "")
@@ -572,13 +676,26 @@ def table(result: dict) -> str:
         lines.append(f"CUDA tier: {tier['reason']}")
     else:
         lines.append(f"CUDA tier: {tier['status']}: {fmt(tier.get('passed'))} passed, {fmt(tier.get('failed'))} failed, "
-                     f"{fmt(tier.get('errors'))} errors, {fmt(tier.get('skipped'))} skipped in {tier['wall_s']} s"
+                     f"{fmt(tier.get('errors'))} errors, {fmt(tier.get('skipped'))} skipped"
+                     + (f", {len(tier['not_run'])} not run" if tier.get("not_run") else "")
+                     + (f" of {tier['collected']} collected" if tier.get("collected") is not None else "")
+                     + f" in {tier['wall_s']} s"
                      + (f" ({', '.join(tier['failing'])})" if tier.get("failing") else "")
                      + (f"; its output: {tier['log']}" if tier.get("log") else ""))
+    if tier and tier.get("not_run"):
+        lines.append(f"CUDA tier, not run ({tier['not_run_why']}): {', '.join(tier['not_run'])}")
+    steps = step_rows(result)
+    if steps:
+        lines += ["", "Steps, expected seconds (ESTIMATES: from the GPU run on record; n/a in the tiny mode) beside "
+                  "measured (retune LIMITS from this table):", "",
+                  "| part | step | expected s | measured s | status |", "|---|---|---:|---:|---|"]
+        lines += [f"| {part} | {step} | {fmt(e)} | {fmt(m)} | {status} |" for part, step, e, m, status in steps]
     if result.get("parts"):
         limits = result["limits"]
-        lines += ["", f"Parts (time limits checked between batches; total {fmt(limits['total'])} s; a step starts with "
-                  f"at least {fmt(limits['min_start'])} s of its part left):", "",
+        starts_ = ", ".join(f"{k} {fmt(v)}" for k, v in limits["min_start"].items())
+        lines += ["", f"Parts (time limits checked between batches; total {fmt(limits['total'])} s, shared among the "
+                  f"parts still to run in proportion to their limits; a step starts with at least this many seconds "
+                  f"of its part left, by kind: {starts_}):", "",
                   "| part | limit s | build s | wall s | status |", "|---|---:|---:|---:|---|"]
         lines += [f"| {p['part']} | {fmt(p['limit_s'])} | {fmt(p.get('build_s'))} | {fmt(p['wall_s'])} | {p['status']} |"
                   for p in result["parts"]]
@@ -626,7 +743,12 @@ def table(result: dict) -> str:
             v = t["measured"]
             shown = f"{v:.3g}" if isinstance(v, float) and abs(v) < 10 else fmt(v)
             lines.append(f"| {t['model']} | {t['target']} | {shown} | {t['status']} |")
-    if not result["finished"]:  # the file as a stopped run leaves it
+    notes = [f"- {r['model']} {r['stage']}: {r['note']}" for r in result["stages"] if r.get("note")]
+    if notes:
+        lines += ["", *notes]
+    if result.get("stopped"):
+        lines += ["", f"result: stopped by {result['stopped']} (the rows above finished before it)"]
+    elif not result["finished"]:  # the file as a killed run leaves it
         lines += ["", "result: incomplete (the run was stopped, or is still running)"]
     else:
         lines += ["", f"result: {'ok' if result['ok'] else 'FAILED'}"]
@@ -655,6 +777,35 @@ def parse_limits(items: list[str], total: str | None, parts: list[str], tiny: bo
     return limits, seconds
 
 
+def parse_min_start(items: list[str]) -> dict:
+    """MIN_START with `--min-start SECONDS` (every kind) or `--min-start KIND=SECONDS` over it, in order. Bad input:
+    ValueError, one line."""
+    out = dict(MIN_START)
+    for item in items:
+        kind, sep, value = item.rpartition("=")
+        try:
+            seconds = float(value)
+        except ValueError:
+            seconds = None
+        if seconds is None or not math.isfinite(seconds) or seconds < 0 or (sep and kind not in MIN_START):
+            raise ValueError(f"--min-start {item}: expected SECONDS >= 0 or KIND=SECONDS with KIND one of "
+                             f"{', '.join(MIN_START)}")
+        out.update({kind: seconds} if sep else dict.fromkeys(out, seconds))
+    return out
+
+
+def share(now: float, end: float, limits: dict, part: str, remaining: list[str]) -> float:
+    """Part `part`'s deadline: the time left to `end` shared among the parts still to run (`remaining`, `part` among
+    them) in proportion to their limits: an earlier part's overrun is borne by all later parts alike, and time an
+    earlier part left over goes to them alike. A part without a limit (the tiny mode's) runs to `end`; with a part
+    without one still to come, each part gets its own limit."""
+    if limits[part] is None:
+        return end
+    if math.isinf(end) or any(limits[p] is None for p in remaining):
+        return min(end, now + limits[part])
+    return now + max(end - now, 0.0) * limits[part] / sum(limits[p] for p in remaining)
+
+
 def _seconds(text: str) -> float | None:
     try:
         value = float(text)
@@ -680,19 +831,39 @@ def left(at: float) -> float:
     return at - time.monotonic()
 
 
-def run_model_part(params, project: Path, work: Path, name: str, at: float, min_start: float, bench: dict | None,
+def starts(at: float, min_start: dict, step: str) -> bool:
+    """Whether step `step` may start with its part's deadline at `at`: MIN_START of its kind left."""
+    return left(at) >= min_start[KIND.get(step, "step")]
+
+
+class Stopped(BaseException):
+    """SIGTERM or SIGINT arrived (`on_signal`): raised in the main thread wherever it is, so that the step in flight
+    unwinds (a stage writes its outputs at its end: nothing half-written) and the run writes what finished."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum, self.name = signum, signal.Signals(signum).name
+
+
+def on_signal(signum, frame):
+    for sig in (signal.SIGTERM, signal.SIGINT):  # one stop: a second signal must not cut the final write
+        signal.signal(sig, signal.SIG_IGN)
+    raise Stopped(signum)
+
+
+def run_model_part(params, project: Path, work: Path, name: str, at: float, min_start: dict, bench: dict | None,
                    tiny: bool, record) -> dict:
     """Model `name`'s part: its build, its stages in order, then its generation benchmark (`bench`; None: none),
-    each inside the part's deadline `at` and started only with `min_start` seconds left; `record(key, row)` keeps
-    each row as it finishes. A stage that times out ends the part: the stages after it would need what it did not
-    write (a stage writes its outputs at its end). Returns the part's row."""
+    each inside the part's deadline `at` and started only with MIN_START of its kind left (`min_start`);
+    `record(key, row)` keeps each row as it finishes. A stage that times out ends the part: the stages after it would
+    need what it did not write (a stage writes its outputs at its end). Returns the part's row."""
     import torch
 
     cuda = not tiny
     t0 = time.monotonic()
     part, rows = {"part": name}, []
     stopped = None  # the status of every step not run from here on
-    if left(at) < min_start:
+    if not starts(at, min_start, "build"):
         stopped = NOT_STARTED
     else:
         b0 = time.perf_counter()
@@ -705,7 +876,7 @@ def run_model_part(params, project: Path, work: Path, name: str, at: float, min_
 
     def step(key: str, label: str, run) -> None:
         nonlocal stopped
-        if stopped is None and left(at) < min_start:
+        if stopped is None and not starts(at, min_start, label):
             stopped = NOT_STARTED
         if stopped is not None:
             row = {"model": name, **({"stage": label} if key == "stages" else {}), "status": stopped}
@@ -723,7 +894,7 @@ def run_model_part(params, project: Path, work: Path, name: str, at: float, min_
         gc.collect()
         if cuda:
             torch.cuda.empty_cache()
-        step("generate", "generation benchmark", lambda: run_bench(params, name, bench, at, project))
+        step("generate", "benchmark", lambda: run_bench(params, name, bench, at, project))
     statuses = {r["status"] for r in rows}
     part["status"] = (TIMED_OUT if statuses & {TIMED_OUT, NOT_STARTED} else "ok" if statuses == {"ok"} else "failed")
     part["wall_s"] = round(time.monotonic() - t0, 1)
@@ -770,8 +941,10 @@ def main(argv: list[str] | None = None) -> int:
                          + ", ".join(f"{k}={v}" for k, v in LIMITS.items()) + " (tiny: none)")
     ap.add_argument("--total", metavar="SECONDS", help="the whole run's time limit (default: the parts' limits "
                     "added up)")
-    ap.add_argument("--min-start", type=float, default=MIN_START, metavar="SECONDS",
-                    help=f"a step starts only with this much of its part left (default {MIN_START})")
+    ap.add_argument("--min-start", action="append", default=[], metavar="[KIND=]SECONDS",
+                    help="a step starts only with this much of its part left, by its kind (default "
+                         + ", ".join(f"{k}={v}" for k, v in MIN_START.items()) + "); SECONDS alone: every kind")
+    ap.add_argument("--tier-tests", action="append", metavar="PATH", help=argparse.SUPPRESS)  # the tests' fake tier
     ap.add_argument("--work", type=Path, help="folder of the saved models and the run's project "
                     "(default: <tmp>/meaningless-tokens-gpu-check[-tiny])")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -800,8 +973,17 @@ def main(argv: list[str] | None = None) -> int:
         limits, total = parse_limits(args.limit, args.total, parts, args.tiny)
     except ValueError as e:
         return bad(str(e))
-    if not math.isfinite(args.min_start) or args.min_start < 0:
-        return bad(f"--min-start {args.min_start}: expected SECONDS >= 0")
+    try:
+        min_start = parse_min_start(args.min_start)
+    except ValueError as e:
+        return bad(str(e))
+    # before anything the check needs is imported: a module missing on the GPU machine is one line, not a traceback
+    from benchmarks import gpu_preflight
+
+    missing = gpu_preflight.problems(gpu_preflight.third_party(), ROOT / ".whl")
+    if missing:
+        print("\n".join(f"gpu-check: preflight: {line}" for line in missing), file=sys.stderr)
+        return 2
     import torch
 
     if args.tiny:
@@ -815,19 +997,43 @@ def main(argv: list[str] | None = None) -> int:
     end = started + total
     result = {"tiny": args.tiny, "machine": machine(), "models": list(names), "out": str(out),
               "sizes": {**SIZES, **({k: {**SIZES.get(k, {}), **v} for k, v in TINY_SIZES.items()} if args.tiny else {})},
-              "limits": {"parts": limits, "total": None if math.isinf(total) else total, "min_start": args.min_start},
+              "limits": {"parts": limits, "total": None if math.isinf(total) else total, "min_start": min_start},
+              "expected": None if args.tiny else {p: ESTIMATES[p] for p in parts},
               "syncs_counted": None if args.tiny else "inside each stage's run(), the model load included",
               "tier": {"status": "not run", "reason": NOT_RUN} if args.no_tier else None, "parts": [], "stages": [],
               "generate": [], "bench_sizes": None if args.no_bench else bench,
-              "projection": {}, "projected_hours": None, "targets": [], "finished": False, "ok": False, "wall_s": 0.0}
+              "projection": {}, "projected_hours": None, "targets": [], "finished": False, "stopped": None,
+              "ok": False, "wall_s": 0.0}
     out.mkdir(parents=True, exist_ok=True)
-    for stale in ("gpu-check.json", "gpu-check.md", "tier.log", "tier.xml"):  # nothing of an earlier run is read as this one's
-        (out / stale).unlink(missing_ok=True)
+    for stale in ("gpu-check.json", "gpu-check.md", "tier.log", "tier.xml", "tier-collected.txt"):
+        (out / stale).unlink(missing_ok=True)  # nothing of an earlier run is read as this one's
     save(out, result, started)
+    handlers = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    flight = {"part": None}  # the part in flight
+    try:
+        return run_parts(args, parts, names, limits, min_start, end, bench, work, out, result, started,
+                         lambda part: flight.update(part=part))
+    except Stopped as e:  # the step in flight has unwound; what finished is in `result`
+        current = flight["part"]
+        if current and current not in [p["part"] for p in result["parts"]]:
+            result["parts"].append({"part": current, "limit_s": limits[current], "status": f"stopped ({e.name})"})
+        result["stopped"] = e.name
+        save(out, result, started)
+        print(table(result))
+        print(f"gpu-check: stopped by {e.name}; what finished is in {out / 'gpu-check.json'}, {out / 'gpu-check.md'}",
+              file=sys.stderr)
+        return 128 + e.signum
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+
+
+def run_parts(args, parts, names, limits, min_start, end, bench, work, out, result, started, enter) -> int:
+    """main's parts in order (the tier, then each model's); `enter(part)` names the part in flight."""
+    from meaningless_tokens.config import yaml12
 
     def deadline(part: str) -> float:
-        limit = limits[part]
-        return min(end, math.inf if limit is None else time.monotonic() + limit)
+        return share(time.monotonic(), end, limits, part, parts[parts.index(part):])
 
     def finish() -> int:
         totals = [p["total"] for p in result["projection"].values()]
@@ -843,13 +1049,16 @@ def main(argv: list[str] | None = None) -> int:
 
     work.mkdir(parents=True, exist_ok=True)
     if not args.no_tier:
+        enter("tier")
         t0, at = time.monotonic(), deadline("tier")
-        result["tier"] = (run_tier(out, at) if left(at) >= args.min_start else
-                          {"status": NOT_STARTED, "wall_s": 0.0})
+        result["tier"] = (run_tier(out, at, *([tuple(args.tier_tests)] if args.tier_tests else []))
+                          if starts(at, min_start, "tier") else {"status": NOT_STARTED, "wall_s": 0.0})
         print(f"gpu-check: CUDA tier: {result['tier']['status']} in {result['tier']['wall_s']} s ({out / 'tier.log'})")
         result["parts"].append({"part": "tier", "limit_s": limits["tier"], "status": result["tier"]["status"],
                                 "wall_s": round(time.monotonic() - t0, 1)})
         save(out, result, started)
+        if "signal" in result["tier"]:  # stopped while the tier ran: its row is written, the run ends here
+            raise Stopped(result["tier"].pop("signal"))
     try:
         from meaningless_tokens.config import load_params
 
@@ -880,7 +1089,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["MLESS_REUSE"] = "1"  # the sweep takes evaluate's rows, as the GPU profile's does
     try:
         for name in names:
-            part = run_model_part(params, project, work, name, deadline(name), args.min_start,
+            enter(name)
+            part = run_model_part(params, project, work, name, deadline(name), min_start,
                                   None if args.no_bench else bench, args.tiny, record)
             engine.release()  # the model's compiled step and weights go before the next model's
             result["parts"].append({"part": name, "limit_s": limits[name], **part})

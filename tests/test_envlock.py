@@ -4,7 +4,9 @@ answers pyproject.toml."""
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -121,76 +123,158 @@ def test_the_gpu_wheels_check_names_what_the_carried_set_lacks(tmp_path):
                                       "epsilon; extra == 'docs'", "zeta; sys_platform != 'emscripten'"])
     _wheel(tmp_path, "beta", "1.5", [])
     problems = envlock.wheel_closure(tmp_path, image)
+    assert set(problems) == set(envlock.TARGETS)  # every target: the wheels are pure Python
     # markers for CPython 3.12 on Linux x86-64: gamma, delta and the extra are not required there; zeta is
-    assert len(problems) == 2, problems
-    assert "alpha-1.0-py3-none-any.whl requires beta>=2, but" in problems[0] and "beta 1.5" in problems[0]
-    assert "requires zeta; sys_platform != 'emscripten', which neither" in problems[1]
+    found = problems[("3.12", "x86_64")]
+    assert len(found) == 2, found
+    assert "alpha-1.0-py3-none-any.whl requires beta>=2, but" in found[0] and "beta 1.5" in found[0]
+    assert "requires zeta; sys_platform != 'emscripten', which neither" in found[1]
+    # on 3.11 delta is required too (its marker holds there)
+    assert any("requires delta; python_version < '3.12', which neither" in f for f in problems[("3.11", "x86_64")])
     _wheel(tmp_path, "zeta", "0.1", [])
+    _wheel(tmp_path, "delta", "0.1", [])
     (tmp_path / "beta-1.5-py3-none-any.whl").unlink()
     _wheel(tmp_path, "beta", "2.0", ["numpy"])
-    assert envlock.wheel_closure(tmp_path, image) == []
+    assert envlock.wheel_closure(tmp_path, image) == {}
     assert envlock.main(["wheels", str(tmp_path), str(image)]) == 0
     with pytest.raises(envlock.LockError, match="no wheels"):
         envlock.wheel_closure(tmp_path / "empty", image)
 
 
-def test_the_gpu_wheels_of_the_makefile_form_a_closed_set():
-    """GPU_WHEELS at the versions this environment holds (the CPU lock pins the same versions as the CUDA one for
-    these pure-Python and ABI3 packages): every requirement on the GPU machine is met by them or its image."""
+def test_a_binary_wheel_fits_only_its_own_python_and_machine(tmp_path):
+    """pip on the GPU machine picks among the carried files by their tags; the closure check does the same per
+    target, and names a carried package without a file for one."""
+    fits = envlock.fits
+    assert fits("pydantic_core-2.50.5-cp312-cp312-manylinux_2_17_x86_64.manylinux2014_x86_64.whl", "3.12", "x86_64")
+    assert not fits("pydantic_core-2.50.5-cp312-cp312-manylinux_2_17_x86_64.manylinux2014_x86_64.whl", "3.11", "x86_64")
+    assert not fits("pydantic_core-2.50.5-cp312-cp312-manylinux_2_17_x86_64.manylinux2014_x86_64.whl", "3.12", "aarch64")
+    assert fits("tokenizers-0.23.3-cp39-abi3-manylinux_2_17_x86_64.manylinux2014_x86_64.whl", "3.13", "x86_64")
+    assert fits("transformers-5.24.0-py3-none-any.whl", "3.11", "aarch64")
+    image = tmp_path / "image.txt"
+    image.write_text("torch==2.11.0\n")
+    _wheel(tmp_path, "alpha", "1.0", ["torch>=2.4"])
+    core = tmp_path / "alpha-1.0-py3-none-any.whl"
+    core.rename(tmp_path / "alpha-1.0-cp312-cp312-manylinux_2_17_x86_64.whl")
+    problems = envlock.wheel_closure(tmp_path, image, ["alpha"])
+    assert ("3.12", "x86_64") not in problems
+    assert problems[("3.11", "x86_64")] == [f"no wheel of alpha in {tmp_path}/ fits CPython 3.11 on x86_64"]
+    # a requirement the image's recorded version does not meet
+    _wheel(tmp_path, "beta", "1.0", ["torch>=2.12"])
+    found = envlock.wheel_closure(tmp_path, image, ["alpha", "beta"])[("3.12", "x86_64")]
+    assert found == ["beta-1.0-py3-none-any.whl requires torch>=2.12, but the image holds torch 2.11.0"]
+
+
+def _makefile_list(name):
     import re
-    from importlib import metadata
 
     make = (ROOT / "Makefile").read_text()
-    names = re.search(r"^GPU_WHEELS := ((?:.*\\\n)*.*)$", make, re.M).group(1).replace("\\\n", " ").split()
-    image = re.search(r"^GPU_IMAGE\s*:= (\S+)", make, re.M).group(1)
+    return re.search(rf"^{name}\s*:= ((?:.*\\\n)*.*)$", make, re.M).group(1).replace("\\\n", " ").split()
+
+
+def test_the_gpu_wheels_of_the_makefile_form_a_closed_set():
+    """GPU_WHEELS at the versions this environment holds (the CPU lock pins the same versions as the CUDA one for
+    these pure-Python and ABI3 packages): every requirement on the GPU machine, for every CPython and machine the
+    wheels are fetched for, is met by them or its image, at the image's versions where they are recorded."""
+    from importlib import metadata
+
+    names = _makefile_list("GPU_WHEELS")
+    image = ROOT / _makefile_list("GPU_IMAGE")[0]
     cuda = envlock.parse(ROOT / "locks" / "cuda.txt")
     dists = []
     for name in names:
         dist = metadata.distribution(name)
         assert dist.version == cuda[envlock.canonical(name)], (name, dist.version)
         dists.append((name, name, dist.version, dist.requires or []))
-    assert envlock.closure(dists, envlock.image_names(ROOT / image), "GPU_WHEELS") == []
+    for python, machine in envlock.TARGETS:
+        assert envlock.closure(dists, envlock.image_names(image), "GPU_WHEELS", envlock.markers(python, machine),
+                               envlock.image_versions(image)) == [], (python, machine)
+    assert envlock.image_versions(image) == {"torch": "2.11.0+cu130", "transformers": "5.17.0"}
 
 
-# What the GPU machine never imports: the DVC-side commands (run cache, verify), GGUF conversion (the GPU profile's
-# models come from the hub as safetensors) and the vLLM engine (its own environment).
-NOT_ON_THE_GPU = {"dvc": "runcache and verify, not run there", "dvc_data": "DVC's data layer, for verify's reference",
-                  "gguf": "GGUF conversion; the GPU models are safetensors",
-                  "vllm": "the vLLM engine, its own environment"}
+def _preflight():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_preflight", ROOT / "benchmarks" / "gpu_preflight.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_every_package_the_gpu_check_imports_travels_or_is_in_the_image():
-    """Each third-party package imported by the library, the stages, the CUDA tier or benchmarks/gpu_check.py is in
-    the GPU image (locks/gpu-image.txt) or among GPU_WHEELS: a package missing there stops `make gpu-check` at
-    import on the GPU machine, where nothing can be installed."""
-    import ast
-    import re
-    import sys
+    """Each third-party module imported by the library, the stages, the CUDA tier's files (conftest, params, tiny, the
+    ARM tests), the benchmark or benchmarks/gpu_check.py (the preflight's files: one list) is carried among
+    GPU_WHEELS or in the GPU image (locks/gpu-image.txt), and where the image's version is recorded, it meets the
+    project's requirement: a package missing there stops `make gpu-check` on the GPU machine, where nothing can be
+    installed."""
     from importlib.metadata import packages_distributions
 
-    make = (ROOT / "Makefile").read_text()
-    carried = {envlock.canonical(n) for n in
-               re.search(r"^GPU_WHEELS := ((?:.*\\\n)*.*)$", make, re.M).group(1).replace("\\\n", " ").split()}
+    preflight = _preflight()
+    carried = {envlock.canonical(n) for n in _makefile_list("GPU_WHEELS")}
     image = envlock.image_names(ROOT / "locks" / "gpu-image.txt")
+    versions = envlock.image_versions(ROOT / "locks" / "gpu-image.txt")
+    needs = preflight.requirements()
     owners = packages_distributions()
-    files = [*(ROOT / "meaningless_tokens").rglob("*.py"), *(ROOT / "stages").glob("*.py"),
-             ROOT / "benchmarks" / "gpu_check.py", ROOT / "tests" / "test_cuda.py"]
-    missing = {}
-    for path in files:
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                names = [node.module]
-            else:
-                continue
-            for top in {n.split(".")[0] for n in names}:
-                if top in sys.stdlib_module_names or top in ("meaningless_tokens", "stages", "tests", "benchmarks"):
-                    continue
-                dists = {envlock.canonical(d) for d in owners.get(top, [top])}
-                if not dists & (carried | image) and top not in NOT_ON_THE_GPU:
-                    missing.setdefault(top, []).append(path.relative_to(ROOT).as_posix())
+    modules = preflight.third_party()
+    read = {p.relative_to(ROOT).as_posix() for p in preflight.files()}
+    assert {"tests/conftest.py", "tests/params.py", "tests/tiny.py", "tests/test_arm.py", "tests/test_arm_compile.py",
+            "benchmarks/bench_gpu_generate.py", "benchmarks/gpu_check.py", "benchmarks/gpu_tier.py"} <= read
+    missing, old = {}, {}
+    from packaging.specifiers import SpecifierSet
+
+    for top, users in modules.items():
+        dists = {envlock.canonical(d) for d in owners.get(top, [top])}
+        if not dists & (carried | image):
+            missing[top] = users
+        for dist in dists - carried:
+            if dist in versions and needs.get(dist) and not SpecifierSet(needs[dist]).contains(versions[dist]):
+                old[dist] = (versions[dist], needs[dist])
     assert missing == {}, missing
+    assert old == {}, old
+    assert set(preflight.NOT_ON_THE_GPU) == {"dvc", "dvc_data", "gguf", "vllm"}
+
+
+def test_the_preflight_names_a_removed_module_and_the_wheel_that_brings_it(tmp_path):
+    """The preflight with a site that lacks math_verify (a scratch copy of this environment's site-packages without
+    it, this interpreter run without its own site) and one whose h5py claims 2.0: one line each, naming the module,
+    its importer and the carried wheel that brings it; exit 2. With the whole site: exit 0."""
+    import subprocess
+    import sys
+    import sysconfig
+
+    site = Path(sysconfig.get_paths()["purelib"])
+    scratch = tmp_path / "site"
+    scratch.mkdir()
+    for entry in site.iterdir():
+        if entry.name.startswith(("math_verify", "h5py-")) or entry.suffix == ".pth":
+            continue
+        (scratch / entry.name).symlink_to(entry)
+    fake = scratch / "h5py-2.0.0.dist-info"
+    fake.mkdir()
+    (fake / "METADATA").write_text("Metadata-Version: 2.1\nName: h5py\nVersion: 2.0.0\n")
+    (fake / "top_level.txt").write_text("h5py\n")
+    (fake / "RECORD").write_text("h5py/__init__.py,,\n")
+    wheels = tmp_path / ".whl"
+    wheels.mkdir()
+    _wheel(wheels, "math_verify", "0.9.0", [])
+    whl = wheels / "math_verify-0.9.0-py3-none-any.whl"
+    import zipfile
+
+    with zipfile.ZipFile(whl, "a") as z:
+        z.writestr("math_verify/__init__.py", "")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    cmd = [sys.executable, "-S", str(ROOT / "benchmarks" / "gpu_preflight.py"), "--wheels", str(wheels)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**env, "PYTHONPATH": f"{scratch}:{ROOT}"},
+                          timeout=300)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("preflight: h5py: h5py 2.0.0 is too old (pyproject.toml: h5py>=3.12), imported by ")
+    assert "no wheel in" in lines[0] and "add its distribution to GPU_WHEELS" in lines[0]
+    assert lines[1].startswith("preflight: math_verify: missing (ModuleNotFoundError: No module named 'math_verify'), "
+                               "imported by meaningless_tokens/grading.py; ")
+    assert lines[1].endswith(".whl/math_verify-0.9.0-py3-none-any.whl brings math-verify 0.9.0")
+    whole = subprocess.run([cmd[0], *cmd[2:]], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert whole.returncode == 0 and "each new enough" in whole.stdout, whole.stderr
 
 
 def test_vendored_metadata_on_sys_path_is_not_an_installed_package():

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -264,14 +265,81 @@ def test_a_bad_limit_is_one_line(tmp_path):
         assert out.startswith("gpu-check: ") and line in out and len(out.strip().splitlines()) == 1, out
 
 
-def test_the_default_limits_fit_six_minutes():
-    limits, total = gpu_check.parse_limits([], None, ["tier", *gpu_check.DEFAULT_MODELS], tiny=False)
-    assert total == sum(limits.values()) <= 360 - 15  # the interpreter's start and the wheels' install
-    assert all(v >= 2 * gpu_check.MIN_START for v in limits.values())
+def test_the_default_check_fits_nine_minutes():
+    """The default check (the tier, the 1.5B and 7B widths) is expected to take at most 9 minutes with the interpreter's
+    start and the wheels' install (STARTUP), and its limits, each its part's expected seconds and MARGIN, too; the
+    expected seconds are docs/gpu.md's, step for step."""
+    parts = ["tier", *gpu_check.DEFAULT_MODELS]
+    limits, total = gpu_check.parse_limits([], None, parts, tiny=False)
+    expected = {p: sum(gpu_check.ESTIMATES[p].values()) for p in parts}
+    assert gpu_check.STARTUP + sum(expected.values()) <= gpu_check.BUDGET == 540
+    assert gpu_check.STARTUP + total <= gpu_check.BUDGET and total == sum(limits.values())
+    for part in parts:
+        assert limits[part] == math.ceil(round(expected[part] * (1 + gpu_check.MARGIN), 6))
+        assert limits[part] >= gpu_check.MIN_START["compile"] + gpu_check.MIN_START["step"]
+    # every step of a model's part has an estimate: the build, the stages, the benchmark
+    for name in gpu_check.DEFAULT_MODELS + gpu_check.MORE_MODELS:
+        assert list(gpu_check.ESTIMATES[name]) == ["build", *gpu_check.STAGES, "benchmark"], name
+    # docs/gpu.md's table of the estimates: a row per step, the default models' columns
+    doc = (ROOT / "docs" / "gpu.md").read_text()
+    for step in ["build", *gpu_check.STAGES, "benchmark"]:
+        cells = [str(gpu_check.ESTIMATES[n][step]) for n in gpu_check.DEFAULT_MODELS]
+        assert f"| {step} | " + " | ".join(cells) + " |" in doc, step
+    assert f"| the CUDA tier | {gpu_check.ESTIMATES['tier']['tier']} |" in doc
+    assert f"expected {gpu_check.STARTUP + sum(expected.values())} s" in doc
     limits, total = gpu_check.parse_limits(["tier=30", "qwen2_5-math-7b=200"], "300", ["tier", "qwen2_5-math-7b"], False)
     assert limits == {"tier": 30.0, "qwen2_5-math-7b": 200.0} and total == 300.0
     assert gpu_check.parse_limits(["qwen2_5-math-1_5b=5"], None, list(gpu_check.DEFAULT_MODELS), tiny=True) == (
         {"qwen2_5-math-1_5b": 5.0, "qwen2_5-math-7b": None}, math.inf)
+
+
+def test_a_parts_overrun_is_shared_by_every_later_part():
+    limits = {"tier": 200.0, "a": 100.0, "b": 100.0}
+    # on time: each part its limit
+    assert gpu_check.share(0.0, 400.0, limits, "tier", ["tier", "a", "b"]) == 200.0
+    assert gpu_check.share(200.0, 400.0, limits, "a", ["a", "b"]) == 300.0
+    # the tier ran 40 s over: a and b lose 20 s each, not a alone 40 (nor b everything a then overran)
+    assert gpu_check.share(240.0, 400.0, limits, "a", ["a", "b"]) == 320.0
+    # the tier finished 40 s early: a and b gain 20 s each
+    assert gpu_check.share(160.0, 400.0, limits, "a", ["a", "b"]) == 280.0
+    assert gpu_check.share(450.0, 400.0, limits, "b", ["b"]) == 450.0  # past the end: no time at all
+    # a part without a limit still to come (the tiny mode): each its own limit, never past the end
+    assert gpu_check.share(10.0, 100.0, {"a": 30.0, "b": None}, "a", ["a", "b"]) == 40.0
+    assert gpu_check.share(10.0, 100.0, {"a": 30.0, "b": None}, "b", ["b"]) == 100.0
+
+
+def test_a_step_whose_compile_is_done_starts_with_less_time_left_than_a_cold_one():
+    ms = gpu_check.parse_min_start([])
+    assert ms == gpu_check.MIN_START and ms["compile"] > ms["step"] and gpu_check.KIND["evaluate"] == "compile"
+    at = time.monotonic() + 20  # 20 s of the part left
+    assert not gpu_check.starts(at, ms, "evaluate")  # a cold compile: most of a minute
+    for step in ("prepare", "extract", "evaluate_warm", "sweep", "arm_tuning", "benchmark", "build"):
+        assert gpu_check.starts(at, ms, step), step
+    assert gpu_check.parse_min_start(["0"]) == dict.fromkeys(gpu_check.MIN_START, 0.0)
+    assert gpu_check.parse_min_start(["10", "compile=60"]) == {"tier": 10.0, "compile": 60.0, "step": 10.0}
+    for bad in ("warm=5", "-1", "compile=x", "nan"):
+        with pytest.raises(ValueError, match=f"--min-start {bad}: expected SECONDS >= 0 or KIND=SECONDS"):
+            gpu_check.parse_min_start([bad])
+
+
+def test_a_cold_compile_is_not_started_with_less_than_its_minimum_left(tiny_run, tiny_dir, tmp_path):
+    """The tiny run with the cold compile's minimum above any part's time left: every step before evaluate runs,
+    evaluate and the steps after it are "not started" (the part's stages run in order); the table prints each step's
+    expected seconds (n/a: the tiny mode has none) beside the measured."""
+    name = gpu_check.DEFAULT_MODELS[0]
+    built_models(tiny_dir, tmp_path)
+    rc, out, result = run(tmp_path, "--models", name, "--no-bench", "--limit", f"{name}=600",
+                          "--min-start", "compile=601")
+    assert rc == 1, out[-3000:]
+    statuses = [(r["stage"], r["status"]) for r in result["stages"]]
+    k = gpu_check.STAGES.index("evaluate")
+    assert statuses == ([(s, "ok") for s in gpu_check.STAGES[:k]]
+                        + [(s, gpu_check.NOT_STARTED) for s in gpu_check.STAGES[k:]]), statuses
+    assert result["limits"]["min_start"] == {**gpu_check.MIN_START, "compile": 601.0}
+    assert result["expected"] is None
+    assert "| part | step | expected s | measured s | status |" in out
+    assert f"| {name} | extract | n/a | {result['stages'][1]['wall_s']:,.1f} | ok |" in out
+    assert f"| {name} | evaluate | n/a | n/a | {gpu_check.NOT_STARTED} |" in out
 
 
 def test_a_stage_past_its_deadline_times_out_and_writes_nothing(tiny_run, tiny_dir, tmp_path, monkeypatch):
@@ -379,6 +447,17 @@ def test_the_tier_streams_its_log_and_is_killed_at_its_limit(tmp_path, monkeypat
     # the counts of the lines it wrote before the kill: test_hangs never ended
     assert (stopped["passed"], stopped["failed"], stopped["errors"], stopped["skipped"]) == (1, 1, 0, 1)
     assert stopped["failing"] == ["test_fails"]
+    # counted against what pytest collected: the case it did not finish is named, with why
+    assert done["collected"] == stopped["collected"] == 4 and done["not_run"] == []
+    assert stopped["not_run"] == ["test_hangs"] and stopped["not_run_why"] == "time limit"
+    result = {"tiny": True, "machine": {"gpu": None, "torch": "t", "cuda": None, "transformers": "x", "git_commit": "c",
+                                        "git_dirty": False},
+              "tier": stopped, "models": [], "parts": [], "stages": [], "generate": [], "projection": {},
+              "projected_hours": None, "targets": [], "limits": {"total": None, "min_start": {}},
+              "finished": True, "ok": False, "wall_s": 1.0}
+    shown = gpu_check.table(result)
+    assert f"CUDA tier: {gpu_check.TIMED_OUT}: 1 passed, 1 failed, 0 errors, 1 skipped, 1 not run of 4 collected" in shown
+    assert "CUDA tier, not run (time limit): test_hangs" in shown
     log = (tmp_path / "tier.log").read_text()
     assert "::test_passes PASSED" in log and "::test_fails FAILED" in log and "::test_hangs" in log
     assert "test_hangs PASSED" not in log
@@ -437,3 +516,92 @@ def test_a_set_value_is_read_as_dvc_reads_it(tmp_path, item, value):
     for part in [*path[1:], last]:
         got = got[part] if isinstance(got, dict) else getattr(got, part)
     assert got == value
+
+
+def test_the_tier_runs_what_only_a_gpu_checks_first_and_lists_every_case_it_collected(tmp_path):
+    """benchmarks/gpu_tier.py on tests/test_cuda.py as the check runs it (its CUDA cases collected on any machine):
+    the compiled-ARM cases before the stage comparisons that repeat the CPU's, every case in the list the tier is
+    counted against."""
+    listed = tmp_path / "collected.txt"
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "benchmarks.gpu_tier",
+                           "--collect-only", "-q", "-m", "cuda", "-k", gpu_check.TIER_CASES, "tests/test_cuda.py"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "MLESS_TIER_COLLECTED": str(listed)})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    ids = listed.read_text().split()
+    assert ids == [line for line in proc.stdout.splitlines() if "::" in line]  # the order pytest runs them in
+    assert len(ids) == 20  # 19 CUDA cases and the refusal on a machine without CUDA
+    names = [i.split("::")[1].split("[")[0] for i in ids]
+    order = gpu_tier_order()
+    ranks = [order.index(n) if n in order else len(order) for n in names]
+    assert ranks == sorted(ranks), names
+    first_arm = names.index("test_the_compiled_arm_edit_fused_with_its_act_fn_on_cuda_is_the_eager_edit")
+    assert first_arm < names.index("test_extract_matches_the_cpu_in_float32")
+    assert names.count("test_the_compiled_arm_edit_on_cuda_moves_what_the_cpu_does") == 4
+    assert not any("cpu-bfloat16" in i for i in ids)
+
+
+def gpu_tier_order():
+    spec = importlib.util.spec_from_file_location("gpu_tier", ROOT / "benchmarks" / "gpu_tier.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return list(module.ORDER)
+
+
+def _processes_naming(text: str) -> list[int]:
+    """Live processes whose command line holds `text`."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if text in (proc / "cmdline").read_bytes().decode(errors="replace"):
+                    pids.append(int(proc.name))
+            except OSError:
+                pass
+    return pids
+
+
+def test_sigterm_during_the_tier_ends_it_keeps_what_finished_and_leaves_no_process(tmp_path):
+    """SIGTERM to a tiny run while its tier (the fake one above: a case that hangs) runs: the tier's process group
+    ends, gpu-check.json and gpu-check.md hold the cases that finished and name the one it stopped, no process of the
+    tier is left, and the run exits 128 + 15 without starting a model."""
+    cases = tmp_path / "test_tier_cases.py"
+    cases.write_text(TIER_CASES)
+    cmd = [sys.executable, str(SCRIPT), "--tiny", "--tier-tests", str(cases), "--models", gpu_check.DEFAULT_MODELS[0],
+           "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out")]
+    log = tmp_path / "out" / "tier.log"
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "TIER_CASE_SLEEP": "600"})
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and proc.poll() is None:
+            if log.exists() and "::test_fails FAILED" in log.read_text(errors="replace"):
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None, proc.stdout.read()[-3000:]
+        assert _processes_naming(str(cases)), "the tier is not running"
+        time.sleep(1)  # test_hangs is in flight
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 128 + signal.SIGTERM, out[-3000:]
+    deadline = time.monotonic() + 10  # the kill of a process group is delivered, not waited for
+    while _processes_naming(str(cases)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _processes_naming(str(cases)) == []
+    result = json.loads((tmp_path / "out" / "gpu-check.json").read_text())
+    tier = result["tier"]
+    assert result["stopped"] == "SIGTERM" and result["finished"] is False and result["ok"] is False
+    assert tier["status"] == "stopped (SIGTERM)" and "signal" not in tier
+    assert (tier["passed"], tier["failed"], tier["skipped"], tier["collected"]) == (1, 1, 1, 4)
+    assert tier["not_run"] == ["test_hangs"] and tier["not_run_why"] == "stopped by SIGTERM"
+    assert result["parts"] == [{"part": "tier", "limit_s": None, "status": "stopped (SIGTERM)",
+                                "wall_s": result["parts"][0]["wall_s"]}]
+    assert result["stages"] == [] and not (tmp_path / "work" / "models" / gpu_check.DEFAULT_MODELS[0] / "done").exists()
+    table = (tmp_path / "out" / "gpu-check.md").read_text()
+    assert table == gpu_check.table(result) + "\n"
+    assert "CUDA tier, not run (stopped by SIGTERM): test_hangs" in table
+    assert table.rstrip().endswith("result: stopped by SIGTERM (the rows above finished before it)")

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from meaningless_tokens.envlock.compile import make
-from meaningless_tokens.envlock.gpu import wheel_closure
+from meaningless_tokens.envlock.gpu import REQUIRED_MACHINES, TARGETS, fetch, fits, wheel_closure
 from meaningless_tokens.envlock.install import CPU_TORCH_INDEX, install
 from meaningless_tokens.envlock.lock import (ROOT, SPECS, drift, pyproject_disagreements, record, recorded_layers,
                                              recorded_locks)
@@ -38,6 +38,12 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("wheels", help="the wheels carried to the GPU machine require nothing it lacks")
     p.add_argument("folder", type=Path)
     p.add_argument("image", type=Path, help="the GPU image's package names, one a line")
+    p.add_argument("names", nargs="*", metavar="NAME", help="the packages carried (default: every wheel's)")
+    p = sub.add_parser("gpu-wheels", help="fetch the carried packages' wheels for every target, then `wheels`")
+    p.add_argument("folder", type=Path)
+    p.add_argument("image", type=Path, help="the GPU image's package names, one a line")
+    p.add_argument("lock", type=Path, help="the lock whose versions are carried (locks/cuda.txt)")
+    p.add_argument("names", nargs="+", metavar="NAME")
     args = ap.parse_args(argv)
     try:
         if args.command == "lock":
@@ -49,13 +55,26 @@ def main(argv: list[str] | None = None) -> int:
             install(args.lock, args.uv, args.python, args.torch_index)
         elif args.command == "record":
             record(args.lock, args.layers)
-        elif args.command == "wheels":
-            problems = wheel_closure(args.folder, args.image)
-            if problems:
-                print("\n".join(f"error: {p}" for p in problems), file=sys.stderr)
+        elif args.command in ("wheels", "gpu-wheels"):
+            if args.command == "gpu-wheels":
+                lacking = fetch(args.names, args.lock, args.folder)
+                for name, targets in lacking.items():
+                    print(f"note: {name}: no wheel for " + ", ".join(f"CPython {py} on {m}" for py, m in targets),
+                          file=sys.stderr)
+            problems = wheel_closure(args.folder, args.image, args.names or None)
+            wheels = sorted(args.folder.glob("*.whl"))
+            failed = False
+            for target in TARGETS:
+                found = problems.get(target, [])
+                required = target[1] in REQUIRED_MACHINES
+                failed |= bool(found) and required
+                n = sum(fits(w.name, *target) for w in wheels)
+                print(f"CPython {target[0]} on {target[1]}: " + (
+                    f"{n} wheels, every requirement met by them or the image's packages ({args.image})" if not found
+                    else f"{'error' if required else 'not carried (best effort)'}: " + "; ".join(found)),
+                    file=sys.stderr if found else sys.stdout)
+            if failed:
                 return 1
-            print(f"{args.folder}: {len(list(args.folder.glob('*.whl')))} wheels, every requirement met by them or "
-                  f"the image's packages ({args.image})")
         else:
             from meaningless_tokens.store import ENV_RECORD, environment
 

@@ -103,17 +103,33 @@ def _stat_key(path: Path) -> list:
     return [st.st_dev, st.st_ino, st.st_size, st.st_ctime_ns, st.st_mtime_ns]
 
 
+def _dir_memo(model_dir: Path, cache: Path, trust_remote_code: bool) -> Path:
+    stat = {p.name: _stat_key(p) for p in sorted(model_dir.iterdir()) if p.is_file()}
+    key = hashlib.sha256(json.dumps([str(model_dir.resolve()), stat, trust_remote_code]).encode()).hexdigest()
+    return cache / "digests" / f"{key}.json"
+
+
 def describe_dir(model_dir: Path, cache: Path, trust_remote_code: bool) -> dict:
     """Weights digest and facts of a model folder, memoized by path, inode, size, ctime and mtime of its files
     (hashing GBs of weights and importing transformers on every run would cost seconds to minutes)."""
-    stat = {p.name: _stat_key(p) for p in sorted(model_dir.iterdir()) if p.is_file()}
-    key = hashlib.sha256(json.dumps([str(model_dir.resolve()), stat, trust_remote_code]).encode()).hexdigest()
-    memo = cache / "digests" / f"{key}.json"
+    memo = _dir_memo(model_dir, cache, trust_remote_code)
     if memo.is_file():
         return json.loads(memo.read_text())
     digest, files = weights_digest(model_dir)
     d = {"weights_sha256": digest, "files": files, "facts": model_facts(model_dir, trust_remote_code)}
     write_json_atomic(memo, d)
+    return d
+
+
+def identify_built(model_dir: Path, cache: Path, identity: str, trust_remote_code: bool = False) -> dict:
+    """describe_dir's memo for a folder whose weights the caller has just written (a harness's random-weight model:
+    benchmarks/gpu_check.py), `identity` (hex) standing for their digest: prepare then does not hash what was just
+    written (15 GB of a 7B model: 14 s). Any later change to a file (its stat) makes describe_dir hash it again."""
+    files = {p.name: identity for p in sorted(model_dir.glob("*.safetensors"))}
+    if not files:
+        raise ModelSourceError(f"{model_dir}: no *.safetensors weights (only safetensors are loaded)")
+    d = {"weights_sha256": identity, "files": files, "facts": model_facts(model_dir, trust_remote_code)}
+    write_json_atomic(_dir_memo(model_dir, cache, trust_remote_code), d)
     return d
 
 
