@@ -436,15 +436,17 @@ def run_stage(params, project: Path, stage: str, name: str, cuda: bool, at: floa
     return row
 
 
-def _die_with_parent() -> None:
-    """In the tier's child, before pytest starts: the kernel kills it if this process dies, however it dies (a
-    SIGKILL runs no handler and no `finally`; the tier, in a session of its own, would keep the GPU)."""
+def _die_with_parent():
+    """A preexec_fn for the tier's child, before pytest starts: the kernel kills it if this process dies, however it
+    dies (a SIGKILL runs no handler and no `finally`; the tier, in a session of its own, would keep the GPU). prctl is
+    looked up here, in the parent: the child between fork and exec only calls it. None where there is no prctl."""
     import ctypes
 
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG (Linux)
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
-        pass
+        return None
+    return lambda: prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG (Linux)
 
 
 def run_tier(out: Path, at: float = math.inf, tests: tuple[str, ...] = ("tests/test_cuda.py",)) -> dict:
@@ -463,7 +465,7 @@ def run_tier(out: Path, at: float = math.inf, tests: tuple[str, ...] = ("tests/t
     with open(log, "w") as f:
         # a session of its own: the kill reaches whatever the tier started; unbuffered: a killed tier's lines are in
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
-                                preexec_fn=_die_with_parent,
+                                preexec_fn=_die_with_parent(),
                                 env={**os.environ, "PYTHONUNBUFFERED": "1", "MLESS_TIER_COLLECTED": str(collected)})
         try:
             rc = proc.wait(timeout=None if math.isinf(at) else max(left(at), 0))

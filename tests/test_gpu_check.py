@@ -605,3 +605,28 @@ def test_sigterm_during_the_tier_ends_it_keeps_what_finished_and_leaves_no_proce
     assert table == gpu_check.table(result) + "\n"
     assert "CUDA tier, not run (stopped by SIGTERM): test_hangs" in table
     assert table.rstrip().endswith("result: stopped by SIGTERM (the rows above finished before it)")
+
+
+def test_a_tier_outlives_no_check_killed_without_warning(tmp_path):
+    """SIGKILL runs no handler: the tier, in a session of its own, dies with the check all the same (its child was
+    started with PR_SET_PDEATHSIG)."""
+    cases = tmp_path / "test_tier_cases.py"
+    cases.write_text(TIER_CASES)
+    code = (f"import importlib.util, sys; spec = importlib.util.spec_from_file_location('g', {str(SCRIPT)!r}); "
+            "g = importlib.util.module_from_spec(spec); spec.loader.exec_module(g); "
+            f"g.run_tier(__import__('pathlib').Path({str(tmp_path)!r}), tests=({str(cases)!r},))")
+    check = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "TIER_CASE_SLEEP": "600"})
+    try:
+        deadline = time.monotonic() + 120
+        log = tmp_path / "tier.log"
+        while time.monotonic() < deadline and not (log.exists() and "::test_fails FAILED" in log.read_text()):
+            time.sleep(0.2)
+        assert _processes_naming(str(cases)), "the tier is not running"
+        check.kill()
+        check.wait()
+    finally:
+        check.kill()
+    deadline = time.monotonic() + 10
+    while _processes_naming(str(cases)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _processes_naming(str(cases)) == []
