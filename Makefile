@@ -166,10 +166,10 @@ test-gpu:
 # model stage on random-weight models with the real configs of Qwen2.5-Math-1.5B and -7B (ALL=1: Llama-3.1-8B-Instruct
 # and Gemma-3-4b-it too), timed, each part within its time limit (9 minutes in all, the install included: one command
 # of a GPU slot); gpu-check.json, gpu-check.md and tier.log in GPU_CHECK_OUT, written as each row finishes. Installs the
-# wheels as test-gpu does. TINY=1: tiny widths on the CPU in this project's venv; GPU_CHECK_ARGS: more options of
-# benchmarks/gpu_check.py.
+# wheels as test-gpu does. TINY=1: tiny widths on the CPU in this project's venv with the test harness (the tier is
+# pytest, which the preflight asks for); GPU_CHECK_ARGS: more options of benchmarks/gpu_check.py.
 GPU_CHECK_OUT ?= /tmp/gpu-check$(if $(TINY),-tiny)
-gpu-check: $(if $(TINY),install)
+gpu-check: $(if $(TINY),install-test)
 ifdef TINY
 	$(BIN)/python benchmarks/gpu_check.py --tiny --out $(GPU_CHECK_OUT) $(if $(ALL),--all-models) $(GPU_CHECK_ARGS)
 else
