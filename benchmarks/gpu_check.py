@@ -168,8 +168,9 @@ def build_models(names, work: Path, tiny: bool, device: str) -> None:
             if device == "cuda":
                 import torch
                 torch.cuda.empty_cache()
-            (out / "done").write_text(built_identity(name, out, device))
-            identify_built(out, work / "cache", (out / "done").read_text())
+            identity = built_identity(name, out, device)
+            (out / "done").write_text(identity)  # before the digest's memo: its key holds every file's stat
+            identify_built(out, work / "cache", identity)
             print(f"gpu-check: built {name} ({'tiny' if tiny else 'real'} config) in {time.perf_counter() - t0:.1f} s")
 
 
@@ -418,7 +419,8 @@ def run_stage(params, project: Path, stage: str, name: str, cuda: bool, at: floa
         row["syncs"] = None if syncs is None else len(syncs)
         row["syncs_unit"] = n["unit"]
         row["syncs_per_unit"] = (round(len(syncs) / n["per"], 2) if syncs is not None and n["per"] else None)
-        if stage == "prepare" and (out.path / "done").is_file() and (out.path / "done").read_text() == out.weights_sha256:
+        done = out.path / "done" if stage == "prepare" else None
+        if done and done.is_file() and done.read_text() == out.weights_sha256:
             row["note"] = "weights not hashed: their digest is the check's build's identity (it wrote them)"
         if isinstance(out, Path) and out.suffix == ".h5":
             bad = nonfinite(out)

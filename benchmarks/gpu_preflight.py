@@ -2,8 +2,9 @@
 `make test-gpu` do): imports every third-party module that the library, the stages, the CUDA tier's files and the
 check import, with this interpreter and its path (on the GPU machine: the image's python3 and the carried wheels'
 folder on PYTHONPATH), and prints one line for each that is missing or older than the project needs, with the
-carried wheel that would bring it; exit 2 if any. Standard library only (and pip's vendored `packaging` for
-versions): it must run where the project's own requirements are what is missing.
+carried wheel that would bring it; exit 2 if any. Standard library only, with the project's envlock (itself standard
+library only, and packaging or pip's vendored copy for versions and wheel tags): it must run where the project's own
+requirements are what is missing.
 
 `tests/test_envlock.py` checks the same files against the wheels `make gpu-wheels` carries and the image's packages
 (locks/gpu-image.txt) in every `make test`.
@@ -14,7 +15,6 @@ from __future__ import annotations
 import argparse
 import ast
 import importlib
-import re
 import sys
 import tomllib
 import zipfile
@@ -22,6 +22,12 @@ from importlib import metadata
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # `python benchmarks/gpu_preflight.py` puts only benchmarks/ on the path
+    sys.path.insert(0, str(ROOT))
+
+# the project's packaging helpers: standard library only (and packaging, or pip's vendored copy)
+from meaningless_tokens.envlock.gpu import fits  # noqa: E402
+from meaningless_tokens.envlock.lock import _packaging, canonical  # noqa: E402
 # What the GPU check runs: the library and the stages whole, and the files the check and the tier start from; the
 # project's modules these import (tests.*, benchmarks.*) are followed. bench_gpu_generate is loaded by its path.
 ENTRIES = ("benchmarks/gpu_check.py", "benchmarks/gpu_tier.py", "benchmarks/bench_gpu_generate.py",
@@ -82,18 +88,6 @@ def third_party(root: Path = ROOT) -> dict[str, list[str]]:
     return {k: sorted(v) for k, v in sorted(out.items())}
 
 
-def _packaging():
-    try:
-        from packaging.specifiers import SpecifierSet
-        from packaging.utils import canonicalize_name
-        from packaging.version import Version
-    except ImportError:
-        from pip._vendor.packaging.specifiers import SpecifierSet
-        from pip._vendor.packaging.utils import canonicalize_name
-        from pip._vendor.packaging.version import Version
-    return SpecifierSet, Version, canonicalize_name
-
-
 def wheels(folder: Path) -> dict[str, list[tuple[str, str, Path]]]:
     """Top-level module -> [(distribution, version, wheel)] of the wheels in `folder` (the files each installs)."""
     out: dict[str, list] = {}
@@ -111,32 +105,26 @@ def wheels(folder: Path) -> dict[str, list[tuple[str, str, Path]]]:
 
 
 def _fits(wheel: Path) -> bool:
-    """Whether this interpreter can install `wheel` (its tags): pure Python, abi3, or this CPython's own."""
+    """Whether this interpreter, on this machine, installs `wheel` (its tags)."""
     import platform
 
-    py, abi, plat = wheel.name.removesuffix(".whl").split("-")[-3:]
-    here = f"cp{sys.version_info.major}{sys.version_info.minor}"
-    if plat != "any" and platform.machine() not in plat:
-        return False
-    return abi == "none" or here in abi.split(".") or (abi == "abi3" and py <= here)
+    return fits(wheel.name, f"{sys.version_info.major}.{sys.version_info.minor}", platform.machine())
 
 
 def requirements(root: Path = ROOT) -> dict[str, str]:
     """Canonical distribution name -> the project's specifier (pyproject.toml's dependencies and test extra)."""
-    SpecifierSet, _, canonical = _packaging()
+    (requirement,) = _packaging("requirements")
     project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
-    out = {}
-    for line in [*project["dependencies"], *project.get("optional-dependencies", {}).get("test", [])]:
-        m = re.match(r"\s*([A-Za-z0-9._-]+)(\[[^\]]*\])?\s*([^;]*)", line)
-        if m:
-            out[canonical(m.group(1))] = m.group(3).strip()
-    return out
+    reqs = [requirement.Requirement(line) for line in
+            [*project["dependencies"], *project.get("optional-dependencies", {}).get("test", [])]]
+    return {canonical(r.name): str(r.specifier) for r in reqs}
 
 
 def problems(modules: dict[str, list[str]], folder: Path, root: Path = ROOT) -> list[str]:
     """One line for each module of `modules` that does not import, or whose distribution is older than the project's
     specifier or than the wheel carried for it in `folder`; [] when every one imports and is new enough."""
-    SpecifierSet, Version, canonical = _packaging()
+    specifiers, version = _packaging("specifiers", "version")
+    SpecifierSet, Version = specifiers.SpecifierSet, version.Version
     carried, needs = wheels(folder), requirements(root)
     owners = metadata.packages_distributions()
     lines = []

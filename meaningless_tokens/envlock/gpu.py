@@ -34,17 +34,9 @@ def markers(python: str, machine: str) -> dict:
 GPU_MARKERS = markers("3.12", "x86_64")  # the image on record: python3 3.12 (locks/gpu-image.txt)
 
 
-def _tags():
-    try:
-        from packaging import tags, utils
-    except ImportError:
-        from pip._vendor.packaging import tags, utils
-    return tags, utils
-
-
 def fits(wheel: str, python: str, machine: str) -> bool:
     """Whether pip on CPython `python`, Linux `machine` (glibc >= 2.28), installs wheel file `wheel`."""
-    tags, utils = _tags()
+    tags, utils = _packaging("tags", "utils")
     version = tuple(int(x) for x in python.split("."))
     interp = f"cp{version[0]}{version[1]}"
     platforms = [f"{m}_{machine}" for m in MANYLINUX] + [f"manylinux2014_{machine}", f"linux_{machine}"]

@@ -61,14 +61,16 @@ def canonical(name: str) -> str:
     return _packaging()[1].canonicalize_name(name)
 
 
-def _packaging():
-    """packaging's requirements and utils: the environment's, else pip's vendored copy (`make gpu-wheels` may run
-    with a bare python3)."""
+def _packaging(*names: str) -> tuple:
+    """packaging's modules `names` (default: requirements and utils): the environment's, else pip's vendored copy
+    (`make gpu-wheels` and the GPU check's preflight may run with a bare python3)."""
+    import importlib
+
+    names = names or ("requirements", "utils")
     try:
-        from packaging import requirements, utils
+        return tuple(importlib.import_module(f"packaging.{n}") for n in names)
     except ImportError:
-        from pip._vendor.packaging import requirements, utils
-    return requirements, utils
+        return tuple(importlib.import_module(f"pip._vendor.packaging.{n}") for n in names)
 
 
 def input_digest() -> str:
