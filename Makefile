@@ -10,16 +10,20 @@ LOCK   := locks/$(TORCH).txt
 # The test harness (pytest, playwright, moto), locked as a layer over LOCK at its versions: `make test` adds it to
 # .venv; `make repro` never installs it, and provenance names LOCK alone.
 TEST_LOCK := locks/$(TORCH)-test.txt
+# Ray (`mless repro --cluster`: docs/gpu.md, "Every GPU of a node or a cluster"), a layer of its own over LOCK:
+# `make install-cluster` adds it, `make test` adds it beneath the test harness, `make repro` never installs it.
+CLUSTER_LOCK := locks/$(TORCH)-cluster.txt
 export PATH := $(abspath $(BIN)):$(PATH)
 export DVC_NO_ANALYTICS := 1
 export PYTHONDONTWRITEBYTECODE := 1
 # pip's notice that a newer pip exists is no news to a newcomer: the venv's own pip installs the locks.
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install install-test install-vllm uv lock check-torch system-packages repro verify test test-fast faults test-vllm test-gpu gpu-check gpu-wheels clean-venv
+.PHONY: install install-test install-cluster install-vllm uv lock check-torch system-packages repro cluster-repro verify test test-fast faults test-vllm test-gpu gpu-check gpu-wheels clean-venv
 
 install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test
+install-cluster: $(VENV)/.installed-cluster
 
 check-torch:
 	@case "$(TORCH)" in cpu|cuda) ;; *) echo "error: TORCH=$(TORCH): expected cpu or cuda (the lock locks/<TORCH>.txt)" >&2; exit 2;; esac
@@ -54,10 +58,17 @@ $(VENV)/.installed: pyproject.toml Makefile $(LOCK) $(UV) | check-torch
 	$(BIN)/python -m meaningless_tokens.envlock check
 	touch $@
 
-$(VENV)/.installed-test: $(VENV)/.installed $(TEST_LOCK)
+$(VENV)/.installed-cluster: $(VENV)/.installed $(CLUSTER_LOCK)
+	$(call envlock_install,$(VENV),$(CLUSTER_LOCK))
+	$(BIN)/python -m pip check
+	$(BIN)/python -m meaningless_tokens.envlock record $(LOCK) $(CLUSTER_LOCK)
+	$(BIN)/python -m meaningless_tokens.envlock check
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed-cluster $(TEST_LOCK)
 	$(call envlock_install,$(VENV),$(TEST_LOCK))
 	$(BIN)/python -m pip check
-	$(BIN)/python -m meaningless_tokens.envlock record $(LOCK) $(TEST_LOCK)
+	$(BIN)/python -m meaningless_tokens.envlock record $(LOCK) $(CLUSTER_LOCK) $(TEST_LOCK)
 	$(BIN)/python -m meaningless_tokens.envlock check
 	touch $@
 
@@ -86,6 +97,13 @@ $(VLLM_VENV)/.installed: pyproject.toml Makefile $(VLLM_LOCK) $(UV) | check-torc
 repro: install
 	$(BIN)/python -m meaningless_tokens.config check
 	$(BIN)/dvc repro
+
+# The pipeline's stages as Ray tasks, as many at once as the CPUs and GPUs allow, each in a workspace of its own;
+# then `dvc repro` here restores every stage from the run-cache (docs/gpu.md). CLUSTER=<address> joins a running
+# Ray cluster (else a local one is started); CLUSTER_ARGS: more options of `mless repro`.
+cluster-repro: install-cluster
+	$(BIN)/python -m meaningless_tokens.config check
+	$(BIN)/mless repro --cluster $(CLUSTER) $(CLUSTER_ARGS)
 
 # Whether the workspace's outputs reproduce those of REV (a git revision or `dvc exp` name): every output of
 # dvc.lock compared by value within the tolerances of docs/sharing.md, one row each and a verdict line.

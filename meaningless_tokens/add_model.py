@@ -294,9 +294,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trust-remote-code", action="store_true", help="run the model's own code from its folder")
     p.add_argument("--outcomes", action="store_true", help="also add it to evaluate.models and likelihood.models")
     p.add_argument("--params", default=str(PARAMS_FILE))
+    from meaningless_tokens.cluster import cli as cluster_cli
+
+    cluster_cli.add_parser(sub)
     args = ap.parse_args(argv)
     try:
-        return run(args)
+        return cluster_cli.run(args) if args.command == "repro" else run(args)
     except StageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

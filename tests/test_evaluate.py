@@ -316,6 +316,22 @@ def test_three_shards_merged_equal_one_run_byte_for_byte(tiny_dirs, write_params
 
 
 @pytest.mark.slow  # tens of seconds: make test-fast leaves it to make test
+def test_a_shard_made_at_another_resolved_batch_size_is_refused_naming_it(tiny_dirs, write_params, cache_dir,
+                                                                          tmp_path):
+    """Two nodes whose free memory differs resolve `evaluate.batch_size: auto` to different sizes (simulated: the CPU
+    refuses auto, so the two sizes are set by hand): the merge refuses the other node's part in one line naming the
+    setting, never mixing generations made in other batches."""
+    node_a = tiny_eval_params(write_params, tiny_dirs, batch_size=4)
+    node_b = tiny_eval_params(write_params, tiny_dirs, batch_size=2)
+    part = evaluate.run(evaluate.with_shard(node_a, "0/2"), "tiny", root=tmp_path)
+    with pytest.raises(ArtifactError) as e:
+        evaluate.run(node_b, "tiny", root=tmp_path)
+    line = str(e.value)
+    assert "\n" not in line and line.startswith(f"{part}: made for other inputs (batch_size: 4 in the file, 2 in this run")
+    assert "evaluate.batch_size auto resolves each node's own size" in line
+    assert not (tmp_path / "artifacts/eval/tiny.h5").exists()
+
+
 def test_a_part_of_other_inputs_is_refused_and_shard_input_is_checked(tiny_dirs, write_params, cache_dir, tmp_path):
     params = tiny_eval_params(write_params, tiny_dirs)
     other = tiny_eval_params(write_params, tiny_dirs, max_new_tokens=7)
@@ -359,9 +375,11 @@ def test_vllm_engine_bad_input_names_the_key(tiny_dirs, write_params, cache_dir,
         evaluate.run(params_with(tensor_parallel_size=2), "smollm2-135m", root=tmp_path)
     with pytest.raises(ConfigError, match=r"prompt.conditions: 'arm' runs only on evaluate.engine 'transformers'"):
         evaluate.run(params_with(["none", "arm"]), "smollm2-135m", root=tmp_path)
-    monkeypatch.setattr(vllm_backend, "has_module", lambda name: name != "ray")
-    with pytest.raises(ConfigError, match=r"evaluate.vllm.distributed_executor_backend: 'ray' needs the ray package"):
-        evaluate.run(params_with(distributed_executor_backend="ray"), "smollm2-135m", root=tmp_path)
+    monkeypatch.setattr(vllm_backend, "has_module", lambda name: name != "ray")  # the replicas are Ray actors
+    with pytest.raises(ConfigError, match=r"evaluate.engine: 'vllm' runs its replicas on Ray, which this environment "
+                                          r".* lacks; `make install-vllm`"):
+        evaluate.run(params_with(), "smollm2-135m", root=tmp_path)
+    monkeypatch.setattr(vllm_backend, "has_module", lambda name: True)
     import torch
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     with pytest.raises(ConfigError, match=r"evaluate.vllm.tensor_parallel_size: 2 x data_parallel_size 2 needs 4 GPUs; "

@@ -39,7 +39,8 @@ def live_engine_processes() -> list[str]:
     found = []
     for p in psutil.process_iter(["cmdline", "status"]):
         cmd = " ".join(p.info["cmdline"] or [])
-        if ("VLLM::" in cmd or "meaningless_tokens.engines.vllm_worker" in cmd) and p.info["status"] != psutil.STATUS_ZOMBIE:
+        # vLLM's own processes, and the replicas: Ray actors (`ray::VllmReplica`)
+        if ("VLLM::" in cmd or "VllmReplica" in cmd) and p.info["status"] != psutil.STATUS_ZOMBIE:
             found.append(f"{p.pid} {cmd[:80]}")
     return found
 

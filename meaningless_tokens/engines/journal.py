@@ -67,8 +67,10 @@ def journal_key(weights_sha256: str | None, settings: dict, items: list[Item], v
 class Journal:
     """Append-only record of finished batches; bound to one configuration by `key`."""
 
-    def __init__(self, path: Path, key: str, foreign: str = "restart"):
-        self.path, self.key, self.foreign = path, key, foreign
+    def __init__(self, path: Path, key: str, foreign: str = "restart", settings: dict | None = None):
+        # settings: what the key was made from beyond the items, kept in the header so that a part refused at the
+        # merge says which setting differs (a batch size that evaluate.batch_size auto resolved on another node)
+        self.path, self.key, self.foreign, self.settings = path, key, foreign, settings
         self.records: dict[tuple, Record] = {}  # by Record.key
         if path.is_file():
             self._load()
@@ -100,8 +102,13 @@ class Journal:
             header = {}
         if header.get("key") != self.key or header.get("version") != JOURNAL_VERSION:
             if self.foreign == "refuse":
-                raise ArtifactError(f"{self.path}: made for other inputs (params, code, model or engine differ from "
-                                    f"this run's); rerun that shard with these, or delete the file")
+                differ = settings_differ(header.get("settings"), self.settings)
+                if "batch_size:" in differ:  # auto resolves per node: its free memory
+                    differ += (" (evaluate.batch_size auto resolves each node's own size from its free memory: "
+                               "set a number for shards made on unlike GPUs)")
+                raise ArtifactError(f"{self.path}: made for other inputs ("
+                                    + (f"{differ}" if differ else "params, code, model or engine differ from this run's")
+                                    + "); rerun that shard with these, or delete the file")
             print(f"{self.path}: made for other inputs; starting afresh", file=sys.stderr)
             self.path.unlink()
             return
@@ -118,7 +125,9 @@ class Journal:
             fresh = not self.path.is_file()
             with open(self.path, "a", encoding="utf-8") as f:
                 if fresh:
-                    f.write(json.dumps({"version": JOURNAL_VERSION, "key": self.key}) + "\n")
+                    f.write(json.dumps({"version": JOURNAL_VERSION, "key": self.key,
+                                        **({"settings": self.settings} if self.settings is not None else {})},
+                                       ensure_ascii=True) + "\n")
                 for rec in records:
                     # ASCII: a text with a lone surrogate (a model can write one) has no UTF-8 form
                     f.write(json.dumps(asdict(rec), ensure_ascii=True) + "\n")
@@ -130,6 +139,22 @@ class Journal:
             self.records[rec.key] = rec
 
 
+def settings_differ(theirs: dict | None, ours: dict | None, prefix: str = "") -> str:
+    """`a: x in the file, y in this run; ...` for each setting that differs ("" when either is unknown or none
+    differs: the items or the weights differ then)."""
+    if not isinstance(theirs, dict) or not isinstance(ours, dict):
+        return ""
+    lines = []
+    for k in sorted(set(theirs) | set(ours)):
+        a, b = theirs.get(k), ours.get(k)
+        if isinstance(a, dict) and isinstance(b, dict):
+            inner = settings_differ(a, b, f"{prefix}{k}.")
+            lines += [inner] if inner else []
+        elif a != b:
+            lines.append(f"{prefix}{k}: {json.dumps(a)} in the file, {json.dumps(b)} in this run")
+    return "; ".join(lines)
+
+
 def part_path(journal: Path, index: int, count: int) -> Path:
     return journal.with_name(f"{journal.stem}.part-{index}-of-{count}.jsonl")
 
@@ -139,7 +164,7 @@ def merge_parts(journal: Journal, journal_path: Path) -> dict[Path, int]:
     made for other inputs is refused (it names the file): shards of one evaluation share every input."""
     merged = {}
     for part in sorted(journal_path.parent.glob(f"{journal_path.stem}.part-*-of-*.jsonl")):
-        recs = Journal(part, journal.key, foreign="refuse").records
+        recs = Journal(part, journal.key, foreign="refuse", settings=journal.settings).records
         journal.append([r for k, r in sorted(recs.items()) if k not in journal.records])
         merged[part] = len(recs)
     if merged:

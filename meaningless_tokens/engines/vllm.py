@@ -1,14 +1,15 @@
-"""The vLLM engine (`evaluate.engine: vllm`): generation in worker processes (engines/vllm_worker.py); only the
-tokenizer is loaded in the stage's process. It scores nothing: likelihood runs on the transformers engine
+"""The vLLM engine (`evaluate.engine: vllm`): generation in replicas that are Ray actors (engines/vllm_worker.py);
+only the tokenizer is loaded in the stage's process. It scores nothing: likelihood runs on the transformers engine
 (engines/scorer.py).
 
-The stage's process never imports vLLM. It starts `evaluate.vllm.data_parallel_size` worker processes
-(`python -m meaningless_tokens.engines.vllm_worker FD`), each one `vllm.LLM` on its own `tensor_parallel_size` devices, and
-hands each its share of the prompts as JSON on stdin; a worker writes one JSON line per finished
-generation to the pipe FD (vLLM logs to stdout and stderr, which go to the stage's stderr), so the
-stage journals generations as they finish. Replicas are independent engines: vLLM 0.32's `LLM` refuses
-`data_parallel_size > 1` in one process, and a dense model's replicas have nothing to exchange. Past one
-node: tensor parallel over Ray (`distributed_executor_backend: ray`), data parallel by `evaluate.shard`.
+The stage's process never imports vLLM. It starts `evaluate.vllm.data_parallel_size` replicas, each a Ray actor
+holding one `vllm.LLM` on its own `tensor_parallel_size` GPUs (Ray's `CUDA_VISIBLE_DEVICES`), and hands each its
+share of the prompts; a replica streams back one message per finished generation (and vLLM's log lines, which the
+stage prints to its stderr), so the stage journals generations as they finish. Replicas are independent engines:
+vLLM 0.32's `LLM` refuses `data_parallel_size > 1` in one process, and a dense model's replicas have nothing to
+exchange. The Ray is $RAY_ADDRESS's cluster (a scheduled run's, `mless repro --cluster`: the replicas may then run
+on any of its nodes with free GPUs, and so may vLLM's tensor parallelism with `distributed_executor_backend: ray`),
+else one the stage starts on this machine and stops. Past one Ray cluster: `evaluate.shard`.
 
 What makes its outputs those of the transformers engine: the prompt's token ids as they are
 (`prompt_token_ids`, no re-tokenisation), greedy (temperature 0), the same stop token ids,
@@ -21,10 +22,7 @@ criterion stops; texts are decoded by the stage's own tokenizer, as for the tran
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
-import signal
-import subprocess
 import sys
 import time
 from importlib import metadata
@@ -32,7 +30,7 @@ from pathlib import Path
 from typing import Iterator
 
 from meaningless_tokens import arm, models, sampling
-from meaningless_tokens.config import ROOT, Evaluate, Runtime
+from meaningless_tokens.config import Evaluate, Runtime
 from meaningless_tokens.engines.base import Closing, Generated, Item, Scores, _common_settings
 from meaningless_tokens.engines.transformers import stop_ids
 from meaningless_tokens.errors import ConfigError, StageError
@@ -69,9 +67,9 @@ def check(cfg: Evaluate, conditions: list[str], device: str, params_file: Path) 
         raise ConfigError(f"{params_file}: prompt.conditions: 'arm' runs only on evaluate.engine 'transformers' "
                           f"(ARM is a hook on transformers' layer-0 MLP; vLLM runs its own model code)")
     v = cfg.vllm
-    if v.distributed_executor_backend == "ray" and not has_module("ray"):
-        raise ConfigError(f"{params_file}: evaluate.vllm.distributed_executor_backend: 'ray' needs the ray package, "
-                          f"which this environment ({sys.executable}) lacks: pip install 'ray[default]'")
+    if not has_module("ray"):
+        raise ConfigError(f"{params_file}: evaluate.engine: 'vllm' runs its replicas on Ray, which this environment "
+                          f"({sys.executable}) lacks; {INSTALL_HINT}")
     wanted = v.tensor_parallel_size * v.data_parallel_size
     if device == "cpu":
         if v.tensor_parallel_size > 1:
@@ -81,7 +79,8 @@ def check(cfg: Evaluate, conditions: list[str], device: str, params_file: Path) 
         import torch
 
         have = torch.cuda.device_count()
-        if wanted > have and v.distributed_executor_backend != "ray":
+        # on a Ray cluster ($RAY_ADDRESS: a scheduled run's) the replicas take GPUs anywhere in it, not this process's
+        if wanted > have and v.distributed_executor_backend != "ray" and not os.environ.get("RAY_ADDRESS"):
             raise ConfigError(
                 f"{params_file}: evaluate.vllm.tensor_parallel_size: {v.tensor_parallel_size} x data_parallel_size "
                 f"{v.data_parallel_size} needs {wanted} GPUs; this machine has {have} (distributed_executor_backend: "
@@ -151,103 +150,98 @@ def generate(cfg: Evaluate, setup, engine: dict, jobs: list[tuple], eos: list[in
     seed}) sampled with that request's own seed] by the stage's model (a models.ModelSetup) with the engine
     `engine` (settings()) describes, yielded as (id, generated token ids, seconds since the previous one finished
     or the first engine started) in the order they finish; `stats` receives `engine_start_seconds` (the slowest
-    replica's)."""
+    replica's). Each replica is a Ray actor on its own `tensor_parallel_size` GPUs, given every n-th job: on the
+    Ray cluster of $RAY_ADDRESS (a scheduled run's, `mless repro --cluster`), else on a Ray of this machine that
+    the stage starts and stops."""
+    import ray
+
+    from meaningless_tokens.engines.vllm_worker import VllmReplica
+
     v, device = cfg.vllm, setup.device
     # the context these prompts need, not the model's (Llama-3.1's 128k would reserve KV cache for nothing)
     args = {**_engine_args(cfg, setup, engine),
             "max_model_len": max(len(j[1]) for j in jobs) + max([cfg.max_new_tokens] + [j[2]["max_tokens"] for j in jobs
                                                                                         if len(j) > 2])}
     replicas = min(v.data_parallel_size, len(jobs))
-    workers = []
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-           "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
-    if engine["batch_invariant"]:
-        env["VLLM_BATCH_INVARIANT"] = "1"
-    try:  # the workers' logs (vLLM's and the engine start line) go to the stage's stderr
-        log = sys.stderr.fileno()
-    except (AttributeError, OSError, ValueError):  # a notebook's stderr is no file
-        log = None
+    env = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", **({"VLLM_BATCH_INVARIANT": "1"} if engine["batch_invariant"] else {})}
+    started = start_ray(ray)
+    actors, streams = [], []
     try:
+        actor = ray.remote(VllmReplica)
         for r in range(replicas):
-            read_fd, write_fd = os.pipe()
-            wenv = dict(env)
-            if device != "cpu" and replicas > 1:  # replica r on its own tensor_parallel_size GPUs
-                visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-                ids = visible.split(",") if visible else [str(i) for i in range(replicas * v.tensor_parallel_size)]
-                wenv["CUDA_VISIBLE_DEVICES"] = ",".join(ids[r * v.tensor_parallel_size:(r + 1) * v.tensor_parallel_size])
-            # a process group of its own: vLLM's engine-core and worker processes are stopped with it (a
-            # terminated worker would leave them running, each holding its share of the memory)
-            proc = subprocess.Popen([sys.executable, "-m", "meaningless_tokens.engines.vllm_worker", str(write_fd)], cwd=ROOT,
-                                    stdin=subprocess.PIPE, stdout=log, stderr=log, env=wenv,
-                                    pass_fds=(write_fd,), text=True, start_new_session=True)
-            os.close(write_fd)
+            # a GPU replica asks Ray for its tensor_parallel_size GPUs; on the CPU vLLM's threads are its own
+            need = {"num_gpus": v.tensor_parallel_size, "num_cpus": 0} if device != "cpu" else {"num_cpus": 0}
+            a = actor.options(**need, max_concurrency=2, max_restarts=0).remote(env)
+            actors.append(a)
             share = [j for k, j in enumerate(jobs) if k % replicas == r]
-            proc.stdin.write(json.dumps({"engine": args, "jobs": share, "stop_token_ids": eos,
-                                         "max_tokens": cfg.max_new_tokens, "seed": cfg.seed,
-                                         "stop_at_boxed": cfg.stop_at_boxed}))
-            proc.stdin.close()
-            workers.append((proc, os.fdopen(read_fd, "r", encoding="utf-8")))
-        yield from _collect(workers, {j[0] for j in jobs}, {} if stats is None else stats)
+            streams.append(a.serve.options(num_returns="streaming").remote(
+                {"engine": args, "jobs": share, "stop_token_ids": eos, "max_tokens": cfg.max_new_tokens,
+                 "seed": cfg.seed, "stop_at_boxed": cfg.stop_at_boxed}))
+        yield from _collect(ray, streams, {j[0] for j in jobs}, {} if stats is None else stats)
     finally:
-        for proc, pipe in workers:
-            pipe.close()
-            stop(proc)
+        stop(ray, actors)
+        if started:
+            ray.shutdown()
 
 
-def stop(proc: subprocess.Popen, grace: float = 30.0) -> None:
-    """Stop a worker and every process in its group (after a normal exit: whatever vLLM left behind)."""
-    def signal_group(sig) -> None:
+def start_ray(ray) -> bool:
+    """Join $RAY_ADDRESS's cluster, or start a Ray of this machine for this stage alone (address "local": never a
+    cluster `ray start` left running here); True when this call started one (the stage stops it)."""
+    if ray.is_initialized():
+        return False
+    address = os.environ.get("RAY_ADDRESS")
+    ray.init(address=address or "local", include_dashboard=False, log_to_driver=False, logging_level="ERROR",
+             **({} if address else {"object_store_memory": 100 * 2**20}))
+    return True
+
+
+def stop(ray, actors: list) -> None:
+    """Each replica's processes (vLLM's engine core and workers) stopped, then the replica itself."""
+    for a in actors:
         try:
-            os.killpg(proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass  # the group is empty
-
-    if proc.poll() is None:
-        signal_group(signal.SIGTERM)  # vLLM's processes shut down on SIGTERM
-        try:
-            proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
+            ray.get(a.stop.remote(), timeout=60)
+        except Exception:  # noqa: BLE001 - a replica that died has nothing left to stop
             pass
-        time.sleep(1)
-    signal_group(signal.SIGKILL)
-    proc.wait()
+        ray.kill(a)
 
 
-def _collect(workers, expected: set[str], stats: dict) -> Iterator[tuple[str, list[int], float]]:
-    import selectors
-
-    sel = selectors.DefaultSelector()
-    for proc, pipe in workers:
-        sel.register(pipe, selectors.EVENT_READ, proc)
-    last, open_pipes, seen = time.perf_counter(), len(workers), set()
-    while open_pipes:
-        for key, _ in sel.select():
-            line = key.fileobj.readline()
-            if not line:
-                sel.unregister(key.fileobj)
-                open_pipes -= 1
-                continue
-            msg = json.loads(line)
-            if "started" in msg:
-                if "engine_start_seconds" not in stats:
-                    last = time.perf_counter()
-                stats["engine_start_seconds"] = max(stats.get("engine_start_seconds", 0.0), msg["started"])
-            elif "id" in msg:
-                now = time.perf_counter()
-                seen.add(msg["id"])
-                yield msg["id"], msg["token_ids"], now - last
-                last = now
-    failed = [(p.wait(), p.args) for p, _ in workers]
+def _collect(ray, streams, expected: set[str], stats: dict) -> Iterator[tuple[str, list[int], float]]:
+    """The replicas' messages in the order they arrive: generations yielded, log lines to this stage's stderr."""
+    last, seen, pending, failed = time.perf_counter(), set(), list(streams), []
+    while pending:
+        ready, _ = ray.wait(pending, num_returns=1)
+        stream = ready[0]
+        try:
+            msg = ray.get(next(stream))
+        except StopIteration:
+            pending.remove(stream)
+            continue
+        except Exception as e:  # noqa: BLE001 - the replica's failure (RayTaskError, actor died): its log says why
+            pending.remove(stream)
+            failed.append(str(getattr(e, "cause", None) or e).strip())
+            continue
+        if "log" in msg:
+            sys.stderr.write(msg["log"])
+            sys.stderr.flush()
+        elif "started" in msg:
+            if "engine_start_seconds" not in stats:
+                last = time.perf_counter()
+            stats["engine_start_seconds"] = max(stats.get("engine_start_seconds", 0.0), msg["started"])
+        elif "id" in msg:
+            now = time.perf_counter()
+            seen.add(msg["id"])
+            yield msg["id"], msg["token_ids"], now - last
+            last = now
     missing = expected - seen
-    if missing or any(rc for rc, _ in failed):
-        codes = ", ".join(str(rc) for rc, _ in failed)
-        raise StageError(f"vLLM engine: a worker failed (exit status {codes}; its log is above) with "
-                         f"{len(missing)} of {len(expected)} generations unfinished; the finished ones are journaled: "
-                         f"rerun to resume")
+    if missing or failed:
+        for text in failed:
+            print(text, file=sys.stderr)
+        raise StageError(f"vLLM engine: {len(failed)} replica(s) failed (the log is above) with {len(missing)} of "
+                         f"{len(expected)} generations unfinished; the finished ones are journaled: rerun to resume")
 
 
 class VllmEngine(Closing):
-    """vLLM in worker processes (engines/vllm_worker.py); only the tokenizer is loaded here."""
+    """vLLM in replicas that are Ray actors (engines/vllm_worker.py); only the tokenizer is loaded here."""
 
     def __init__(self, cfg: Evaluate, conditions: list[str], setup: models.ModelSetup, sampled: bool = True):
         from transformers import AutoConfig, AutoTokenizer, GenerationConfig
@@ -269,7 +263,7 @@ class VllmEngine(Closing):
         self.batch_size = cfg.batch_size
 
     def close(self) -> None:
-        """Nothing to remove: no model here, and the workers stop with `generate`'s generator."""
+        """Nothing to remove: no model here, and the replicas stop with `generate`'s generator."""
 
     def fit(self, groups: list[tuple[list[Item], int]], like=None) -> int:
         """The batch size of the journal's batches (vLLM schedules its own): auto is every row in one. `like` is

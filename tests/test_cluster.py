@@ -1,0 +1,201 @@
+"""`mless repro --cluster`: the tiny pipeline's stages as Ray tasks on Ray's multi-node test cluster (two nodes on
+this machine, each with one CPU and two GPUs that do not exist), against a serial `dvc repro` of the same change.
+
+One scheduled run serves most tests (module fixture `scheduled`): `extract.showcase` and `evaluate.n_samples` changed,
+so both models' extraction (a GPU task each) and evaluation (two shard tasks each, a GPU each, and a merge) run, then
+the CPU stages; a Ray worker is killed (SIGKILL) in the middle of one stage. The model stages ask for GPUs
+(`--gpus all`: the tests' profile runs on the CPU). The second node's tasks have a DVC cache of their own and reach
+the first node's outputs through the project's DVC remote (the default, a folder under $HOME).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+from tests.dvc_repo import BIN, ran
+from tests.shared import A, B, copy_of_pipeline
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cluster")]
+
+CHANGE = {"extract__showcase": 2, "evaluate__n_samples": 6}  # 18 rows at batch size 9: two batches, two shards
+# what records a run rather than a result (as tests/test_dvc.py and test_sharing.py set aside): the timing
+# sidecars, and the pages and verdict lines that print the run's cost
+RUN_RECORDS = ("metrics/timing", "reports/report.", "docs/results.md", "metrics/verdict.json")
+OUTPUT_FOLDERS = ("artifacts", "metrics", "reports/figures", "reference", "docs/results")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """Two Ray nodes on this machine: 1 CPU, 2 declared GPUs and a 100 MB object store each, no dashboard."""
+    from ray.cluster_utils import Cluster
+
+    node = dict(num_cpus=1, num_gpus=2, object_store_memory=100 * 2**20)
+    c = Cluster(initialize_head=True, head_node_args={**node, "include_dashboard": False})
+    c.add_node(**node)
+    c.wait_for_nodes()
+    yield c
+    c.shutdown()
+
+
+def schedule(repo, cluster, tmp: Path, *args: str):
+    return repo.run(str(BIN / "mless"), "repro", "--cluster", cluster.address, "--gpus", "all", "--scratch",
+                    str(tmp / "scratch"), "--timeline", str(tmp / "timeline"), *args, check=False)
+
+
+def stage_processes(stage: str):
+    return [p for p in psutil.process_iter(["cmdline"]) if f"stages.{stage}" in " ".join(p.info["cmdline"] or [])]
+
+
+def ray_worker_of(proc: psutil.Process) -> psutil.Process | None:
+    for parent in proc.parents():
+        if any("ray::" in part or "default_worker.py" in part for part in parent.cmdline()):
+            return parent
+    return None
+
+
+def kill_worker_running(stage: str, killed: dict, timeout: float = 240) -> None:
+    """SIGKILL the Ray worker whose task runs `python -m stages.<stage>`, once it has started."""
+    end = time.time() + timeout
+    while time.time() < end and "pid" not in killed:
+        for proc in stage_processes(stage):
+            try:
+                worker = ray_worker_of(proc)
+                if worker is not None:
+                    killed.update(pid=worker.pid, at=time.time())
+                    worker.send_signal(signal.SIGKILL)
+                    return
+            except psutil.Error:
+                continue
+        time.sleep(0.05)
+
+
+def lock_without_run_records(repo) -> dict:
+    """dvc.lock less the entries of run records (and the folder `reports`, a dependency of the reference that holds
+    the report's pages)."""
+    lock = yaml.safe_load((repo.path / "dvc.lock").read_text())
+    for st in lock["stages"].values():
+        for section in ("outs", "deps"):
+            st[section] = [o for o in st.get(section, []) if not o["path"].startswith(RUN_RECORDS)
+                           and o["path"] != "reports"]
+    return lock
+
+
+def results(repo) -> dict[str, bytes]:
+    return {p: b for p, b in repo.files(*OUTPUT_FOLDERS).items() if not p.startswith(RUN_RECORDS)}
+
+
+@pytest.fixture(scope="module")
+def serial(tmp_path_factory):
+    repo = copy_of_pipeline(tmp_path_factory, tmp_path_factory.mktemp("serial") / "pipeline")
+    repo.set_params(**CHANGE)
+    repo.ran = repo.repro()
+    return repo
+
+
+@pytest.fixture(scope="module")
+def scheduled(tmp_path_factory, cluster):
+    tmp = tmp_path_factory.mktemp("scheduled")
+    repo = copy_of_pipeline(tmp_path_factory, tmp / "pipeline")
+    repo.set_params(**CHANGE)
+    repo.lock_before = (repo.path / "dvc.lock").read_bytes()
+    killed: dict = {}
+    killer = threading.Thread(target=kill_worker_running, args=("stats", killed), daemon=True)
+    killer.start()
+    repo.proc = schedule(repo, cluster, tmp, "--shards", "2")
+    killer.join(timeout=1)
+    repo.killed = killed
+    repo.timeline = json.loads((tmp / "timeline" / "timeline.json").read_text())
+    repo.chart = tmp / "timeline" / "timeline.png"
+    return repo
+
+
+def test_the_scheduled_run_gives_the_serial_runs_outputs_and_lock(scheduled, serial):
+    assert scheduled.proc.returncode == 0, scheduled.proc.stdout + scheduled.proc.stderr
+    assert lock_without_run_records(scheduled) == lock_without_run_records(serial)
+    got, want = results(scheduled), results(serial)
+    assert sorted(got) == sorted(want)
+    assert [p for p in want if got[p] != want[p]] == []
+    # the workspace's own dvc repro restored every stage a task ran, and ran only what DVC cannot restore
+    assert ran(scheduled.proc) - {"report", "reference"} == {s for s in serial.ran if s not in ("report", "reference")}
+    assert "Running stage 'report'" in scheduled.proc.stdout and "Running stage 'extract@" not in scheduled.proc.stdout
+    assert scheduled.chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_tasks_ran_on_both_nodes_and_overlapping_gpu_tasks_on_a_node_saw_different_devices(scheduled):
+    tasks = scheduled.timeline["tasks"]
+    assert scheduled.timeline["nodes"] == 2 and len({t["node"] for t in tasks}) == 2
+    gpu = [t for t in tasks if t["gpus"]]
+    assert {t["step"] for t in gpu} >= {f"extract@{A}", f"extract@{B}", f"evaluate@{A}", f"evaluate@{B}"}
+    overlapping = [(s, t) for s in gpu for t in gpu if s is not t and s["node"] == t["node"]
+                   and s["start"] < t["end"] and t["start"] < s["end"]]
+    assert overlapping, "no two GPU tasks overlapped on one node"
+    assert all(s["gpus"] != t["gpus"] for s, t in overlapping)
+    assert {t["gpus"] for t in gpu} <= {"0", "1"}
+    assert all(t["gpus"] == "" for t in tasks if not t["step"].startswith(("extract@", "evaluate@", "explorer")))
+
+
+def test_a_node_fetched_through_the_dvc_remote_what_another_node_made(scheduled):
+    tasks = scheduled.timeline["tasks"]
+    made_on = {t["step"]: t["node"] for t in tasks if t["kind"] != "shard" and t["step"] in t["ran"]}
+    fetched = [(t["step"], s) for t in tasks for s in t["restored"] if s in made_on and made_on[s] != t["node"]]
+    assert fetched, made_on
+    assert scheduled.timeline["remote"] is True
+
+
+def test_evaluate_ran_as_shards_merged_without_a_copy_by_hand(scheduled):
+    tasks = scheduled.timeline["tasks"]
+    for m in (A, B):
+        shards = sorted(t["shard"] for t in tasks if t["kind"] == "shard" and t["step"] == f"evaluate@{m}")
+        assert shards == ["0/2", "1/2"]
+        merge = [t for t in tasks if t["kind"] == "merge" and t["step"] == f"evaluate@{m}"]
+        assert len(merge) == 1 and merge[0]["start"] >= max(t["end"] for t in tasks if t["kind"] == "shard"
+                                                              and t["step"] == f"evaluate@{m}")
+    logs = [Path(t["log"]).read_text() for t in tasks if t["kind"] == "merge"]
+    assert all("merged 18 generations from 2 shard parts" in log for log in logs), logs
+
+
+def test_a_killed_worker_is_retried_and_the_outputs_are_the_same_bytes(scheduled, serial):
+    assert "pid" in scheduled.killed, "no stats stage was seen running"
+    assert scheduled.proc.returncode == 0
+    stats = [t for t in scheduled.timeline["tasks"] if t["step"].startswith("stats@")]
+    assert len(stats) == 2 and scheduled.killed["pid"] not in {t["pid"] for t in stats}
+    assert any(t["end"] > scheduled.killed["at"] for t in stats)
+    for m in (A, B):
+        p = f"artifacts/stats/{m}.h5"
+        assert (scheduled.path / p).read_bytes() == (serial.path / p).read_bytes()
+
+
+def test_a_failing_stage_stops_the_run_in_one_line_and_a_rerun_runs_only_it_and_what_follows(
+        tmp_path, cluster, tmp_path_factory):
+    """figures.layer 7 (the tiny models' layers are 0-2) passes the params' schema and fails in the stages that
+    draw: figures (and explorer); extraction and statistics, changed too, succeed before them."""
+    repo = copy_of_pipeline(tmp_path_factory, tmp_path / "pipeline")
+    repo.set_params(extract__showcase=2, figures__layer=7)
+    lock, outputs = (repo.path / "dvc.lock").read_bytes(), repo.files(*OUTPUT_FOLDERS)
+    proc = schedule(repo, cluster, tmp_path / "first")
+    assert proc.returncode != 0
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, proc.stderr
+    assert errors[0].startswith(("error: figures on node", "error: explorer on node")), errors[0]
+    assert "figures.layer: layer 7 was not extracted" in errors[0], errors[0]
+    assert (repo.path / "dvc.lock").read_bytes() == lock and repo.files(*OUTPUT_FOLDERS) == outputs
+    first = json.loads((tmp_path / "first" / "timeline" / "timeline.json").read_text())
+    done_first = {t["step"] for t in first["tasks"] if t["step"] in t["ran"]}
+    assert first["failed"] and {f"extract@{A}", f"extract@{B}", f"stats@{A}", f"stats@{B}"} <= done_first
+    repo.set_params(figures__layer=0)
+    proc = schedule(repo, cluster, tmp_path / "second")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    second = json.loads((tmp_path / "second" / "timeline" / "timeline.json").read_text())
+    ran_again = {t["step"] for t in second["tasks"] if t["step"] in t["ran"]}
+    assert "figures" in ran_again and ran_again <= {"figures", "explorer"}
+    restored = {t["step"] for t in second["tasks"] if t["step"] in t["restored"]}
+    assert {f"extract@{A}", f"extract@{B}", f"stats@{A}", f"stats@{B}"} <= restored
+    assert repo.status() == {}
