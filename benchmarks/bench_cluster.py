@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -35,8 +36,10 @@ def clone(dest: Path) -> Path:
 
 
 def timed(cmd: list[str], cwd: Path) -> tuple[float, str]:
+    """`cmd` in `cwd` with this environment's bin first on PATH (DVC runs the stages' `python` from there)."""
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env=env)
     if proc.returncode:
         sys.exit(f"{' '.join(cmd)} failed in {cwd} (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return time.perf_counter() - start, proc.stdout + proc.stderr
