@@ -83,6 +83,7 @@ def run(root: Path, opts: Options) -> int:
         timeline.write(out, records, {"run": run_id, "nodes": len(nodes), "remote": remote, "failed": error})
         if error:
             raise ClusterError(error)
+        _clean(ray, {r["node"] for r in records}, scratch / run_id)
     finally:
         ray.shutdown()
     print(f"timeline: {out / timeline.CHART}", flush=True)
@@ -155,9 +156,11 @@ def _schedule(ray, root, todo, opts, gpu, vllm, remote, env, run_id, scratch):
             break
         part = record.pop("part", None)
         records.append(record)
+        what = ("its part generated" if part else "nothing to generate: the run-cache holds the stage") \
+            if kind == "shard" else _what(record)
         print(f"  {record['step']}{' shard ' + record['shard'] if record.get('shard') else ''} on "
               f"{record['ip']} ({record['node'][:8]}{', GPU ' + record['gpus'] if record['gpus'] else ''}): "
-              f"{_what(record)} in {record['end'] - record['start']:.1f} s", flush=True)
+              f"{what} in {record['end'] - record['start']:.1f} s", flush=True)
         if kind == "shard":
             if part:
                 parts[step.name][part[0]] = part[1]
@@ -172,11 +175,18 @@ def _schedule(ray, root, todo, opts, gpu, vllm, remote, env, run_id, scratch):
     return records, error
 
 
+def _clean(ray, nodes: set[str], run: Path) -> None:
+    """Each node's worktrees, snapshot and (off the driver's node) DVC cache of this run removed, by a task pinned
+    to that node; the logs stay."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    clean = ray.remote(workspace.clean)
+    ray.get([clean.options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False))
+             .remote(run / node[:12]) for node in nodes])
+
+
 def _what(record: dict) -> str:
-    ran, restored = record["ran"], record["restored"]
-    if record["kind"] == "shard":
-        return "its part generated" if not restored or ran else "restored"
-    own = record["step"]
+    ran, restored, own = record["ran"], record["restored"], record["step"]
     return "ran" if own in ran else "restored from the run-cache" if own in restored else "up to date"
 
 

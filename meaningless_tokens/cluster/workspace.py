@@ -55,10 +55,13 @@ def node_repository(home: Path, data: bytes) -> Path:
 def worktree(src: Path, home: Path, step: str, cache: Path, data: bytes) -> Path:
     """A fresh worktree of `src` for one attempt of `step`, its DVC cache `cache` (the remotes of the workspace's
     .dvc/config.local kept)."""
+    from filelock import FileLock
+
     path = home / "tasks" / f"{step.replace('@', '-')}-{uuid.uuid4().hex[:8]}"
     path.parent.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["git", *GIT_ID, "worktree", "add", "-q", "--detach", str(path)], cwd=src, check=True,
-                   capture_output=True)
+    with FileLock(str(home / "src.lock")):  # git's worktree bookkeeping, one task at a time
+        subprocess.run(["git", *GIT_ID, "worktree", "add", "-q", "--detach", str(path)], cwd=src, check=True,
+                       capture_output=True)
     local = ""
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         if LOCAL_CONFIG in tar.getnames():
@@ -80,9 +83,23 @@ def write_cache_dir(config: Path, text: str, cache: Path) -> None:
 
 def remove(src: Path, path: Path) -> None:
     """A task's worktree gone (its outputs are in the cache by then, or the task failed)."""
-    subprocess.run(["git", "worktree", "remove", "--force", str(path)], cwd=src, capture_output=True)
+    from filelock import FileLock
+
     shutil.rmtree(path, ignore_errors=True)
+    with FileLock(str(path.parent.parent / "src.lock")):
+        subprocess.run(["git", "worktree", "prune"], cwd=src, capture_output=True)
 
 
 def scratch_default() -> Path:
     return Path(os.environ.get("MLESS_CLUSTER_SCRATCH") or Path(os.environ.get("TMPDIR", "/tmp")) / "mless-cluster")
+
+
+def clean(home: Path) -> None:
+    """A node's folder of a finished run less what it no longer needs (the snapshot's repository, the worktrees and,
+    on a node other than the driver's, its DVC cache, whose outputs are on the remote): the tasks' logs stay."""
+    for name in ("src", "tasks", "cache", "src.done", "src.lock"):
+        path = home / name
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
