@@ -34,17 +34,20 @@ class Options:
     out: Path | None = None          # the timeline's folder (default reports/runs/<stamp>)
 
 
-def wants_gpu(root: Path, mode: str, cluster_gpus: float) -> tuple[bool, bool]:
+def requests(root: Path, mode: str, cluster_gpus: float, cluster_cpus: float) -> tuple[bool, bool, float]:
     """(whether the model stages ask Ray for a GPU: runtime.device cuda, auto if the cluster has GPUs; whether
-    evaluate runs on vLLM, whose replicas ask for their own GPUs while the stage's process holds none)."""
+    evaluate runs on vLLM, whose replicas ask for their own GPUs while the stage's process holds none; the CPUs a
+    model stage on the CPU asks for: runtime.threads, or every CPU where torch picks: two stages of two threads on
+    two cores thrash, 4x slower each: docs/benchmarks.md)."""
     from meaningless_tokens.config import load_params
 
     params = load_params(root / "params.yaml")
     vllm = params.evaluate.engine == "vllm"
+    cpus = min(float(params.runtime.threads or cluster_cpus), cluster_cpus) or 1.0
     if mode in ("all", "none"):
-        return mode == "all", vllm
+        return mode == "all", vllm, cpus
     device = params.runtime.device
-    return device == "cuda" or (device == "auto" and cluster_gpus > 0), vllm
+    return device == "cuda" or (device == "auto" and cluster_gpus > 0), vllm, cpus
 
 
 def run(root: Path, opts: Options) -> int:
@@ -67,7 +70,8 @@ def run(root: Path, opts: Options) -> int:
     try:
         nodes = [n for n in ray.nodes() if n["Alive"]]
         remote = len(nodes) > 1
-        gpu, vllm = wants_gpu(root, opts.gpus, ray.cluster_resources().get("GPU", 0))
+        gpu, vllm, cpus = requests(root, opts.gpus, ray.cluster_resources().get("GPU", 0),
+                                   ray.cluster_resources().get("CPU", 1))
         print(f"mless repro --cluster: {len(todo)} of {len(steps)} stages as tasks on {len(nodes)} node(s), "
               f"{ray.cluster_resources().get('CPU', 0):g} CPUs, {ray.cluster_resources().get('GPU', 0):g} GPUs"
               f"{'; model stages on GPUs' if gpu else ''}", flush=True)
@@ -79,7 +83,7 @@ def run(root: Path, opts: Options) -> int:
             share(root, env)
         records, error = [], None
         if todo:
-            records, error = _schedule(ray, root, todo, opts, gpu, vllm, remote, env, run_id, scratch)
+            records, error = _schedule(ray, root, todo, opts, (gpu, vllm, cpus), remote, env, run_id, scratch)
         timeline.write(out, records, {"run": run_id, "nodes": len(nodes), "remote": remote, "failed": error})
         if error:
             raise ClusterError(error)
@@ -104,7 +108,7 @@ def share(root: Path, env: dict) -> None:
                                f"(docs/sharing.md), and `{' '.join(cmd[1:])}` failed: {last}")
 
 
-def _schedule(ray, root, todo, opts, gpu, vllm, remote, env, run_id, scratch):
+def _schedule(ray, root, todo, opts, asks, remote, env, run_id, scratch):
     """Submit each step once its upstream steps are done; (the tasks' records, the first failure or None)."""
     from meaningless_tokens.cluster import task
 
@@ -121,11 +125,12 @@ def _schedule(ray, root, todo, opts, gpu, vllm, remote, env, run_id, scratch):
     records, error = [], None
 
     def submit(step, kind, shard=None, got=None):
+        gpu, vllm, cpus = asks
         use_gpu = gpu and step.loads_model and not (vllm and step.name.startswith("evaluate@"))
         job = Job(run_id, step.name, kind, tuple(u for u in step.upstream if u in names) if kind == "shard"
                   else step.upstream, driver, str(cache), str(scratch), env, remote, use_gpu,
                   tuple(a for a in step.ancestors if a not in names), shard, got or {})
-        resources = {"num_gpus": 1, "num_cpus": 0} if use_gpu else {"num_cpus": 1}
+        resources = {"num_gpus": 1, "num_cpus": 0} if use_gpu else {"num_cpus": cpus if step.loads_model else 1}
         ref = remote_run.options(**resources, max_retries=2, retry_exceptions=False,
                                  scheduling_strategy="SPREAD").remote(job, data)
         running[ref] = (step, kind)
