@@ -34,7 +34,7 @@ class Options:
     out: Path | None = None          # the timeline's folder (default reports/runs/<stamp>)
 
 
-def requests(root: Path, mode: str, cluster_gpus: float, cluster_cpus: float) -> tuple[bool, bool, float]:
+def requests(root: Path, mode: str, cluster_gpus: float, node_cpus: float) -> tuple[bool, bool, float]:
     """(whether the model stages ask Ray for a GPU: runtime.device cuda, auto if the cluster has GPUs; whether
     evaluate runs on vLLM, whose replicas ask for their own GPUs while the stage's process holds none; the CPUs a
     model stage on the CPU asks for: runtime.threads, or every CPU where torch picks: two stages of two threads on
@@ -43,7 +43,7 @@ def requests(root: Path, mode: str, cluster_gpus: float, cluster_cpus: float) ->
 
     params = load_params(root / "params.yaml")
     vllm = params.evaluate.engine == "vllm"
-    cpus = min(float(params.runtime.threads or cluster_cpus), cluster_cpus) or 1.0
+    cpus = min(float(params.runtime.threads or node_cpus), node_cpus) or 1.0
     if mode in ("all", "none"):
         return mode == "all", vllm, cpus
     device = params.runtime.device
@@ -70,8 +70,9 @@ def run(root: Path, opts: Options) -> int:
     try:
         nodes = [n for n in ray.nodes() if n["Alive"]]
         remote = len(nodes) > 1
+        # a task fits one node: at most the CPUs of the largest
         gpu, vllm, cpus = requests(root, opts.gpus, ray.cluster_resources().get("GPU", 0),
-                                   ray.cluster_resources().get("CPU", 1))
+                                   max(n["Resources"].get("CPU", 0) for n in nodes))
         print(f"mless repro --cluster: {len(todo)} of {len(steps)} stages as tasks on {len(nodes)} node(s), "
               f"{ray.cluster_resources().get('CPU', 0):g} CPUs, {ray.cluster_resources().get('GPU', 0):g} GPUs"
               f"{'; model stages on GPUs' if gpu else ''}", flush=True)
