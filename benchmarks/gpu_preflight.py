@@ -33,11 +33,14 @@ from meaningless_tokens.envlock.lock import _packaging, canonical  # noqa: E402
 ENTRIES = ("benchmarks/gpu_check.py", "benchmarks/gpu_tier.py", "benchmarks/bench_gpu_generate.py",
            "tests/conftest.py", "tests/test_cuda.py")
 LIBRARY = ("meaningless_tokens", "stages")
-# What the GPU machine never imports: the DVC-side commands (run cache, verify), GGUF conversion (the GPU profile's
-# models come from the hub as safetensors) and the vLLM engine (its own environment).
+# What the GPU machine never imports: the DVC-side commands (run cache, verify, the cluster scheduler, which runs
+# DVC), GGUF conversion (the GPU profile's models come from the hub as safetensors) and the vLLM engine (its own
+# environment, its replicas on Ray).
 NOT_ON_THE_GPU = {"dvc": "runcache and verify, not run there", "dvc_data": "DVC's data layer, for verify's reference",
                   "gguf": "GGUF conversion; the GPU models are safetensors",
-                  "vllm": "the vLLM engine, its own environment"}
+                  "vllm": "the vLLM engine, its own environment",
+                  "ray": "`mless repro --cluster` and the vLLM engine's replicas, neither run there",
+                  "configobj": "DVC's config format, for the cluster scheduler's worktrees"}
 PROJECT = ("meaningless_tokens", "stages", "tests", "benchmarks")
 
 

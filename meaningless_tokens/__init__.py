@@ -14,7 +14,8 @@ LAYERS = (
     ("measures",),  # what each model stage measures, one module per stage
     ("results",),  # what charts and report both read: loaded artifacts, traced numbers, phrases
     ("charts",),  # chart kinds: draw and explain
-    ("report", "add_model"),  # the verdict, the report's pages and the explorer's data; `mless add-model`
+    ("report", "add_model", "cluster"),  # the verdict, the report's pages and the explorer's data; `mless add-model`,
+                                         # `mless repro --cluster`
     ("verify",),  # `make verify`: each output against the reference, by the kinds of quantity the measures declare
 )
 

@@ -231,7 +231,7 @@ def test_every_package_the_gpu_check_imports_travels_or_is_in_the_image():
                 old[dist] = (versions[dist], needs[dist])
     assert missing == {}, missing
     assert old == {}, old
-    assert set(preflight.NOT_ON_THE_GPU) == {"dvc", "dvc_data", "gguf", "vllm"}
+    assert set(preflight.NOT_ON_THE_GPU) == {"dvc", "dvc_data", "gguf", "vllm", "ray", "configobj"}
 
 
 def test_the_preflight_names_a_removed_module_and_the_wheel_that_brings_it(tmp_path):
