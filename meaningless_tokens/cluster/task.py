@@ -107,14 +107,14 @@ def run(job: Job, data: bytes) -> Record:
     env["RAY_ADDRESS"] = ctx.gcs_address  # the vLLM engine's replicas join this cluster (engines/vllm.py)
     pids = home / "pgids"
     pids.mkdir(parents=True, exist_ok=True)
-    _reap(pids, job.step if job.kind != "shard" else f"{job.step}.{job.shard[0]}")
+    tag = f"{job.step}.{job.shard[0]}" if job.kind == "shard" else job.step  # an attempt's processes, by step
+    _reap(pids, tag)
     log = home / "logs" / f"{ws.name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     out: list[str] = []
     part = None
 
     def sh(*cmd: str, check: bool = True) -> None:
-        tag = f"{job.step}.{job.shard[0]}" if job.kind == "shard" else job.step
         proc = subprocess.Popen(cmd, cwd=ws, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 preexec_fn=_pdeathsig())
         pgid = pids / f"{tag.replace('@', '-')}.{proc.pid}.pgid"
@@ -143,8 +143,7 @@ def run(job: Job, data: bytes) -> Record:
                 part = _part(ws, model, *job.shard)
         else:
             if job.kind == "merge":
-                model = job.step.split("@", 1)[1]
-                folder = ws / "artifacts" / "eval" / ".journal"
+                folder = _journal(ws, job.step.split("@", 1)[1]).parent
                 folder.mkdir(parents=True, exist_ok=True)
                 for name, content in job.parts.items():
                     (folder / name).write_bytes(content)
@@ -177,5 +176,12 @@ def _restorable(ws: Path, step: str) -> bool:
 def _part(ws: Path, model: str, index: int, count: int) -> tuple[str, bytes]:
     from meaningless_tokens.engines.journal import part_path
 
-    path = part_path(ws / "artifacts" / "eval" / ".journal" / f"{model}.jsonl", index, count)
+    path = part_path(_journal(ws, model), index, count)
     return path.name, path.read_bytes()
+
+
+def _journal(ws: Path, model: str) -> Path:
+    """evaluate's journal for `model` in the worktree (store.PATHS: the one table of paths)."""
+    from meaningless_tokens.store import PATHS
+
+    return ws / PATHS["journal/eval"].format(name=model)
