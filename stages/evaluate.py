@@ -29,20 +29,17 @@ uninterrupted run's. Outputs:
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from pathlib import Path
 
 import numpy as np
-from pydantic import ValidationError
-
 from meaningless_tokens import arm, cli, generations, grading, store
 from meaningless_tokens.measures import evaluate
 from meaningless_tokens.config import Params, Shard
 from meaningless_tokens.dataset import dataset_spec, load_problems, put_problems, select_problems
 from meaningless_tokens.engines import Item, check_engine
-from meaningless_tokens.errors import BadParam, ConfigError, names_the_file
+from meaningless_tokens.errors import BadParam, names_the_file
 from meaningless_tokens.measures.evaluate import Evaluation, Plan
 from meaningless_tokens.stage import header, stage_context
 from meaningless_tokens.store import put, put_json_attr, put_texts, write_h5, write_metrics, write_timing
@@ -53,7 +50,10 @@ OUTPUTS = {"out": "eval", "kept": "generations", "metrics": "metrics/accuracy", 
 
 
 @names_the_file
-def run(params: Params, name: str, root: Path | None = None) -> Path:
+def run(params: Params, name: str, root: Path | None = None, shard: Shard | None = None) -> Path:
+    """`shard` (`--shard I/N`) overrides evaluate.shard."""
+    if shard is not None:
+        params = params.model_copy(update={"evaluate": params.evaluate.model_copy(update={"shard": shard})})
     ctx = stage_context(params, "evaluate", name, root, **OUTPUTS)
     params, where = ctx.params, ctx.where
     cfg, conditions = params.evaluate, params.prompt.conditions
@@ -154,23 +154,9 @@ def write_run_timing(path: Path, params: Params, plan: Plan, e: Evaluation) -> N
     })
 
 
-def with_shard(params: Params, shard: str) -> Params:
-    """params with evaluate.shard from the command line's `I/N` (0-based I)."""
-    try:
-        index, count = (int(x) for x in shard.split("/"))
-        chosen = Shard(index=index, count=count)
-    except (ValueError, ValidationError) as e:
-        reason = e.errors()[0]["msg"].removeprefix("Value error, ") if isinstance(e, ValidationError) else "expected I/N"
-        raise ConfigError(f"--shard {shard}: {reason} (evaluate.shard: index I of count N, 0 <= I < N)") from None
-    return params.model_copy(update={"evaluate": params.evaluate.model_copy(update={"shard": chosen})})
-
-
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(add_help=False)
-    ap.add_argument("--shard", help="I/N: run shard I (0-based) of N, as evaluate.shard does")
-    known, rest = ap.parse_known_args(argv)
-    stage = (lambda params, name: run(with_shard(params, known.shard), name)) if known.shard else run
-    return cli.main("evaluate", __doc__, stage, rest)
+    return cli.main("evaluate", __doc__, run, argv, shards="its batches j with j % N == I generated into a part "
+                    "beside the journal, as evaluate.shard does; a run without one merges the parts")
 
 
 if __name__ == "__main__":

@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 
 from meaningless_tokens import cli, store
-from meaningless_tokens.config import Params
+from meaningless_tokens.config import Params, Shard
 from meaningless_tokens.dataset import dataset_spec, load_problems, put_problems
 from meaningless_tokens.errors import names_the_file
-from meaningless_tokens.measures.sweep import (AccuracySweep, AttentionSweep, LikelihoodSweep, measure, metrics_summary,
-                                          table)
+from meaningless_tokens.measures.sweep import (AccuracySweep, AttentionSweep, LikelihoodSweep, measure, measure_shard,
+                                               metrics_summary, table)
 from meaningless_tokens.stage import INDEXING, header, stage_context
 from meaningless_tokens.store import (put, put_json_attr, write_csv_atomic, write_h5, write_metrics,
                                       write_timing)
@@ -63,11 +63,15 @@ INPUTS = {"kept": "generations"}  # evaluate's kept generations of this model, w
 
 
 @names_the_file
-def run(params: Params, name: str, root: Path | None = None) -> Path:
+def run(params: Params, name: str, root: Path | None = None, shard: Shard | None = None) -> Path:
+    """The stage; with `shard` (`--shard I/N`) only that part of the accuracy sweep's generation, written beside the
+    journal for the stage's run to merge."""
     ctx = stage_context(params, "sweep", name, root, **OUTPUTS, **INPUTS)
     params, where = ctx.params, ctx.where
     cfg = params.sweep
     problems, data_sha = load_problems(dataset_spec(params.dataset, params.file))
+    if shard is not None:
+        return measure_shard(params, ctx.setup, problems, where["journal"], shard, where["kept"])
     s = measure(params, ctx.setup, problems, where["journal"], where["kept"])
     att, acc, lik = s.attention, s.accuracy, s.likelihood
 
@@ -150,7 +154,9 @@ def write_artifact(out: Path, params: Params, name: str, att: AttentionSweep, ac
 
 
 def main(argv: list[str] | None = None) -> int:
-    return cli.main("sweep", DEFINITIONS, run, argv)
+    return cli.main("sweep", DEFINITIONS, run, argv, shards="the accuracy sweep's batches j with j % N == I "
+                    "generated into a part beside its journal (sweep.accuracy_samples > 0); the stage's run merges "
+                    "the parts")
 
 
 if __name__ == "__main__":

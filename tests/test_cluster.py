@@ -1,9 +1,10 @@
 """`mless repro --cluster`: the tiny pipeline's stages as Ray tasks on Ray's multi-node test cluster (two nodes on
 this machine, each with one CPU and two GPUs that do not exist), against a serial `dvc repro` of the same change.
 
-One scheduled run serves most tests (module fixture `scheduled`): `extract.showcase` and `evaluate.n_samples` changed,
-so both models' extraction (a GPU task each) and evaluation (two shard tasks each, a GPU each, and a merge) run, then
-the CPU stages; a Ray worker is killed (SIGKILL) in the middle of one stage. The model stages ask for GPUs
+One scheduled run serves most tests (module fixture `scheduled`): `extract.showcase`, `evaluate.n_samples` and
+`sweep.accuracy_samples` changed, so both models' extraction (a GPU task each), evaluation and sweep (two shard tasks
+each, a GPU each, and a merge; the sweep after its model's evaluation, whose kept generations it reads) run, then the
+CPU stages; a Ray worker is killed (SIGKILL) in the middle of one stage. The model stages ask for GPUs
 (`--gpus all`: the tests' profile runs on the CPU). The second node's tasks have a DVC cache of their own and reach
 the first node's outputs through the project's DVC remote (the default, a folder under $HOME).
 """
@@ -25,7 +26,8 @@ from tests.shared import A, B, copy_of_pipeline
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cluster")]
 
-CHANGE = {"extract__showcase": 2, "evaluate__n_samples": 6}  # 18 rows at batch size 9: two batches, two shards
+# evaluate: 18 rows at batch size 9, two batches, two shards; the sweep: 4 problems x counts 0, 10, 55, 12 rows
+CHANGE = {"extract__showcase": 2, "evaluate__n_samples": 6, "sweep__accuracy_samples": 4}
 # what records a run rather than a result (as tests/test_dvc.py and test_sharing.py set aside): the timing
 # sidecars, and the pages and verdict lines that print the run's cost
 RUN_RECORDS = ("metrics/timing", "reports/report.", "docs/results.md", "metrics/verdict.json")
@@ -139,7 +141,8 @@ def test_tasks_ran_on_both_nodes_and_overlapping_gpu_tasks_on_a_node_saw_differe
     assert overlapping, "no two GPU tasks overlapped on one node"
     assert all(s["gpus"] != t["gpus"] for s, t in overlapping)
     assert {t["gpus"] for t in gpu} <= {"0", "1"}
-    assert all(t["gpus"] == "" for t in tasks if not t["step"].startswith(("extract@", "evaluate@", "explorer")))
+    assert all(t["gpus"] == "" for t in tasks if not t["step"].startswith(("extract@", "evaluate@", "sweep@",
+                                                                         "explorer")))
 
 
 def test_a_node_fetched_through_the_dvc_remote_what_another_node_made(scheduled):
@@ -150,16 +153,19 @@ def test_a_node_fetched_through_the_dvc_remote_what_another_node_made(scheduled)
     assert scheduled.timeline["remote"] is True
 
 
-def test_evaluate_ran_as_shards_merged_without_a_copy_by_hand(scheduled):
+@pytest.mark.parametrize("stage, rows", [("evaluate", 18), ("sweep", 12)])
+def test_evaluate_and_the_sweep_ran_as_shards_merged_without_a_copy_by_hand(stage, rows, scheduled):
     tasks = scheduled.timeline["tasks"]
     for m in (A, B):
-        shards = sorted(t["shard"] for t in tasks if t["kind"] == "shard" and t["step"] == f"evaluate@{m}")
-        assert shards == ["0/2", "1/2"]
-        merge = [t for t in tasks if t["kind"] == "merge" and t["step"] == f"evaluate@{m}"]
-        assert len(merge) == 1 and merge[0]["start"] >= max(t["end"] for t in tasks if t["kind"] == "shard"
-                                                              and t["step"] == f"evaluate@{m}")
-    logs = [Path(t["log"]).read_text() for t in tasks if t["kind"] == "merge"]
-    assert all("merged 18 generations from 2 shard parts" in log for log in logs), logs
+        shards = [t for t in tasks if t["kind"] == "shard" and t["step"] == f"{stage}@{m}"]
+        assert sorted(t["shard"] for t in shards) == ["0/2", "1/2"]
+        merge = [t for t in tasks if t["kind"] == "merge" and t["step"] == f"{stage}@{m}"]
+        assert len(merge) == 1 and merge[0]["start"] >= max(t["end"] for t in shards)
+        assert f"merged {rows} generations from 2 shard parts" in Path(merge[0]["log"]).read_text()
+        if stage == "sweep":  # after evaluate of its model, as a serial run (evaluate's kept rows are its to take)
+            evaluated = [t for t in tasks if t["kind"] == "merge" and t["step"] == f"evaluate@{m}"][0]
+            assert min(t["start"] for t in shards) >= evaluated["end"]
+            assert all(f"evaluate@{m}" in t["restored"] for t in shards), [t["restored"] for t in shards]
 
 
 def test_a_killed_worker_is_retried_and_the_outputs_are_the_same_bytes(scheduled, serial):

@@ -3,15 +3,21 @@ samples, count 0 is the none prompt (no span mass, no drop), the accuracy sweep'
 reruns, and bad input."""
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 from stages import extract, stats, sweep
+from meaningless_tokens.cli import parse_shard
 from meaningless_tokens.config import load_params
-from meaningless_tokens.errors import ConfigError
+from meaningless_tokens.errors import ArtifactError, ConfigError
 from meaningless_tokens.store import read_h5
 from tests.test_extract import tiny_params
+from tests.params import ROOT
+
+OUTPUTS = ("artifacts/sweep/tiny.h5", "metrics/sweep/tiny.json", "artifacts/plots/sweep/tiny.csv")
 
 
 def sweep_params(write_params, tiny_dirs, arch="llama", **cfg):
@@ -84,6 +90,59 @@ def test_accuracy_sweep_rerun_is_byte_identical(tiny_dirs, write_params, cache_d
             row = m["tokens"][token]["counts"]["10"]
             assert row["accuracy"] == g["accuracy"][1] and 0 <= row["mcnemar_p"] <= 1
             assert "accuracy_delta" not in m["tokens"][token]["counts"]["0"]
+
+
+def shard_params(write_params, tiny_dirs, **evaluate):
+    params = sweep_params(write_params, tiny_dirs, counts=[0, 10], reference_count=10, tokens=["/", "#"],
+                          accuracy_samples=3)  # 3 problems x (none, /x10, #x10): 9 rows
+    raw = params.model_dump()
+    raw["evaluate"].update({"max_new_tokens": 3, "batch_size": 2, **evaluate})  # 5 batches
+    return load_params(write_params(raw))
+
+
+def test_the_sweeps_generation_in_shards_merged_by_the_stage_equals_one_run_byte_for_byte(tiny_dirs, write_params,
+                                                                                          cache_dir, tmp_path):
+    params = shard_params(write_params, tiny_dirs)
+    one = {k: (tmp_path / "one" / k) for k in OUTPUTS}
+    sweep.run(params, "tiny", root=tmp_path / "one")
+    root = tmp_path / "sharded"
+    parts = [sweep.run(params, "tiny", root=root, shard=parse_shard(f"{i}/2")) for i in range(2)]
+    assert [p.name for p in parts] == [f"tiny.part-{i}-of-2.jsonl" for i in range(2)]
+    assert parts[0].parent == root / "artifacts/sweep/.journal"
+    assert not (root / OUTPUTS[0]).exists()  # a shard writes its part only
+    assert [p.read_text().count("\n") - 1 for p in parts] == [5, 4]  # batches 0, 2, 4 (2, 2, 1 rows) and 1, 3
+    assert "settings" in json.loads(parts[0].read_text().splitlines()[0])
+    sweep.run(params, "tiny", root=root)  # the stage's run merges; nothing is left to generate
+    for k, path in one.items():
+        assert (root / k).read_bytes() == path.read_bytes(), k
+    timing = json.loads((root / "metrics/timing/sweep-tiny.json").read_text())["accuracy"]
+    assert timing["merged_parts"] == {p.name: n for p, n in zip(parts, (5, 4))}
+    assert not any(p.exists() for p in parts) and not (root / "artifacts/sweep/.journal/tiny.jsonl").exists()
+
+
+@pytest.mark.slow  # tens of seconds: make test-fast leaves it to make test
+def test_a_sweep_part_made_at_another_batch_size_is_refused_naming_it(tiny_dirs, write_params, cache_dir, tmp_path):
+    part = sweep.run(shard_params(write_params, tiny_dirs, batch_size=4), "tiny", root=tmp_path,
+                     shard=parse_shard("1/2"))
+    with pytest.raises(ArtifactError) as e:
+        sweep.run(shard_params(write_params, tiny_dirs), "tiny", root=tmp_path)
+    line = str(e.value)
+    assert "\n" not in line and line.startswith(f"{part}: made for other inputs (batch_size: 4 in the file, 2 in this run")
+    assert part.exists() and not (tmp_path / OUTPUTS[0]).exists()
+
+
+def test_a_sweep_shard_without_the_accuracy_sweep_is_one_line_naming_the_key(tiny_dirs, write_params, tmp_path):
+    params = sweep_params(write_params, tiny_dirs)
+    cli = subprocess.run([sys.executable, "-m", "stages.sweep", "--model", "tiny", "--params", str(params.file),
+                          "--shard", "0/2"], capture_output=True, text=True, cwd=ROOT)
+    assert cli.returncode == 2, cli.stderr
+    assert cli.stderr.strip().splitlines() == [
+        f"error: {params.file}: sweep.accuracy_samples: 0: the sweep generates nothing, so it has no shards (--shard); "
+        "run the stage whole"]
+    cli = subprocess.run([sys.executable, "-m", "stages.sweep", "--model", "tiny", "--params", str(params.file),
+                          "--shard", "2/2"], capture_output=True, text=True, cwd=ROOT)
+    assert cli.returncode == 2 and cli.stderr.strip().splitlines() == [
+        "error: --shard 2/2: index 2 is out of range for count 2 (0..1) (index I of count N, 0 <= I < N)"]
 
 
 @pytest.mark.parametrize("change, message", [

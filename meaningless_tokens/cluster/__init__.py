@@ -12,7 +12,7 @@ from the run-cache: dvc.lock, the figures and the report are written once, there
 
 graph.py     the stages `dvc repro` would run, in its order, read from DVC's index; which of them ask for a GPU
 workspace.py the workspace's files as a snapshot, one git repository of them per node, a worktree per task
-task.py      what runs inside a Ray task: one stage (or one evaluate shard) through DVC, and what it did
+task.py      what runs inside a Ray task: one stage (or one shard of a generating stage) through DVC, and what it did
 schedule.py  the driver: Ray tasks as their upstream stages finish, failures, the final `dvc repro`
 timeline.py  which stage ran on which node and GPU when: reports/runs/<stamp>/timeline.json and .png
 cli.py       `mless repro`

@@ -18,7 +18,8 @@ def add_parser(sub) -> None:
                    help="schedule the stages on Ray: a running cluster's address (`ray start --head` prints it), "
                         "or none for a Ray of this machine's CPUs and GPUs")
     p.add_argument("--shards", type=int, default=1, metavar="N",
-                   help="run each evaluate@<model> as N shard tasks (a GPU each) and a merge (default 1)")
+                   help="run each stage that generates (evaluate@<model>; sweep@<model> with "
+                        "sweep.accuracy_samples > 0) as N shard tasks (a GPU each) and a merge (default 1)")
     p.add_argument("--gpus", choices=["auto", "all", "none"], default="auto",
                    help="which stages ask for a GPU: auto, those that load a model when runtime.device is cuda "
                         "(or auto on a cluster with GPUs); all, every model stage; none")

@@ -3,6 +3,7 @@ which of them ask for a GPU."""
 
 from __future__ import annotations
 
+import ast
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,6 +22,8 @@ class Step:
     gpu: bool = False                # asks Ray for a GPU (set by `plan`)
     downstream: set = field(default_factory=set)
     ancestors: tuple[str, ...] = ()  # every stage upstream of it, however far
+    journal: str | None = None       # the store.PATHS kind of its generation's journal: it splits into shards
+    memos: tuple[str, ...] = ()      # stages of its model whose outputs it reads where present, not a DVC dep
 
 
 def plan(root: Path, targets: list[str] | None = None) -> list[Step]:
@@ -35,6 +38,7 @@ def plan(root: Path, targets: list[str] | None = None) -> list[Step]:
         order = [s for s in plan_repro(graph, stages) if s.cmd]
         names = {s: s.addressing for s in order}
         changed = set(repo.status(targets=[s.addressing for s in order], with_deps=False))
+        every = {s.addressing for s in repo.index.stages}
         steps = []
         for s in order:
             upstream = tuple(names[d] for d in graph.successors(s) if d in names)
@@ -42,12 +46,38 @@ def plan(root: Path, targets: list[str] | None = None) -> list[Step]:
             # as Stage.run decides: an uncached output other than a metric or plot turns the run-cache off
             cacheable = not any(not o.use_cache and not (o.is_metric or o.is_plot) for o in s.outs)
             steps.append(Step(s.addressing, upstream, DEVICE_KEY in keys, s.addressing in changed, cacheable))
+    tables = declared(root)
+    for s in steps:
+        stage, _, model = s.name.partition("@")
+        own = tables.get(stage, {})
+        s.journal = own.get("OUTPUTS", {}).get("journal")
+        # a serial run, in dvc.yaml's order, has run the producer first (evaluate's kept generations for the sweep)
+        made_by = {other for other, t in tables.items() for kind in own.get("INPUTS", {}).values()
+                   if kind in t.get("OUTPUTS", {}).values()}
+        s.memos = tuple(f"{m}@{model}" for m in sorted(made_by) if model and f"{m}@{model}" in every)
     by_name = {s.name: s for s in steps}
     for s in steps:  # post-order: upstream stages first
         for u in s.upstream:
             by_name[u].downstream.add(s.name)
         s.ancestors = tuple(dict.fromkeys(a for u in s.upstream for a in (*by_name[u].ancestors, u)))
     return steps
+
+
+def declared(root: Path) -> dict[str, dict]:
+    """Each stage module's OUTPUTS and INPUTS tables (stages/<stage>.py: role -> store.PATHS kind), read from its
+    source: the driver imports no stage (nor torch)."""
+    out = {}
+    for path in sorted((root / "stages").glob("*.py")):
+        tables = {}
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
+                    and node.targets[0].id in ("OUTPUTS", "INPUTS"):
+                try:
+                    tables[node.targets[0].id] = ast.literal_eval(node.value)
+                except ValueError:  # not a literal: not one of these tables
+                    continue
+        out[path.stem] = tables
+    return out
 
 
 def to_run(steps: list[Step]) -> tuple[list[Step], list[Step]]:

@@ -1,5 +1,5 @@
 """The driver of a scheduled run: the plan from DVC, a Ray task for every stage whose upstream stages are done
-(evaluate, with `shards`, as shard tasks and a merge), the first failure stops the run in one line, and the
+(a stage that generates, with `shards`, as shard tasks and a merge), the first failure stops the run in one line, and the
 workspace's own `dvc repro` brings every stage in from the run-cache at the end."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ class ClusterError(StageError):
 class Options:
     address: str | None = None       # a running Ray cluster (`ray start --head` printed it); None: a local Ray
     targets: tuple[str, ...] = ()    # as `dvc repro [targets]`
-    shards: int = 1                  # evaluate@<model> as this many shard tasks and a merge
+    shards: int = 1                  # a stage that generates (evaluate, the sweep) as this many shards and a merge
     gpus: str = "auto"               # auto: model stages on GPUs when runtime.device asks for CUDA; all; none
     num_cpus: int | None = None      # the local Ray's (None: the machine's)
     num_gpus: int | None = None
@@ -34,20 +34,37 @@ class Options:
     out: Path | None = None          # the timeline's folder (default reports/runs/<stamp>)
 
 
-def requests(root: Path, mode: str, cluster_gpus: float, node_cpus: float) -> tuple[bool, bool, float]:
-    """(whether the model stages ask Ray for a GPU: runtime.device cuda, auto if the cluster has GPUs; whether
-    evaluate runs on vLLM, whose replicas ask for their own GPUs while the stage's process holds none; the CPUs a
-    model stage on the CPU asks for: runtime.threads, or every CPU where torch picks: two stages of two threads on
-    two cores thrash, 4x slower each: docs/benchmarks.md)."""
+# a stage with a journal whose generation a params key can turn off (0: its shards would have nothing to do)
+GENERATES = {"sweep": "sweep.accuracy_samples"}
+
+
+@dataclass
+class Asks:
+    gpu: bool                        # the model stages ask Ray for a GPU
+    vllm: bool                       # evaluate (and the sweep's generation) on vLLM, whose replicas ask for their own
+    cpus: float                      # what a model stage on the CPU asks for
+    generating: frozenset            # stages with a journal whose generation is on: split with --shards
+
+
+def requests(root: Path, mode: str, cluster_gpus: float, node_cpus: float, steps) -> Asks:
+    """What the tasks ask of Ray: a GPU for the model stages when runtime.device is cuda (auto: if the cluster has
+    GPUs; `mode` all or none overrides); a vLLM stage's process holds none (its replicas ask for their own); on the CPU
+    a model stage asks runtime.threads CPUs, or every CPU where torch picks (two stages of two threads on two cores
+    thrash, 4x slower each: docs/benchmarks.md); which stages' generation is on (GENERATES), to be split."""
     from meaningless_tokens.config import load_params
 
     params = load_params(root / "params.yaml")
-    vllm = params.evaluate.engine == "vllm"
     cpus = min(float(params.runtime.threads or node_cpus), node_cpus) or 1.0
-    if mode in ("all", "none"):
-        return mode == "all", vllm, cpus
     device = params.runtime.device
-    return device == "cuda" or (device == "auto" and cluster_gpus > 0), vllm, cpus
+    gpu = mode == "all" if mode in ("all", "none") else device == "cuda" or (device == "auto" and cluster_gpus > 0)
+
+    def on(stage: str) -> bool:
+        section, key = GENERATES[stage].split(".")
+        return bool(getattr(getattr(params, section), key))
+
+    generating = frozenset(s.name.partition("@")[0] for s in steps if s.journal and
+                           (s.name.partition("@")[0] not in GENERATES or on(s.name.partition("@")[0])))
+    return Asks(gpu, params.evaluate.engine == "vllm", cpus, generating)
 
 
 def run(root: Path, opts: Options) -> int:
@@ -71,11 +88,11 @@ def run(root: Path, opts: Options) -> int:
         nodes = [n for n in ray.nodes() if n["Alive"]]
         remote = len(nodes) > 1
         # a task fits one node: at most the CPUs of the largest
-        gpu, vllm, cpus = requests(root, opts.gpus, ray.cluster_resources().get("GPU", 0),
-                                   max(n["Resources"].get("CPU", 0) for n in nodes))
+        asks = requests(root, opts.gpus, ray.cluster_resources().get("GPU", 0),
+                        max(n["Resources"].get("CPU", 0) for n in nodes), todo)
         print(f"mless repro --cluster: {len(todo)} of {len(steps)} stages as tasks on {len(nodes)} node(s), "
               f"{ray.cluster_resources().get('CPU', 0):g} CPUs, {ray.cluster_resources().get('GPU', 0):g} GPUs"
-              f"{'; model stages on GPUs' if gpu else ''}", flush=True)
+              f"{'; model stages on GPUs' if asks.gpu else ''}", flush=True)
         if left:
             print(f"  left to the workspace's dvc repro (an uncached output: DVC keeps no run-cache of it): "
                   f"{', '.join(s.name for s in left)}", flush=True)
@@ -84,7 +101,7 @@ def run(root: Path, opts: Options) -> int:
             share(root, env)
         records, error = [], None
         if todo:
-            records, error = _schedule(ray, root, todo, opts, (gpu, vllm, cpus), remote, env, run_id, scratch)
+            records, error = _schedule(ray, root, todo, opts, asks, remote, env, run_id, scratch)
         timeline.write(out, records, {"run": run_id, "nodes": len(nodes), "remote": remote, "failed": error})
         if error:
             raise ClusterError(error)
@@ -126,21 +143,23 @@ def _schedule(ray, root, todo, opts, asks, remote, env, run_id, scratch):
     records, error = [], None
 
     def submit(step, kind, shard=None, got=None):
-        gpu, vllm, cpus = asks
-        use_gpu = gpu and step.loads_model and not (vllm and step.name.startswith("evaluate@"))
+        # a vLLM generation (evaluate, a shard) holds no GPU: its replicas are actors that ask for their own
+        vllm = asks.vllm and (step.name.startswith("evaluate@") or kind == "shard")
+        use_gpu = asks.gpu and step.loads_model and not vllm
         job = Job(run_id, step.name, kind, tuple(u for u in step.upstream if u in names) if kind == "shard"
                   else step.upstream, driver, str(cache), str(scratch), env, remote, use_gpu,
-                  tuple(a for a in step.ancestors if a not in names), shard, got or {})
-        resources = {"num_gpus": 1, "num_cpus": 0} if use_gpu else {"num_cpus": cpus if step.loads_model else 1}
+                  tuple(a for a in (*step.ancestors, *step.memos) if a not in names), shard, got or {},
+                  step.journal, tuple(m for m in step.memos if m in names))
+        resources = {"num_gpus": 1, "num_cpus": 0} if use_gpu else {"num_cpus": asks.cpus if step.loads_model else 1}
         ref = remote_run.options(**resources, max_retries=2, retry_exceptions=False,
                                  scheduling_strategy="SPREAD").remote(job, data)
         running[ref] = (step, kind)
 
     def launch_ready():
         for name, step in list(waiting.items()):
-            if all(u in done or u not in names for u in step.upstream):
+            if all(u in done or u not in names for u in (*step.upstream, *step.memos)):
                 del waiting[name]
-                if opts.shards > 1 and name.startswith("evaluate@"):
+                if opts.shards > 1 and name.partition("@")[0] in asks.generating:
                     shards_left[name] = opts.shards
                     parts[name] = {}
                     for i in range(opts.shards):

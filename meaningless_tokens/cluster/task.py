@@ -1,6 +1,6 @@
-"""What one Ray task does: one stage through DVC in a worktree of its own (or one shard of evaluate, or the merge
-of its shards), and the record of what it did for the timeline. Runs on whichever node Ray chose; imports Ray only
-for where it is."""
+"""What one Ray task does: one stage through DVC in a worktree of its own (or one shard of a stage that generates,
+evaluate or the sweep, or the merge of its shards), and the record of what it did for the timeline. Runs on whichever
+node Ray chose; imports Ray only for where it is."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ class Job:
     """What the driver hands a task (plain data: it crosses the network)."""
     run: str                         # the run's id: its folder under the scratch folder of every node
     step: str                        # the DVC stage (`evaluate@tiny-a`)
-    kind: str                        # "stage", "shard" (evaluate --shard I/N, a part) or "merge" (the shards' stage)
+    kind: str                        # "stage", "shard" (stages.<stage> --shard I/N: a part) or "merge" (the stage)
     upstream: tuple[str, ...]
     driver_node: str                 # Ray's node id of the driver: its tasks share the workspace's DVC cache
     workspace_cache: str
@@ -39,6 +39,8 @@ class Job:
     present: tuple[str, ...] = ()    # stages upstream that are up to date in the workspace: checked out, not rerun
     shard: tuple[int, int] | None = None
     parts: dict = field(default_factory=dict)  # merge: part file name -> bytes
+    journal: str | None = None       # the stage's journal (a store.PATHS kind): where the parts lie
+    memos: tuple[str, ...] = ()      # stages this run ran whose outputs the stage reads where present: restored first
 
 
 @dataclass
@@ -134,16 +136,17 @@ def run(job: Job, data: bytes) -> Record:
         if job.present:  # their outputs as the workspace has them (dvc.lock's), so that `dvc repro` does not rerun them
             # (a stage pulled, not run, has no run-cache record); one missing from the cache is DVC's to deal with
             sh(*dvc, "pull" if job.remote else "checkout", *job.present, check=False)
+        stage, _, model = job.step.partition("@")
+        if job.memos or (job.kind == "shard" and job.upstream):  # restored from the run-cache, as upstream stages are
+            sh(*dvc, "repro", *pull, *job.memos, *(job.upstream if job.kind == "shard" else ()))
         if job.kind == "shard":
-            if job.upstream:
-                sh(*dvc, "repro", *pull, *job.upstream)
             if not _restorable(ws, job.step):
-                model = job.step.split("@", 1)[1]
-                sh(sys.executable, "-m", "stages.evaluate", "--model", model, "--shard", f"{job.shard[0]}/{job.shard[1]}")
-                part = _part(ws, model, *job.shard)
+                sh(sys.executable, "-m", f"stages.{stage}", "--model", model,
+                   "--shard", f"{job.shard[0]}/{job.shard[1]}")
+                part = _part(_journal(ws, job.journal, model), *job.shard)
         else:
             if job.kind == "merge":
-                folder = _journal(ws, job.step.split("@", 1)[1]).parent
+                folder = _journal(ws, job.journal, model).parent
                 folder.mkdir(parents=True, exist_ok=True)
                 for name, content in job.parts.items():
                     (folder / name).write_bytes(content)
@@ -173,15 +176,15 @@ def _restorable(ws: Path, step: str) -> bool:
         return False
 
 
-def _part(ws: Path, model: str, index: int, count: int) -> tuple[str, bytes]:
+def _part(journal: Path, index: int, count: int) -> tuple[str, bytes]:
     from meaningless_tokens.engines.journal import part_path
 
-    path = part_path(_journal(ws, model), index, count)
+    path = part_path(journal, index, count)
     return path.name, path.read_bytes()
 
 
-def _journal(ws: Path, model: str) -> Path:
-    """evaluate's journal for `model` in the worktree (store.PATHS: the one table of paths)."""
+def _journal(ws: Path, kind: str, model: str) -> Path:
+    """The stage's journal for `model` in the worktree (`kind`: its store.PATHS entry, the one table of paths)."""
     from meaningless_tokens.store import PATHS
 
-    return ws / PATHS["journal/eval"].format(name=model)
+    return ws / PATHS[kind].format(name=model)

@@ -46,8 +46,8 @@ def write(folder: Path, records: list[dict], about: dict) -> None:
                  + (" (stopped by a failure)" if about.get("failed") else ""), fontsize=9)
     ax.invert_yaxis()
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()]
-    ax.legend(handles, ["ran", "restored from the run-cache", "evaluate shard", "evaluate merge"], fontsize=6,
-              loc="lower right")
+    ax.legend(handles, ["ran", "restored from the run-cache", "shard (a part of a generation)", "merge of the shards"],
+              fontsize=6, loc="lower right")
     fig.tight_layout()
     tmp = folder / f".{CHART}.tmp"
     fig.savefig(tmp, format="png", metadata={"Software": None})

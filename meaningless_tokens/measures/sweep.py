@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -18,10 +19,10 @@ import numpy as np
 from meaningless_tokens import arm, generations, models, noise, progress, scoring
 from meaningless_tokens.measures.extract import QUERY_VECTOR, reduce, sample_stats
 from meaningless_tokens.capture import attention, compare
-from meaningless_tokens.config import Params, Prompt, Stats, Sweep
+from meaningless_tokens.config import Params, Prompt, Shard, Stats, Sweep
 from meaningless_tokens.dataset import dataset_spec, select_problems
-from meaningless_tokens.engines import (Item, Journal, check_engine, journal_key, make_batches, open_engine, open_scorer,
-                                        run_journaled)
+from meaningless_tokens.engines import (Item, Journal, check_engine, journal_key, make_batches, merge_parts, open_engine,
+                                        open_scorer, part_path, run_journaled)
 from meaningless_tokens.errors import BadParam, CaptureError, ConfigError, PromptError, UnsupportedModel
 from meaningless_tokens.intervals import bootstrap_mean_ci, bootstrap_ratio_ci, paired, wilcoxon_p
 from meaningless_tokens.prompts import PromptBuilder, check_context
@@ -146,11 +147,21 @@ def summarize_attention(cfg: Sweep, per: dict) -> dict:
 
 # ---- accuracy --------------------------------------------------------------------------------------
 
-def accuracy_sweep(params: Params, setup: models.ModelSetup, problems, journal_path: Path,
-                   kept_path: Path | None = None) -> tuple[dict, dict, dict]:
-    """Per (token, count): per-problem correctness (count 0 is the none prompt, generated once); the generation
-    settings; the engine's stats (rows taken from evaluate's file `kept_path`, rows generated). Journaled like
-    evaluation: an interrupted run resumes.
+@dataclass
+class AccuracyPlan:
+    """What the accuracy sweep generates, in which batches, under which journal key (one for a run and its shards)."""
+    engine: object
+    prompts: dict        # `_build`
+    cond: dict           # (token, count) -> the condition's name `<token>x<count>` (count > 0)
+    batches: list        # fixed: a shard takes every N-th of them
+    key: str
+    settings: dict       # the engine's generation settings (in the journal's header: a refused part names them)
+    gold: dict
+
+
+@contextmanager
+def accuracy_plan(params: Params, setup: models.ModelSetup, problems, kept_path: Path | None = None):
+    """The engine open, the prompts built and the batches cut, as the sweep and each of its shards must agree on.
 
     The engine is opened as evaluate's is (its ARM hook where prompt.conditions holds arm: idle here, as no sweep row
     is an arm row), so that under the plan's one shape its compiled step is evaluate's, and takes evaluate's shape and
@@ -170,17 +181,47 @@ def accuracy_sweep(params: Params, setup: models.ModelSetup, problems, journal_p
         batch_size = engine.fit([(items, ev.max_new_tokens)], like=kept.shape if kept else None)
         engine.take(kept)
         settings = engine.settings
-        journal = Journal(journal_path, journal_key(setup.prepared.weights_sha256, settings, items,
-                                                        version=JOURNAL_VERSION))
+        key = journal_key(setup.prepared.weights_sha256, settings, items, version=JOURNAL_VERSION)
         # equal lengths by problem, then by the condition's name (`<token>x<count>`): the batches this stage has always run
         batches = make_batches(items, batch_size, condition_rank=str)
-        run_journaled(engine, batches, journal, {p.index: p.answer for p in problems},
-                      f"sweep accuracy {name}", name)
-        correct = {key: np.array([journal.records[(p.index, "none" if key == "none" or key[1] == 0 else cond[key])].correct
-                                  for p in problems]) for key in prompts}
+        yield AccuracyPlan(engine, prompts, cond, batches, key, settings, {p.index: p.answer for p in problems})
+
+
+def accuracy_sweep(params: Params, setup: models.ModelSetup, problems, journal_path: Path,
+                   kept_path: Path | None = None) -> tuple[dict, dict, dict]:
+    """Per (token, count): per-problem correctness (count 0 is the none prompt, generated once); the generation
+    settings; the engine's stats (rows taken from evaluate's file `kept_path`, rows generated, shard parts merged).
+    Journaled like evaluation: an interrupted run resumes, and the parts of `accuracy_shard` beside the journal are
+    merged into it first."""
+    name = setup.name
+    with accuracy_plan(params, setup, problems, kept_path) as plan:
+        journal = Journal(journal_path, plan.key, settings=plan.settings)
+        merged = merge_parts(journal, journal_path)
+        run_journaled(plan.engine, plan.batches, journal, plan.gold, f"sweep accuracy {name}", name)
+        cond = {key: "none" if key == "none" or key[1] == 0 else plan.cond[key] for key in plan.prompts}
+        correct = {key: np.array([journal.records[(p.index, c)].correct for p in problems]) for key, c in cond.items()}
         journal_path.unlink(missing_ok=True)
-        return correct, settings, {k: engine.stats[k] for k in ("reused", "generated", "shape", "warmup_seconds")
-                                   if k in engine.stats}
+        for part in merged:
+            part.unlink(missing_ok=True)
+        stats = {k: plan.engine.stats[k] for k in ("reused", "generated", "shape", "warmup_seconds")
+                 if k in plan.engine.stats}
+        return correct, plan.settings, stats | ({"merged_parts": {p.name: n for p, n in merged.items()}} if merged else {})
+
+
+def accuracy_shard(params: Params, setup: models.ModelSetup, problems, journal_path: Path, shard: Shard,
+                   kept_path: Path | None = None) -> Path:
+    """Shard `shard.index` of `shard.count`: the accuracy sweep's batches j with j % count == index, journaled to the
+    part beside the journal that `accuracy_sweep` merges (a part made for other inputs is refused there, naming the
+    setting that differs)."""
+    name = setup.name
+    part = part_path(journal_path, shard.index, shard.count)
+    with accuracy_plan(params, setup, problems, kept_path) as plan:
+        mine = [b for j, b in enumerate(plan.batches) if j % shard.count == shard.index]
+        run_journaled(plan.engine, mine, Journal(part, plan.key, foreign="refuse", settings=plan.settings), plan.gold,
+                      f"sweep accuracy {name} shard {shard.index}/{shard.count}", name)
+    print(f"{name}: sweep shard {shard.index} of {shard.count} ({sum(map(len, mine))} generations) -> {part}; "
+          f"with every part in {part.parent}, the stage's run (dvc repro) merges them")
+    return part
 
 
 # ---- likelihood ------------------------------------------------------------------------------------
@@ -261,6 +302,19 @@ def measure(params: Params, setup: Callable[..., models.ModelSetup], problems, j
     acc = measure_accuracy(params, whole, problems, journal, kept) if cfg.accuracy_samples else AccuracySweep()
     lik = measure_likelihood(params, whole, problems) if cfg.likelihood_samples else LikelihoodSweep()
     return SpanSweep(att, acc, lik)
+
+
+def measure_shard(params: Params, setup: Callable[..., models.ModelSetup], problems, journal: Path, shard: Shard,
+                  kept: Path | None = None) -> Path:
+    """One shard of the accuracy sweep, the one part of the stage that generates (`accuracy_shard`); the attention and
+    likelihood sweeps are left to the stage's run, which merges the parts."""
+    cfg = params.sweep
+    if not cfg.accuracy_samples:
+        raise BadParam("sweep.accuracy_samples: 0: the sweep generates nothing, so it has no shards (--shard); "
+                       "run the stage whole")
+    check_engine(params.evaluate, CONDITIONS, params.runtime, params.file)
+    chosen = select_problems(problems, cfg.accuracy_samples, cfg.seed, "sweep.accuracy_samples")
+    return accuracy_shard(params, setup(), chosen, journal, shard, kept)
 
 
 def measure_attention(params: Params, setup: models.ModelSetup, problems) -> AttentionSweep:
