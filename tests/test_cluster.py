@@ -205,3 +205,33 @@ def test_a_failing_stage_stops_the_run_in_one_line_and_a_rerun_runs_only_it_and_
     restored = {t["step"] for t in second["tasks"] if t["step"] in t["restored"]}
     assert {f"extract@{A}", f"extract@{B}", f"stats@{A}", f"stats@{B}"} <= restored
     assert repo.status() == {}
+
+
+def test_a_lock_entry_whose_outputs_no_cache_holds_is_left_out_so_that_dvc_asks_the_run_cache(tmp_path,
+                                                                                             tmp_path_factory):
+    """A fresh clone: dvc.lock was written where its outputs were made, and this DVC cache lacks them (here stats@A's
+    timing sidecar, recorded with another run's bytes, and its outputs gone from the workspace). DVC runs such a
+    stage again though the run-cache holds it; the scheduler leaves the entry out (in each task's worktree and before
+    the workspace's final `dvc repro`), and DVC restores the stage from the run-cache."""
+    from meaningless_tokens.cluster import workspace
+
+    repo = copy_of_pipeline(tmp_path_factory, tmp_path / "pipeline")
+    stage, lock_path = f"stats@{A}", repo.path / "dvc.lock"
+    lock = yaml.safe_load(lock_path.read_text())
+    for out in lock["stages"][stage]["outs"]:
+        if out["path"].startswith("metrics/timing/"):
+            out["md5"] = "0" * 32  # another machine's run record
+        (repo.path / out["path"]).unlink()
+    lock_path.write_text(yaml.safe_dump(lock, sort_keys=False))
+    stale = lock_path.read_bytes()
+    assert workspace.uncached_entries(repo.path, [stage, f"stats@{B}", f"extract@{A}"]) == [stage]
+
+    assert "Running stage 'stats@" in repo.dvc("repro", stage).stdout  # DVC's own way: the stage runs again
+    lock_path.write_bytes(stale)
+    for out in lock["stages"][stage]["outs"]:
+        (repo.path / out["path"]).unlink()
+    workspace.forget(lock_path, [stage])
+    assert stage not in yaml.safe_load(lock_path.read_text())["stages"]
+    proc = repo.dvc("repro", stage)
+    assert f"Stage '{stage}' is cached - skipping run" in proc.stdout and "Running stage" not in proc.stdout
+    assert repo.status() == {}

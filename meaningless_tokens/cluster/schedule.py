@@ -97,11 +97,16 @@ def run(root: Path, opts: Options) -> int:
             print(f"  left to the workspace's dvc repro (an uncached output: DVC keeps no run-cache of it): "
                   f"{', '.join(s.name for s in left)}", flush=True)
         env = dict(os.environ)
+        stale = workspace.uncached_entries(root, [s.name for s in todo]) if todo else []
+        if stale:
+            print(f"  {len(stale)} stage(s) with a dvc.lock entry whose outputs the DVC cache lacks (a fresh clone): "
+                  f"their entries are left out, in the tasks and in the final dvc repro, so that DVC restores them "
+                  f"from the run-cache instead of running them again", flush=True)
         if remote and todo:
             share(root, env)
         records, error = [], None
         if todo:
-            records, error = _schedule(ray, root, todo, opts, asks, remote, env, run_id, scratch)
+            records, error = _schedule(ray, root, todo, opts, asks, remote, env, run_id, scratch, stale)
         timeline.write(out, records, {"run": run_id, "nodes": len(nodes), "remote": remote, "failed": error})
         if error:
             raise ClusterError(error)
@@ -109,7 +114,9 @@ def run(root: Path, opts: Options) -> int:
     finally:
         ray.shutdown()
     print(f"timeline: {out / timeline.CHART}", flush=True)
-    # the workspace's own run: every stage the tasks ran is restored from the run-cache, dvc.lock written here
+    # the workspace's own run: every stage the tasks ran is restored from the run-cache, dvc.lock written here (the
+    # stale entries, useless to DVC, are left out first: DVC would run those stages again)
+    workspace.forget(root / "dvc.lock", stale)
     final = subprocess.run([sys.executable, "-m", "dvc", "repro", *(["--pull"] if remote else []), *opts.targets],
                            cwd=root, env=env)
     return final.returncode
@@ -126,7 +133,7 @@ def share(root: Path, env: dict) -> None:
                                f"(docs/sharing.md), and `{' '.join(cmd[1:])}` failed: {last}")
 
 
-def _schedule(ray, root, todo, opts, asks, remote, env, run_id, scratch):
+def _schedule(ray, root, todo, opts, asks, remote, env, run_id, scratch, stale):
     """Submit each step once its upstream steps are done; (the tasks' records, the first failure or None)."""
     from meaningless_tokens.cluster import task
 
@@ -149,7 +156,7 @@ def _schedule(ray, root, todo, opts, asks, remote, env, run_id, scratch):
         job = Job(run_id, step.name, kind, tuple(u for u in step.upstream if u in names) if kind == "shard"
                   else step.upstream, driver, str(cache), str(scratch), env, remote, use_gpu,
                   tuple(a for a in (*step.ancestors, *step.memos) if a not in names), shard, got or {},
-                  step.journal, tuple(m for m in step.memos if m in names))
+                  step.journal, tuple(m for m in step.memos if m in names), tuple(stale))
         resources = {"num_gpus": 1, "num_cpus": 0} if use_gpu else {"num_cpus": asks.cpus if step.loads_model else 1}
         ref = remote_run.options(**resources, max_retries=2, retry_exceptions=False,
                                  scheduling_strategy="SPREAD").remote(job, data)

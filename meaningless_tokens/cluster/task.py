@@ -4,6 +4,7 @@ node Ray chose; imports Ray only for where it is."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import re
@@ -41,6 +42,7 @@ class Job:
     parts: dict = field(default_factory=dict)  # merge: part file name -> bytes
     journal: str | None = None       # the stage's journal (a store.PATHS kind): where the parts lie
     memos: tuple[str, ...] = ()      # stages this run ran whose outputs the stage reads where present: restored first
+    forget: tuple[str, ...] = ()     # dvc.lock entries whose outputs no cache holds (workspace.uncached_entries)
 
 
 @dataclass
@@ -100,6 +102,7 @@ def run(job: Job, data: bytes) -> Record:
     cache = Path(job.workspace_cache) if node == job.driver_node else home / "cache"
     src = workspace.node_repository(home, data)
     ws = workspace.worktree(src, home, job.step, cache, data)
+    workspace.forget(ws / "dvc.lock", list(job.forget))
     env = {k: v for k, v in job.env.items() if not k.startswith("RAY_") and k != "CUDA_VISIBLE_DEVICES"}
     if job.gpu:
         env["CUDA_VISIBLE_DEVICES"] = gpus
@@ -168,7 +171,7 @@ def _restorable(ws: Path, step: str) -> bool:
     from dvc.repo import Repo
 
     try:
-        with Repo(str(ws)) as repo:
+        with contextlib.chdir(ws), Repo(str(ws)) as repo:  # DVC reads a stage's name against the working folder
             stage = repo.stage.collect(step)[0]
             stage.save_deps()
             return repo.stage_cache._load(stage) is not None

@@ -4,6 +4,7 @@ repository whose DVC cache is the node's (the workspace's own cache on the drive
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import shutil
@@ -79,6 +80,41 @@ def write_cache_dir(config: Path, text: str, cache: Path) -> None:
     config.parent.mkdir(parents=True, exist_ok=True)
     with open(config, "wb") as f:
         conf.write(f)
+
+
+def uncached_entries(root: Path, names: list[str]) -> list[str]:
+    """The stages among `names` whose dvc.lock entry names outputs that `root`'s DVC cache lacks (a fresh clone:
+    its lock was written where those outputs were made; or after `dvc gc`). For a stage whose deps, params and
+    command match its entry, DVC restores only the entry's outputs, and failing that runs the stage again without
+    asking the run-cache (dvc/stage/cache.py `restore`); the same check, made here as DVC makes it."""
+    from dvc.repo import Repo
+    from dvc.stage.serialize import to_single_stage_lockfile
+
+    stale = []
+    with contextlib.chdir(root), Repo(str(root)) as repo:  # DVC reads a stage's name against the working folder
+        for name in names:
+            stage = repo.stage.collect(name)[0]
+            if not stage.outs or not all(out.hash_info for out in stage.outs):
+                continue  # no entry: DVC asks the run-cache already
+            try:
+                cached = repo.stage_cache._create_stage(to_single_stage_lockfile(stage), wdir=stage.wdir)
+                if cached.outs_cached():
+                    continue
+            except Exception:  # noqa: BLE001 - an entry DVC cannot read back is no use either
+                pass
+            stale.append(name)
+    return stale
+
+
+def forget(lock: Path, names: list[str]) -> None:
+    """dvc.lock without the entries of `names` (DVC's own YAML round trip): DVC then takes those stages for changed
+    and restores them from the run-cache, where a scheduled run's tasks put them."""
+    from dvc.utils.serialize import modify_yaml
+
+    if names and lock.is_file():
+        with modify_yaml(str(lock)) as data:
+            for name in names:
+                (data.get("stages") or {}).pop(name, None)
 
 
 def remove(src: Path, path: Path) -> None:
