@@ -234,4 +234,5 @@ def test_a_lock_entry_whose_outputs_no_cache_holds_is_left_out_so_that_dvc_asks_
     assert stage not in yaml.safe_load(lock_path.read_text())["stages"]
     proc = repo.dvc("repro", stage)
     assert f"Stage '{stage}' is cached - skipping run" in proc.stdout and "Running stage" not in proc.stdout
-    assert repo.status() == {}
+    # the stage up to date, its entry written again (the report, which prints the control run's cost, may differ)
+    assert stage not in repo.status() and stage in yaml.safe_load(lock_path.read_text())["stages"]
