@@ -59,11 +59,12 @@ def requests(root: Path, mode: str, cluster_gpus: float, node_cpus: float, steps
     gpu = mode == "all" if mode in ("all", "none") else device == "cuda" or (device == "auto" and cluster_gpus > 0)
 
     def on(stage: str) -> bool:
+        if stage not in GENERATES:
+            return True
         section, key = GENERATES[stage].split(".")
         return bool(getattr(getattr(params, section), key))
 
-    generating = frozenset(s.name.partition("@")[0] for s in steps if s.journal and
-                           (s.name.partition("@")[0] not in GENERATES or on(s.name.partition("@")[0])))
+    generating = frozenset(stage for stage in {s.name.partition("@")[0] for s in steps if s.journal} if on(stage))
     return Asks(gpu, params.evaluate.engine == "vllm", cpus, generating)
 
 
