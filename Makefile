@@ -15,7 +15,11 @@ TEST_LOCK := locks/$(TORCH)-test.txt
 CLUSTER_LOCK := locks/$(TORCH)-cluster.txt
 export PATH := $(abspath $(BIN)):$(PATH)
 export DVC_NO_ANALYTICS := 1
-export PYTHONDONTWRITEBYTECODE := 1
+# Bytecode cached as Python does by default, even where the caller's environment turns it off: uv installs without
+# compiling, so a process that may not write __pycache__ compiles every module it imports again (about 1 s of each
+# `dvc` command: docs/benchmarks.md). The project's own __pycache__ folders are ignored by git and by DVC
+# (.dvcignore), so they never change a code dependency.
+unexport PYTHONDONTWRITEBYTECODE
 # pip's notice that a newer pip exists is no news to a newcomer: the venv's own pip installs the locks.
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 

@@ -173,7 +173,6 @@ def make_env(home: Path, model_cache: Path) -> dict[str, str]:
         MLESS_CACHE=str(model_cache),
         DVC_NO_ANALYTICS="1",
         HF_HUB_OFFLINE="1",
-        PYTHONDONTWRITEBYTECODE="1",
         GIT_AUTHOR_NAME="Test", GIT_AUTHOR_EMAIL="test@example.com",
         GIT_COMMITTER_NAME="Test", GIT_COMMITTER_EMAIL="test@example.com",
         GIT_CONFIG_NOSYSTEM="1",

@@ -181,29 +181,29 @@ def test_a_killed_worker_is_retried_and_the_outputs_are_the_same_bytes(scheduled
 
 def test_a_failing_stage_stops_the_run_in_one_line_and_a_rerun_runs_only_it_and_what_follows(
         tmp_path, cluster, tmp_path_factory):
-    """figures.layer 7 (the tiny models' layers are 0-2) passes the params' schema and fails in the stages that
-    draw: figures (and explorer); extraction and statistics, changed too, succeed before them."""
+    """figures.sweep_layers [0, 7] (the tiny models' layers are 0-2) passes the params' schema and fails in figures,
+    the one stage that draws the layer sweep; the statistics, changed too (stats.n_boot), succeed before it."""
     repo = copy_of_pipeline(tmp_path_factory, tmp_path / "pipeline")
-    repo.set_params(extract__showcase=2, figures__layer=7)
+    repo.set_params(stats__n_boot=40, figures__sweep_layers=[0, 7])
     lock, outputs = (repo.path / "dvc.lock").read_bytes(), repo.files(*OUTPUT_FOLDERS)
     proc = schedule(repo, cluster, tmp_path / "first")
     assert proc.returncode != 0
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, proc.stderr
-    assert errors[0].startswith(("error: figures on node", "error: explorer on node")), errors[0]
-    assert "figures.layer: layer 7 was not extracted" in errors[0], errors[0]
+    assert errors[0].startswith("error: figures on node"), errors[0]
+    assert "figures.sweep_layers: layer 7 was not extracted" in errors[0], errors[0]
     assert (repo.path / "dvc.lock").read_bytes() == lock and repo.files(*OUTPUT_FOLDERS) == outputs
     first = json.loads((tmp_path / "first" / "timeline" / "timeline.json").read_text())
     done_first = {t["step"] for t in first["tasks"] if t["step"] in t["ran"]}
-    assert first["failed"] and {f"extract@{A}", f"extract@{B}", f"stats@{A}", f"stats@{B}"} <= done_first
-    repo.set_params(figures__layer=0)
+    assert first["failed"] and {f"stats@{A}", f"stats@{B}"} <= done_first
+    repo.set_params(figures__sweep_layers=[0, 1])
     proc = schedule(repo, cluster, tmp_path / "second")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     second = json.loads((tmp_path / "second" / "timeline" / "timeline.json").read_text())
     ran_again = {t["step"] for t in second["tasks"] if t["step"] in t["ran"]}
     assert "figures" in ran_again and ran_again <= {"figures", "explorer"}
     restored = {t["step"] for t in second["tasks"] if t["step"] in t["restored"]}
-    assert {f"extract@{A}", f"extract@{B}", f"stats@{A}", f"stats@{B}"} <= restored
+    assert {f"stats@{A}", f"stats@{B}"} <= restored
     assert repo.status() == {}
 
 
