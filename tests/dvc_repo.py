@@ -25,6 +25,10 @@ from tests.params import PROFILE, ROOT
 BIN = Path(sys.executable).parent
 # outputs and files the pipeline does not need; the copy starts with no outputs at all
 SKIP = ("artifacts/", "metrics/", "reports/", "reference/", "tests/", "benchmarks/", ".ci/", "dvc.lock")
+# what records a run rather than a result, by path prefix: the timing sidecars, and the pages and verdict lines that
+# print the run's cost (set aside where two runs are compared byte for byte: tests/test_cluster.py, test_sharing.py,
+# benchmarks/bench_cluster.py)
+RUN_RECORDS = ("metrics/timing", "reports/report.", "docs/results.md", "metrics/verdict.json")
 
 
 def project_files() -> list[str]:

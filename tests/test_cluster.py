@@ -21,16 +21,13 @@ import psutil
 import pytest
 import yaml
 
-from tests.dvc_repo import BIN, ran
+from tests.dvc_repo import BIN, RUN_RECORDS, ran
 from tests.shared import A, B, copy_of_pipeline
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cluster")]
 
 # evaluate: 18 rows at batch size 9, two batches, two shards; the sweep: 4 problems x counts 0, 10, 55, 12 rows
 CHANGE = {"extract__showcase": 2, "evaluate__n_samples": 6, "sweep__accuracy_samples": 4}
-# what records a run rather than a result (as tests/test_dvc.py and test_sharing.py set aside): the timing
-# sidecars, and the pages and verdict lines that print the run's cost
-RUN_RECORDS = ("metrics/timing", "reports/report.", "docs/results.md", "metrics/verdict.json")
 OUTPUT_FOLDERS = ("artifacts", "metrics", "reports/figures", "reference", "docs/results")
 
 
@@ -213,7 +210,7 @@ def test_a_lock_entry_whose_outputs_no_cache_holds_is_left_out_so_that_dvc_asks_
     timing sidecar, recorded with another run's bytes, and its outputs gone from the workspace). DVC runs such a
     stage again though the run-cache holds it; the scheduler leaves the entry out (in each task's worktree and before
     the workspace's final `dvc repro`), and DVC restores the stage from the run-cache."""
-    from meaningless_tokens.cluster import workspace
+    from meaningless_tokens.cluster import graph, workspace
 
     repo = copy_of_pipeline(tmp_path_factory, tmp_path / "pipeline")
     stage, lock_path = f"stats@{A}", repo.path / "dvc.lock"
@@ -224,7 +221,7 @@ def test_a_lock_entry_whose_outputs_no_cache_holds_is_left_out_so_that_dvc_asks_
         (repo.path / out["path"]).unlink()
     lock_path.write_text(yaml.safe_dump(lock, sort_keys=False))
     stale = lock_path.read_bytes()
-    assert workspace.uncached_entries(repo.path, [stage, f"stats@{B}", f"extract@{A}"]) == [stage]
+    assert [s.name for s in graph.plan(repo.path) if s.stale] == [stage]
 
     assert "Running stage 'stats@" in repo.dvc("repro", stage).stdout  # DVC's own way: the stage runs again
     lock_path.write_bytes(stale)

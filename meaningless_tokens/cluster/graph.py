@@ -4,6 +4,7 @@ which of them ask for a GPU."""
 from __future__ import annotations
 
 import ast
+import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,28 +25,35 @@ class Step:
     ancestors: tuple[str, ...] = ()  # every stage upstream of it, however far
     journal: str | None = None       # the store.PATHS kind of its generation's journal: it splits into shards
     memos: tuple[str, ...] = ()      # stages of its model whose outputs it reads where present, not a DVC dep
+    stale: bool = False              # its dvc.lock entry names outputs the DVC cache lacks (workspace.uncached_entry)
 
 
 def plan(root: Path, targets: list[str] | None = None) -> list[Step]:
     """The stages `dvc repro [targets]` would visit, in its order (a post-order walk of the active graph), with
-    their upstream stages within the plan, whether each loads a model, and whether each has changed."""
+    their upstream stages within the plan, whether each loads a model, whether each has changed, and whether its
+    dvc.lock entry is stale."""
     from dvc.repo import Repo
     from dvc.repo.reproduce import collect_stages, get_active_graph, plan_repro
 
-    with Repo(str(root)) as repo:
+    from meaningless_tokens.cluster.workspace import uncached_entry
+
+    with contextlib.chdir(root), Repo(str(root)) as repo:  # DVC reads a target's name against the working folder
         stages = collect_stages(repo, targets or ["dvc.yaml"])
         graph = get_active_graph(repo.index.graph)
         order = [s for s in plan_repro(graph, stages) if s.cmd]
         names = {s: s.addressing for s in order}
+        # as Stage.run decides: an uncached output other than a metric or plot turns the run-cache off
+        cacheable = {s for s in order if not any(not o.use_cache and not (o.is_metric or o.is_plot) for o in s.outs)}
+        # read from the lock's hashes before `status` looks at the workspace; only the run-cache restores such a stage
+        stale = {s for s in cacheable if uncached_entry(repo, s)}
         changed = set(repo.status(targets=[s.addressing for s in order], with_deps=False))
         every = {s.addressing for s in repo.index.stages}
         steps = []
         for s in order:
             upstream = tuple(names[d] for d in graph.successors(s) if d in names)
             keys = {k for dep in s.deps if hasattr(dep, "params") for k in (dep.params or [])}
-            # as Stage.run decides: an uncached output other than a metric or plot turns the run-cache off
-            cacheable = not any(not o.use_cache and not (o.is_metric or o.is_plot) for o in s.outs)
-            steps.append(Step(s.addressing, upstream, DEVICE_KEY in keys, s.addressing in changed, cacheable))
+            steps.append(Step(s.addressing, upstream, DEVICE_KEY in keys, s.addressing in changed, s in cacheable,
+                              stale=s in stale))
     tables = declared(root)
     for s in steps:
         stage, _, model = s.name.partition("@")

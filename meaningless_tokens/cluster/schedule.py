@@ -98,7 +98,7 @@ def run(root: Path, opts: Options) -> int:
             print(f"  left to the workspace's dvc repro (an uncached output: DVC keeps no run-cache of it): "
                   f"{', '.join(s.name for s in left)}", flush=True)
         env = dict(os.environ)
-        stale = workspace.uncached_entries(root, [s.name for s in todo]) if todo else []
+        stale = [s.name for s in todo if s.stale]
         if stale:
             print(f"  {len(stale)} stage(s) with a dvc.lock entry whose outputs the DVC cache lacks (a fresh clone): "
                   f"their entries are left out, in the tasks and in the final dvc repro, so that DVC restores them "

@@ -42,7 +42,7 @@ class Job:
     parts: dict = field(default_factory=dict)  # merge: part file name -> bytes
     journal: str | None = None       # the stage's journal (a store.PATHS kind): where the parts lie
     memos: tuple[str, ...] = ()      # stages this run ran whose outputs the stage reads where present: restored first
-    forget: tuple[str, ...] = ()     # dvc.lock entries whose outputs no cache holds (workspace.uncached_entries)
+    forget: tuple[str, ...] = ()     # dvc.lock entries whose outputs no cache holds (graph.Step.stale)
 
 
 @dataclass

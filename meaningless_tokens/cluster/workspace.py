@@ -4,7 +4,6 @@ repository whose DVC cache is the node's (the workspace's own cache on the drive
 
 from __future__ import annotations
 
-import contextlib
 import io
 import os
 import shutil
@@ -82,28 +81,19 @@ def write_cache_dir(config: Path, text: str, cache: Path) -> None:
         conf.write(f)
 
 
-def uncached_entries(root: Path, names: list[str]) -> list[str]:
-    """The stages among `names` whose dvc.lock entry names outputs that `root`'s DVC cache lacks (a fresh clone:
-    its lock was written where those outputs were made; or after `dvc gc`). For a stage whose deps, params and
+def uncached_entry(repo, stage) -> bool:
+    """Whether `stage`'s dvc.lock entry names outputs that the DVC cache of `repo` (dvc.repo.Repo) lacks (a fresh
+    clone: its lock was written where those outputs were made; or after `dvc gc`). For a stage whose deps, params and
     command match its entry, DVC restores only the entry's outputs, and failing that runs the stage again without
     asking the run-cache (dvc/stage/cache.py `restore`); the same check, made here as DVC makes it."""
-    from dvc.repo import Repo
     from dvc.stage.serialize import to_single_stage_lockfile
 
-    stale = []
-    with contextlib.chdir(root), Repo(str(root)) as repo:  # DVC reads a stage's name against the working folder
-        for name in names:
-            stage = repo.stage.collect(name)[0]
-            if not stage.outs or not all(out.hash_info for out in stage.outs):
-                continue  # no entry: DVC asks the run-cache already
-            try:
-                cached = repo.stage_cache._create_stage(to_single_stage_lockfile(stage), wdir=stage.wdir)
-                if cached.outs_cached():
-                    continue
-            except Exception:  # noqa: BLE001 - an entry DVC cannot read back is no use either
-                pass
-            stale.append(name)
-    return stale
+    if not stage.outs or not all(out.hash_info for out in stage.outs):
+        return False  # no entry: DVC asks the run-cache already
+    try:
+        return not repo.stage_cache._create_stage(to_single_stage_lockfile(stage), wdir=stage.wdir).outs_cached()
+    except Exception:  # noqa: BLE001 - an entry DVC cannot read back is no use either
+        return True
 
 
 def forget(lock: Path, names: list[str]) -> None:
